@@ -1,0 +1,107 @@
+"""The CLI's per-invocation context: configuration, lazily opened Redis and mirror, and output."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import click
+import redis
+
+from loopsq import config, timeutil
+from loopsq.keys import Keys
+from loopsq.mirror.follow import catch_up
+from loopsq.mirror.schema import open_db
+from loopsq.redis_conn import connect
+from loopsq.state.loops import LoopStore
+from loopsq.state.workflows import WorkflowStore
+
+
+@dataclass
+class App:
+    """Everything a command needs; Redis and the mirror are opened on first use only."""
+
+    redis_url: str
+    data_dir: Path
+    json: bool = False
+    keys: Keys = field(default_factory=Keys)
+    _client: redis.Redis | None = None
+    _mirror: sqlite3.Connection | None = None
+
+    def client(self) -> redis.Redis:
+        """The Redis client (connects and pings on first use; RedisUnavailableError when unreachable)."""
+        if self._client is None:
+            self._client = connect(self.redis_url)
+        return self._client
+
+    def loops(self) -> LoopStore:
+        """The loop store on this app's Redis."""
+        return LoopStore(self.client(), self.keys)
+
+    def workflows(self) -> WorkflowStore:
+        """The workflow spec store on this app's Redis."""
+        return WorkflowStore(self.client(), self.keys)
+
+    def mirror(self) -> sqlite3.Connection:
+        """The query mirror, caught up with every change acknowledged before this call (read-your-writes)."""
+        if self._mirror is None:
+            self._mirror = open_db(config.mirror_path(self.data_dir))
+        catch_up(self.client(), self.keys, self._mirror)
+        return self._mirror
+
+    def now(self) -> datetime:
+        """The current time (one clock for the whole command)."""
+        return timeutil.now()
+
+    def emit(self, payload: Any, human: str | Callable[[], str] | None = None) -> None:
+        """Print ``payload`` as JSON in JSON mode, else the human text (``payload`` as JSON when there is none)."""
+        if self.json or human is None:
+            click.echo(json.dumps(payload, indent=2, ensure_ascii=False))
+            return
+        text = human() if callable(human) else human
+        if text:
+            click.echo(text)
+
+    def close(self) -> None:
+        """Release connections."""
+        if self._mirror is not None:
+            self._mirror.close()
+            self._mirror = None
+        if self._client is not None:
+            self._client.close()
+            self._client = None
+
+
+def get_app() -> App:
+    """The App of the current click context."""
+    ctx = click.get_current_context()
+    app = ctx.find_object(App)
+    if app is None:  # pragma: no cover - only when a command is invoked outside the root group
+        raise click.UsageError("internal: no application context")
+    return app
+
+
+def json_flag(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Let ``--json``/``-j`` follow the subcommand as well as precede it."""
+
+    def _set(ctx: click.Context, _param: click.Parameter, value: bool) -> None:
+        if value:
+            app = ctx.find_object(App)
+            if app is not None:
+                app.json = True
+
+    return click.option(
+        "-j", "--json", "json_", is_flag=True, expose_value=False, callback=_set, help="Print JSON."
+    )(fn)
+
+
+def echo_err(message: str) -> None:
+    """One line on stderr."""
+    click.echo(message, err=True)
+    sys.stderr.flush()

@@ -1,0 +1,171 @@
+"""``loopsq create command|agent|workflow``: build a loop from flags, validate everything, then store it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import click
+
+from loopsq.cli.app import get_app, json_flag
+from loopsq.cli.options import (
+    account_body,
+    account_options,
+    duration_flag,
+    policy_body,
+    resolve_timezone,
+    schedule_body,
+    schedule_options,
+)
+from loopsq.errors import ValidationError
+from loopsq.loop_spec import new_loop, validate_name
+from loopsq.models import Loop
+from loopsq.redaction import public_loop
+from loopsq.targets import PROVIDERS
+
+
+@click.group("create")
+def create() -> None:
+    """Create a loop (a command, a coding agent, or a workflow on a schedule)."""
+
+
+def _base_body(name: str, opts: dict[str, Any]) -> tuple[dict[str, Any], str]:
+    validate_name(name)
+    timezone = resolve_timezone(opts.get("timezone"))
+    body: dict[str, Any] = {"name": name, "timezone": timezone}
+    body["schedule"] = schedule_body(opts, timezone)
+    body.update(policy_body(opts, timezone))
+    return body, timezone
+
+
+def _timeouts(target: dict[str, Any], opts: dict[str, Any]) -> None:
+    if opts.get("timeout") is not None:
+        target["timeoutMs"] = duration_flag("--timeout", opts["timeout"], allow_none=True)
+    if opts.get("idle_timeout") is not None:
+        target["idleTimeoutMs"] = duration_flag("--idle-timeout", opts["idle_timeout"])
+
+
+def _store(body: dict[str, Any], preflight: bool) -> Loop:
+    app = get_app()
+    loop = new_loop(body, app.now())
+    if preflight:
+        from loopsq.preflight import preflight_loop_target
+
+        preflight_loop_target(loop.target, loop, app)
+    return app.loops().create(loop)
+
+
+def _print_created(loop: Loop, human: str) -> None:
+    get_app().emit(public_loop(loop.to_dict()), human)
+
+
+@create.command("command")
+@click.argument("name")
+@click.option("--cmd", "cmd", required=True, metavar="COMMAND", help="The command to run.")
+@click.option("--cwd", metavar="DIR", help="Working directory.")
+@click.option("--timeout", metavar="DURATION", help="Kill after DURATION [30m]; 'none' for no limit.")
+@click.option("--idle-timeout", metavar="DURATION", help="Kill after DURATION without output.")
+@click.option("--shell/--no-shell", default=True, show_default=True, help="Run through /bin/sh -c.")
+@click.option("--preflight", is_flag=True, help="Refuse (and store nothing) if the target cannot start.")
+@schedule_options
+@account_options
+@json_flag
+def create_command(name: str, cmd: str, shell: bool, preflight: bool, **opts: Any) -> None:
+    """Create a loop that runs a shell command."""
+    body, _tz = _base_body(name, opts)
+    if not cmd.strip():
+        raise ValidationError(f"--cmd must be a non-empty command, got '{cmd}'")
+    if not shell and any(ch.isspace() for ch in cmd.strip()):
+        raise ValidationError(
+            f"--cmd must be an executable without spaces when --no-shell is given; "
+            f"drop --no-shell or use a script, got '{cmd}'"
+        )
+    target: dict[str, Any] = {"type": "command", "command": cmd, "shell": shell}
+    if opts.get("cwd") is not None:
+        target["cwd"] = opts["cwd"]
+    _timeouts(target, opts)
+    account = account_body(opts)
+    if account is not None:
+        target["account"] = account
+    body["target"] = target
+    loop = _store(body, preflight)
+    _print_created(loop, f"created loop {loop.id} ({loop.name}) next={loop.next_run_at or '-'}")
+
+
+@create.command("agent")
+@click.argument("name")
+@click.option("--provider", required=True, metavar="NAME", help=f"One of {', '.join(PROVIDERS)}.")
+@click.option("--prompt", required=True, metavar="TEXT", help="The prompt.")
+@click.option("--cwd", metavar="DIR", help="Working directory.")
+@click.option("--model", metavar="MODEL", help="Model name passed to the provider.")
+@click.option("--agent", "agent_name", metavar="AGENT", help="Agent name passed to the provider.")
+@click.option("--extra-arg", "extra_args", multiple=True, metavar="ARG", help="Extra provider argument (repeat).")
+@click.option("--timeout", metavar="DURATION", help="Kill after DURATION [30m]; 'none' for no limit.")
+@click.option("--idle-timeout", metavar="DURATION", help="Kill after DURATION without output.")
+@click.option("--config-isolation", default="safe", show_default=True, metavar="MODE", help="safe or none.")
+@click.option("--prompt-via", default="argv", show_default=True, metavar="HOW",
+              help="argv (as the reference) or stdin (keeps the prompt out of the process table).")
+@click.option("--preflight", is_flag=True, help="Refuse (and store nothing) if the target cannot start.")
+@schedule_options
+@account_options
+@json_flag
+def create_agent(
+    name: str,
+    provider: str,
+    prompt: str,
+    agent_name: str | None,
+    extra_args: tuple[str, ...],
+    config_isolation: str,
+    prompt_via: str,
+    preflight: bool,
+    **opts: Any,
+) -> None:
+    """Create a loop that runs a headless coding agent."""
+    body, _tz = _base_body(name, opts)
+    if provider not in PROVIDERS:
+        raise ValidationError(f"--provider: unsupported provider: {provider} (use one of {', '.join(PROVIDERS)})")
+    if not prompt.strip():
+        raise ValidationError(f"--prompt must be a non-empty string, got '{prompt}'")
+    if config_isolation not in ("safe", "none"):
+        raise ValidationError(f"--config-isolation must be safe or none, got '{config_isolation}'")
+    if prompt_via not in ("argv", "stdin"):
+        raise ValidationError(f"--prompt-via must be argv or stdin, got '{prompt_via}'")
+    target: dict[str, Any] = {"type": "agent", "provider": provider, "prompt": prompt}
+    for key, value in (("cwd", opts.get("cwd")), ("model", opts.get("model")), ("agent", agent_name)):
+        if value is not None:
+            target[key] = value
+    if extra_args:
+        target["extraArgs"] = list(extra_args)
+    target["configIsolation"] = config_isolation
+    if prompt_via != "argv":
+        target["promptVia"] = prompt_via
+    _timeouts(target, opts)
+    account = account_body(opts)
+    if account is not None:
+        target["account"] = account
+    body["target"] = target
+    loop = _store(body, preflight)
+    _print_created(loop, f"created loop {loop.id} ({loop.name}) next={loop.next_run_at or '-'}")
+
+
+@create.command("workflow")
+@click.argument("name")
+@click.option("--workflow", "workflow_ref", required=True, metavar="ID_OR_NAME", help="The workflow to run.")
+@click.option("--timeout", metavar="DURATION", help="Time limit for the whole workflow run.")
+@click.option("--preflight", is_flag=True, help="Refuse (and store nothing) if a step cannot start.")
+@schedule_options
+@json_flag
+def create_workflow(name: str, workflow_ref: str, preflight: bool, **opts: Any) -> None:
+    """Create a loop that runs a stored workflow."""
+    body, _tz = _base_body(name, opts)
+    target: dict[str, Any] = {"type": "workflow"}
+    if opts.get("timeout") is not None:
+        target["timeoutMs"] = duration_flag("--timeout", opts["timeout"])
+    app = get_app()
+    spec = app.workflows().require(workflow_ref)  # an active name, or any id (archived too), as the reference
+    target["workflowId"] = spec["id"]
+    body["target"] = target
+    loop = _store(body, preflight)
+    _print_created(
+        loop,
+        f"created workflow loop {loop.id} ({loop.name}) workflow={spec['name']} next={loop.next_run_at or '-'}",
+    )

@@ -1,0 +1,170 @@
+"""Shared option groups of ``create command|agent|workflow`` (§7.1) and their conversion to a create body.
+
+Each flag is checked here with the reference's message (plus the offending value), before anything touches
+Redis, so bad input changes nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import click
+
+from loopsq.cron import host_timezone_name, validate_cron, validate_timezone
+from loopsq.durations import parse_duration
+from loopsq.errors import ValidationError
+from loopsq.models import OVERLAP_POLICIES, RETRY_BACKOFFS
+from loopsq.schedules import CATCH_UP_POLICIES, parse_time
+from loopsq.timeutil import to_iso
+
+NO_TIMEOUT_WORDS = ("none", "unlimited", "null", "never", "off", "false")
+
+
+def _q(value: str) -> str:
+    return "'" + value.replace("'", "\\'") + "'"
+
+
+def prefixed(flag: str, fn: Callable[[], Any]) -> Any:
+    """Run ``fn``; prefix a ValidationError's message with ``flag`` unless it already names it."""
+    try:
+        return fn()
+    except ValidationError as exc:
+        if exc.message.startswith(flag):
+            raise
+        raise ValidationError(f"{flag}: {exc.message}") from exc
+
+
+def duration_flag(flag: str, text: str, *, allow_none: bool = False) -> int | None:
+    """A positive duration in ms from a human flag value (``30s``, ``5m``); ``none``-words when allowed."""
+    if allow_none and text.strip().lower() in NO_TIMEOUT_WORDS:
+        return None
+    ms = prefixed(flag, lambda: parse_duration(text))
+    if ms <= 0:
+        raise ValidationError(f"{flag} must be greater than zero, got {_q(text)}")
+    return int(ms)
+
+
+def positive_int_flag(flag: str, text: str) -> int:
+    """A positive integer flag: ``<flag> must be a positive integer, got '<v>'``."""
+    stripped = text.strip()
+    if not stripped.isdigit() or int(stripped) <= 0:
+        raise ValidationError(f"{flag} must be a positive integer, got {_q(text)}")
+    return int(stripped)
+
+
+def schedule_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """The schedule and policy option group."""
+    opts = [
+        click.option("--at", "at", metavar="TIME", help="Run once at TIME (ISO-8601; no offset = --timezone)."),
+        click.option("--every", metavar="DURATION", help="Run every DURATION (fixed rate), e.g. 10s, 5m."),
+        click.option("--cron", metavar="EXPR", help="Run on a 5-field cron expression (or @daily etc.)."),
+        click.option("--dynamic", is_flag=True, help="Dynamic schedule (min interval 60s)."),
+        click.option("--timezone", metavar="ZONE", help="IANA zone for --cron and bare times [host zone]."),
+        click.option("--catch-up", metavar="POLICY", default="latest", show_default=True,
+                     help="Missed slots: none, latest or all."),
+        click.option("--catch-up-limit", metavar="N", default="50", show_default=True,
+                     help="At most N missed slots with --catch-up all."),
+        click.option("--overlap", metavar="POLICY", default="skip", show_default=True,
+                     help="A slot while the previous run is active: skip, allow or replace."),
+        click.option("--attempts", metavar="N", default="1", show_default=True, help="Attempts per slot."),
+        click.option("--retry-delay", metavar="DURATION", default="1m", show_default=True,
+                     help="Delay before retrying a failed slot."),
+        click.option("--retry-backoff", metavar="KIND", default="fixed", show_default=True,
+                     help="fixed or exponential (with jitter)."),
+        click.option("--retry-max-delay", metavar="DURATION", help="Cap of the exponential retry delay."),
+        click.option("--lease", metavar="DURATION", default="30m", show_default=True, help="Run lease length."),
+        click.option("--expires-at", metavar="TIME", help="Stop scheduling after TIME."),
+        click.option("--pause-after-failures", metavar="N", help="Pause after N consecutive failed runs."),
+        click.option("-d", "--description", metavar="TEXT", help="Description."),
+    ]
+    for opt in reversed(opts):
+        fn = opt(fn)
+    return fn
+
+
+def account_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``--account`` and ``--account-tool``."""
+    fn = click.option("--account-tool", metavar="TOOL", help="accounts tool id (default: the provider).")(fn)
+    return click.option("--account", metavar="PROFILE", help="Run with this accounts profile.")(fn)
+
+
+def resolve_timezone(value: str | None) -> str:
+    """``--timezone`` or the host's zone."""
+    if value is None:
+        return host_timezone_name()
+    return str(prefixed("--timezone", lambda: validate_timezone(value)))
+
+
+def schedule_body(opts: dict[str, Any], timezone: str) -> dict[str, Any]:
+    """The ``schedule`` object from --at/--every/--cron/--dynamic (exactly one)."""
+    chosen = [name for name in ("at", "every", "cron") if opts.get(name) is not None]
+    if opts.get("dynamic"):
+        chosen.append("dynamic")
+    if len(chosen) != 1:
+        raise ValidationError("choose exactly one schedule: --at, --every, --cron, or --dynamic")
+    if opts.get("at") is not None:
+        at = parse_time(opts["at"], timezone, "schedule.at")
+        return {"type": "once", "at": to_iso(at)}
+    if opts.get("every") is not None:
+        text = opts["every"]
+        ms = prefixed("--every", lambda: parse_duration(text))
+        if ms <= 0:
+            raise ValidationError(f"--every: interval everyMs must be > 0, got {_q(text)}")
+        return {"type": "interval", "everyMs": ms, "anchor": "fixed_rate"}
+    if opts.get("cron") is not None:
+        expr = prefixed("--cron", lambda: validate_cron(opts["cron"]))
+        return {"type": "cron", "expression": expr}
+    return {"type": "dynamic", "minIntervalMs": 60_000}
+
+
+def policy_body(opts: dict[str, Any], timezone: str) -> dict[str, Any]:
+    """Policies (catch-up, overlap, attempts, retry, lease, expiry, failure streak) from their flags."""
+    catch_up = opts["catch_up"]
+    if catch_up not in CATCH_UP_POLICIES:
+        raise ValidationError(f"--catch-up must be none, latest, or all, got {_q(catch_up)}")
+    overlap = opts["overlap"]
+    if overlap not in OVERLAP_POLICIES:
+        raise ValidationError(f"--overlap must be skip, allow, or replace, got {_q(overlap)}")
+    backoff = opts["retry_backoff"]
+    if backoff not in RETRY_BACKOFFS:
+        raise ValidationError(f"--retry-backoff must be fixed or exponential, got {_q(backoff)}")
+    body: dict[str, Any] = {
+        "catchUp": catch_up,
+        "catchUpLimit": positive_int_flag("--catch-up-limit", opts["catch_up_limit"]),
+        "overlap": overlap,
+        "maxAttempts": positive_int_flag("--attempts", opts["attempts"]),
+        "retryDelayMs": duration_flag("--retry-delay", opts["retry_delay"]),
+        "retryBackoff": backoff,
+        "leaseMs": duration_flag("--lease", opts["lease"]),
+    }
+    if opts.get("retry_max_delay") is not None:
+        if backoff != "exponential":
+            raise ValidationError(
+                f"--retry-max-delay requires --retry-backoff exponential, got {_q(opts['retry_max_delay'])}"
+            )
+        body["retryMaxDelayMs"] = duration_flag("--retry-max-delay", opts["retry_max_delay"])
+    if opts.get("expires_at") is not None:
+        body["expiresAt"] = to_iso(parse_time(opts["expires_at"], timezone, "--expires-at"))
+    if opts.get("pause_after_failures") is not None:
+        body["pauseAfterFailures"] = positive_int_flag("--pause-after-failures", opts["pause_after_failures"])
+    if opts.get("description") is not None:
+        body["description"] = opts["description"]
+    return body
+
+
+def account_body(opts: dict[str, Any]) -> dict[str, str] | None:
+    """The target's ``account`` from --account/--account-tool."""
+    profile, tool = opts.get("account"), opts.get("account_tool")
+    if tool is not None and profile is None:
+        raise ValidationError("--account-tool requires --account")
+    if profile is None:
+        return None
+    if not profile.strip():
+        raise ValidationError(f"--account must not be empty, got {_q(profile)}")
+    account = {"profile": profile}
+    if tool is not None:
+        if not tool.strip():
+            raise ValidationError(f"--account-tool must not be empty, got {_q(tool)}")
+        account["tool"] = tool
+    return account

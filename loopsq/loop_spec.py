@@ -1,0 +1,117 @@
+"""Building a new loop from a create request: validation of every field, and the reference's defaults.
+
+The request is the camelCase body the SDK and the HTTP API accept (the CLI maps its flags onto it). Every
+problem raises ``ValidationError`` with a message that names the field and quotes the value; nothing is stored
+by this module.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from datetime import datetime
+from typing import Any
+
+from loopsq import models
+from loopsq.cron import host_timezone_name, validate_timezone
+from loopsq.errors import ValidationError
+from loopsq.models import Loop
+from loopsq.schedules import CATCH_UP_POLICIES, Schedule, initial_next_run, parse_time
+from loopsq.targets import validate_target
+from loopsq.timeutil import gen_id, to_iso
+
+MAX_NAME_LENGTH = 200
+
+
+def show(value: Any) -> str:
+    """A short, quoted rendering of a user value for error messages."""
+    try:
+        text = json.dumps(value, ensure_ascii=False)
+    except (TypeError, ValueError):
+        text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def validate_name(value: Any, field: str = "name") -> str:
+    """A loop name: a non-empty string without control characters, at most 200 characters, trimmed."""
+    if not isinstance(value, str) or not value.strip():
+        raise ValidationError(f"loop name must not be empty, got {show(value)}")
+    name = value.strip()
+    if len(name) > MAX_NAME_LENGTH or any(ord(ch) < 32 for ch in name):
+        raise ValidationError(
+            f"{field} must be at most {MAX_NAME_LENGTH} printable characters, got {show(value)}"
+        )
+    return name
+
+
+def _positive_int(body: Mapping[str, Any], key: str, default: int | None) -> int | None:
+    value = body.get(key)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ValidationError(f"{key} must be a positive integer, got {show(value)}")
+    return value
+
+
+def _choice(body: Mapping[str, Any], key: str, choices: tuple[str, ...], default: str) -> str:
+    value = body.get(key)
+    if value is None:
+        return default
+    if value not in choices:
+        raise ValidationError(f"{key} must be one of {', '.join(choices)}, got {show(value)}")
+    return str(value)
+
+
+def new_loop(body: Mapping[str, Any], now: datetime) -> Loop:
+    """Validate a create request and return the new loop (status ``active``, first ``nextRunAt`` computed).
+
+    Raises:
+        ValidationError: for the first invalid field, in a fixed order (name, timezone, schedule, target,
+            policies, expiry).
+    """
+    if not isinstance(body, Mapping):
+        raise ValidationError(f"loop must be an object, got {show(body)}")
+    name = validate_name(body.get("name"))
+    description = body.get("description")
+    if description is not None and not isinstance(description, str):
+        raise ValidationError(f"description must be a string, got {show(description)}")
+    tz_value = body.get("timezone")
+    if tz_value is None:
+        timezone = host_timezone_name()
+    elif isinstance(tz_value, str):
+        timezone = validate_timezone(tz_value)
+    else:
+        raise ValidationError(f"unknown timezone: {show(tz_value)}")
+    schedule = Schedule.from_dict(body.get("schedule"))
+    target = validate_target(body.get("target"), "target")
+    expires_at = _expiry(body.get("expiresAt"), timezone)
+    loop = Loop(
+        id=gen_id(),
+        name=name,
+        description=description,
+        schedule=schedule,
+        target=target,
+        timezone=timezone,
+        created_at=to_iso(now),
+        updated_at=to_iso(now),
+        next_run_at=to_iso(initial_next_run(schedule, now, timezone)),
+        catch_up=_choice(body, "catchUp", CATCH_UP_POLICIES, models.DEFAULT_CATCH_UP),
+        catch_up_limit=_positive_int(body, "catchUpLimit", models.DEFAULT_CATCH_UP_LIMIT) or 0,
+        overlap=_choice(body, "overlap", models.OVERLAP_POLICIES, models.DEFAULT_OVERLAP),
+        max_attempts=_positive_int(body, "maxAttempts", models.DEFAULT_MAX_ATTEMPTS) or 0,
+        retry_delay_ms=_positive_int(body, "retryDelayMs", models.DEFAULT_RETRY_DELAY_MS) or 0,
+        retry_backoff=_choice(body, "retryBackoff", models.RETRY_BACKOFFS, "fixed"),
+        retry_max_delay_ms=_positive_int(body, "retryMaxDelayMs", None),
+        lease_ms=_positive_int(body, "leaseMs", models.DEFAULT_LEASE_MS) or 0,
+        expires_at=expires_at,
+        pause_after_failures=_positive_int(body, "pauseAfterFailures", None),
+    )
+    return loop
+
+
+def _expiry(value: Any, timezone: str) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise ValidationError(f"invalid expiresAt: {show(value)}")
+    return to_iso(parse_time(value, timezone, "expiresAt"))

@@ -1,0 +1,167 @@
+"""Feeding the SQLite mirror from Redis: catch-up reads, the following consumer, and rebuilds.
+
+- ``catch_up`` brings a mirror file up to the newest change (every CLI read calls it first: read-your-writes
+  whether or not a ``loopsq mirror`` process runs).
+- ``follow`` is ``loopsq mirror``: a consumer group of its own per mirror file, so every mirror on every host
+  receives every change.
+- ``rebuild`` recreates every row from Redis's entities alone. It runs on request, and by itself when the mirror
+  cannot be trusted to follow on: Redis was flushed or replaced (its instance id changed), or the stream was
+  trimmed past the last change this mirror applied.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import sqlite3
+import threading
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import redis
+
+from loopsq.keys import Keys
+from loopsq.mirror.apply import apply_changes, get_meta, last_applied_id, reset, set_meta
+from loopsq.procs import hostname
+from loopsq.state.snapshot import snapshot_tables
+
+log = logging.getLogger(__name__)
+
+BATCH = 1000
+INSTANCE_META = "redis_instance"
+
+
+def parse_entry(entry_id: str, fields: dict[str, str]) -> dict[str, Any]:
+    """A stream entry -> a change dict (``id``, ``type``, ``at``, ``upsert``, ``delete``)."""
+    data = json.loads(fields.get("data") or "{}")
+    return {
+        "id": entry_id,
+        "type": fields.get("type", ""),
+        "at": fields.get("at", ""),
+        "upsert": data.get("upsert", {}),
+        "delete": data.get("delete", {}),
+    }
+
+
+def _parse_id(stream_id: str) -> tuple[int, int]:
+    ms, _, seq = stream_id.partition("-")
+    return int(ms), int(seq or 0)
+
+
+def _needs_rebuild(client: redis.Redis, keys: Keys, conn: sqlite3.Connection) -> str | None:
+    """Why the mirror must be rebuilt before it can follow the stream, or None."""
+    instance = client.get(keys.instance)
+    mine = get_meta(conn, INSTANCE_META)
+    if (instance or None) != mine:
+        return f"redis instance changed ({mine} -> {instance})"
+    last = last_applied_id(conn)
+    if last is None:
+        return None
+    if client.xrange(keys.changes, last, last):
+        return None
+    first = client.xrange(keys.changes, "-", "+", count=1)
+    if first and _parse_id(first[0][0]) > _parse_id(last):
+        return f"change stream trimmed past {last}"
+    return None
+
+
+def catch_up(client: redis.Redis, keys: Keys, conn: sqlite3.Connection) -> int:
+    """Apply every change newer than the mirror's last one; rebuild first when following is impossible.
+
+    Returns the number of changes applied (a rebuild counts as one).
+    """
+    reason = _needs_rebuild(client, keys, conn)
+    applied = 0
+    if reason is not None:
+        log.info("rebuilding mirror: %s", reason)
+        rebuild(client, keys, conn)
+        applied = 1
+    while True:
+        last = last_applied_id(conn)
+        start = f"({last}" if last else "-"
+        entries = client.xrange(keys.changes, start, "+", count=BATCH)
+        if not entries:
+            return applied
+        applied += apply_changes(conn, [parse_entry(i, f) for i, f in entries])
+        if len(entries) < BATCH:
+            return applied
+
+
+def rebuild(client: redis.Redis, keys: Keys, conn: sqlite3.Connection) -> None:
+    """Recreate every mirrored row from Redis's entities alone, then follow on from the stream's tail.
+
+    The stream's last id is read *before* the entities: changes after it are replayed by the next catch-up, and
+    since each change carries full snapshots, replaying one that the scan already saw converges to the same rows.
+    """
+    tail = client.xrevrange(keys.changes, "+", "-", count=1)
+    tail_id = tail[0][0] if tail else "0-0"
+    instance = client.get(keys.instance)
+    tables = snapshot_tables(client, keys)
+    reset(conn)
+    apply_changes(conn, [{"id": tail_id, "type": "rebuild", "at": "", "upsert": tables, "delete": {}}])
+    if instance:
+        set_meta(conn, INSTANCE_META, str(instance))
+
+
+def mirror_id(db_path: str) -> str:
+    """A stable id for one mirror file on one host; it names the mirror's consumer group."""
+    digest = hashlib.sha1(f"{hostname()}:{db_path}".encode()).hexdigest()[:12]
+    return f"mirror:{digest}"
+
+
+def follow(
+    client: redis.Redis,
+    keys: Keys,
+    conn: sqlite3.Connection,
+    group: str,
+    stop: threading.Event,
+    *,
+    block_ms: int = 1000,
+    on_applied: Any = None,
+) -> None:
+    """Follow the change stream with consumer group ``group`` until ``stop`` is set.
+
+    Each batch is applied in one SQLite transaction and then acknowledged. Changes the mirror already holds
+    (applied by a CLI catch-up, or redelivered after a crash) are skipped by ``apply_changes``.
+    """
+    catch_up(client, keys, conn)
+    _ensure_group(client, keys, group, last_applied_id(conn) or "0-0")
+    consumer = f"{hostname()}"
+    pending_first = True
+    while not stop.is_set():
+        if _needs_rebuild(client, keys, conn) is not None:
+            catch_up(client, keys, conn)
+            _ensure_group(client, keys, group, last_applied_id(conn) or "0-0")
+        stream_from = "0" if pending_first else ">"
+        reply = client.xreadgroup(group, consumer, {keys.changes: stream_from}, count=BATCH, block=block_ms)
+        entries = _entries(reply)
+        pending_first = pending_first and bool(entries)
+        if not entries:
+            continue
+        applied = apply_changes(conn, [parse_entry(i, f) for i, f in entries])
+        client.xack(keys.changes, group, *[i for i, _ in entries])
+        if on_applied is not None and applied:
+            on_applied(applied)
+
+
+def _ensure_group(client: redis.Redis, keys: Keys, group: str, start: str) -> None:
+    try:
+        client.xgroup_create(keys.changes, group, id=start, mkstream=True)
+    except redis.ResponseError as exc:
+        if "BUSYGROUP" not in str(exc):
+            raise
+
+
+def _entries(reply: Iterable[Any] | None) -> Sequence[tuple[str, dict[str, str]]]:
+    out: list[tuple[str, dict[str, str]]] = []
+    for _stream, items in reply or []:
+        out.extend((str(i), dict(f)) for i, f in items if f is not None)
+    return out
+
+
+def mirror_lag(client: redis.Redis, keys: Keys, conn: sqlite3.Connection) -> int:
+    """How many changes the mirror has not applied yet (0 when it is current)."""
+    last = last_applied_id(conn)
+    start = f"({last}" if last else "-"
+    return len(client.xrange(keys.changes, start, "+", count=100_000))

@@ -1,0 +1,122 @@
+"""The loop entity: its fields, the reference's defaults (§2.3) and its camelCase JSON shape.
+
+A ``Loop`` is an immutable value; transitions produce new values with ``dataclasses.replace``. Timestamps are kept
+as the ISO strings loopsq stores (``YYYY-MM-DDTHH:MM:SS.sssZ``) so that a stored loop round-trips byte for byte.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from loopsq.schedules import Schedule
+
+LOOP_STATUSES = ("active", "paused", "stopped", "expired")
+OVERLAP_POLICIES = ("skip", "allow", "replace")
+RETRY_BACKOFFS = ("fixed", "exponential")
+
+DEFAULT_CATCH_UP = "latest"
+DEFAULT_CATCH_UP_LIMIT = 50
+DEFAULT_OVERLAP = "skip"
+DEFAULT_MAX_ATTEMPTS = 1
+DEFAULT_RETRY_DELAY_MS = 60_000
+DEFAULT_LEASE_MS = 1_800_000
+
+# snake_case attribute -> camelCase JSON key, in the order JSON output shows them.
+_FIELDS: tuple[tuple[str, str], ...] = (
+    ("id", "id"),
+    ("name", "name"),
+    ("description", "description"),
+    ("status", "status"),
+    ("schedule", "schedule"),
+    ("target", "target"),
+    ("next_run_at", "nextRunAt"),
+    ("retry_scheduled_for", "retryScheduledFor"),
+    ("catch_up", "catchUp"),
+    ("catch_up_limit", "catchUpLimit"),
+    ("overlap", "overlap"),
+    ("max_attempts", "maxAttempts"),
+    ("retry_delay_ms", "retryDelayMs"),
+    ("retry_backoff", "retryBackoff"),
+    ("retry_max_delay_ms", "retryMaxDelayMs"),
+    ("lease_ms", "leaseMs"),
+    ("expires_at", "expiresAt"),
+    ("timezone", "timezone"),
+    ("pause_after_failures", "pauseAfterFailures"),
+    ("failure_streak", "failureStreak"),
+    ("status_reason", "statusReason"),
+    ("created_at", "createdAt"),
+    ("updated_at", "updatedAt"),
+)
+
+
+@dataclass(frozen=True)
+class Loop:
+    """A recurring job: a schedule, a target (command, agent or workflow) and its policies."""
+
+    id: str
+    name: str
+    schedule: Schedule
+    target: dict[str, Any]
+    timezone: str
+    created_at: str
+    updated_at: str
+    status: str = "active"
+    description: str | None = None
+    next_run_at: str | None = None
+    retry_scheduled_for: str | None = None
+    catch_up: str = DEFAULT_CATCH_UP
+    catch_up_limit: int = DEFAULT_CATCH_UP_LIMIT
+    overlap: str = DEFAULT_OVERLAP
+    max_attempts: int = DEFAULT_MAX_ATTEMPTS
+    retry_delay_ms: int = DEFAULT_RETRY_DELAY_MS
+    retry_backoff: str = "fixed"
+    retry_max_delay_ms: int | None = None
+    lease_ms: int = DEFAULT_LEASE_MS
+    expires_at: str | None = None
+    pause_after_failures: int | None = None
+    failure_streak: int = 0
+    status_reason: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict, compare=False)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The camelCase JSON shape, with absent (None) fields dropped, as the reference's row mappers do."""
+        out: dict[str, Any] = {}
+        for attr, key in _FIELDS:
+            value = getattr(self, attr)
+            if value is None:
+                continue
+            out[key] = value.to_dict() if isinstance(value, Schedule) else value
+        out.update({k: v for k, v in self.extra.items() if k not in out})
+        return out
+
+    def to_json(self) -> str:
+        """Compact JSON of ``to_dict()``; this is the stored form in Redis."""
+        return json.dumps(self.to_dict(), separators=(",", ":"), ensure_ascii=False)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Loop:
+        """Build a loop from its stored camelCase shape (trusted input: written by loopsq)."""
+        known = {key for _, key in _FIELDS}
+        kwargs: dict[str, Any] = {}
+        for attr, key in _FIELDS:
+            if key in data and data[key] is not None:
+                kwargs[attr] = data[key]
+        kwargs["schedule"] = Schedule.from_dict(data["schedule"])
+        kwargs["extra"] = {k: v for k, v in data.items() if k not in known}
+        return cls(**kwargs)
+
+    @classmethod
+    def from_json(cls, text: str) -> Loop:
+        """Parse the stored JSON form."""
+        return cls.from_dict(json.loads(text))
+
+    def with_changes(self, **changes: Any) -> Loop:
+        """A copy with ``changes`` applied (``dataclasses.replace``)."""
+        return replace(self, **changes)
+
+    @property
+    def target_type(self) -> str:
+        """``command``, ``agent`` or ``workflow``."""
+        return str(self.target.get("type", ""))

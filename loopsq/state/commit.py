@@ -1,0 +1,209 @@
+"""One atomic transition: guards, writes and exactly one change-stream entry, in a single Lua script.
+
+A ``Tx`` is built in Python (where the domain logic lives) and committed by one ``EVALSHA``: the script first
+checks every guard (compare-and-set on a value, key absent, hash field equal), and only if all hold applies every
+write and appends the change. Either all of it happens or none of it does, so there is no transition without its
+event and no event without its transition. A failed guard is an expected outcome (a lost race, a name already
+taken) and is returned, not raised; callers re-read and retry or report it.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+import redis
+
+from loopsq.keys import Keys
+from loopsq.timeutil import gen_id
+
+#: Approximate cap on the change stream. A mirror that falls further behind than this rebuilds from Redis.
+STREAM_MAXLEN = 1_000_000
+
+_SCRIPT = """
+local nops = tonumber(ARGV[1])
+local function arg(i, j) return ARGV[3 + i * 4 + j] end
+for i = 0, nops - 1 do
+  local op = arg(i, 0)
+  local key = KEYS[tonumber(arg(i, 1))]
+  local a, b = arg(i, 2), arg(i, 3)
+  if op == 'eq' then
+    local cur = redis.call('GET', key)
+    if a == '' then
+      if cur then return {0, i} end
+    elseif cur ~= a then return {0, i} end
+  elseif op == 'absent' then
+    if redis.call('EXISTS', key) == 1 then return {0, i} end
+  elseif op == 'hfeq' then
+    local cur = redis.call('HGET', key, a)
+    if b == '' then
+      if cur then return {0, i} end
+    elseif cur ~= b then return {0, i} end
+  end
+end
+for i = 0, nops - 1 do
+  local op = arg(i, 0)
+  local key = KEYS[tonumber(arg(i, 1))]
+  local a, b = arg(i, 2), arg(i, 3)
+  if op == 'set' then redis.call('SET', key, a)
+  elseif op == 'setpx' then redis.call('SET', key, a, 'PX', b)
+  elseif op == 'setnx' then redis.call('SET', key, a, 'NX')
+  elseif op == 'del' then redis.call('DEL', key)
+  elseif op == 'hset' then redis.call('HSET', key, a, b)
+  elseif op == 'hdel' then redis.call('HDEL', key, a)
+  elseif op == 'sadd' then redis.call('SADD', key, a)
+  elseif op == 'srem' then redis.call('SREM', key, a)
+  elseif op == 'zadd' then redis.call('ZADD', key, a, b)
+  elseif op == 'zrem' then redis.call('ZREM', key, a)
+  elseif op == 'rpush' then redis.call('RPUSH', key, a)
+  end
+end
+local id = redis.call('XADD', KEYS[1], 'MAXLEN', '~', ARGV[2], '*',
+  'type', ARGV[3 + nops * 4], 'at', ARGV[4 + nops * 4], 'data', ARGV[5 + nops * 4])
+return {1, id}
+"""
+
+_GUARDS = frozenset({"eq", "absent", "hfeq"})
+
+
+@dataclass
+class Tx:
+    """A transition under construction: guards, writes and the one change it emits.
+
+    ``upsert``/``delete`` describe the change for mirrors: full entity snapshots per table, and deleted ids.
+    """
+
+    type: str
+    at: str
+    ops: list[tuple[str, str, str, str]] = field(default_factory=list)
+    upsert: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    delete: dict[str, list[str]] = field(default_factory=dict)
+
+    # -- guards ---------------------------------------------------------------------------------------------
+    def expect(self, key: str, value: str | None) -> Tx:
+        """Guard: the string at ``key`` is exactly ``value`` (``None``: the key does not exist)."""
+        self.ops.append(("eq", key, value or "", ""))
+        return self
+
+    def expect_absent(self, key: str) -> Tx:
+        """Guard: ``key`` does not exist (of any type)."""
+        self.ops.append(("absent", key, "", ""))
+        return self
+
+    def expect_field(self, key: str, name: str, value: str | None) -> Tx:
+        """Guard: hash field ``name`` of ``key`` equals ``value`` (``None``: the field is absent)."""
+        self.ops.append(("hfeq", key, name, value or ""))
+        return self
+
+    # -- writes ----------------------------------------------------------------------------------------------
+    def set(self, key: str, value: str, px: int | None = None) -> Tx:
+        """Write: SET ``key`` (with a millisecond TTL when ``px`` is given)."""
+        self.ops.append(("setpx", key, value, str(px)) if px else ("set", key, value, ""))
+        return self
+
+    def delete_key(self, key: str) -> Tx:
+        """Write: DEL ``key``."""
+        self.ops.append(("del", key, "", ""))
+        return self
+
+    def hset(self, key: str, name: str, value: str) -> Tx:
+        """Write: HSET."""
+        self.ops.append(("hset", key, name, value))
+        return self
+
+    def hdel(self, key: str, name: str) -> Tx:
+        """Write: HDEL."""
+        self.ops.append(("hdel", key, name, ""))
+        return self
+
+    def sadd(self, key: str, member: str) -> Tx:
+        """Write: SADD."""
+        self.ops.append(("sadd", key, member, ""))
+        return self
+
+    def srem(self, key: str, member: str) -> Tx:
+        """Write: SREM."""
+        self.ops.append(("srem", key, member, ""))
+        return self
+
+    def zadd(self, key: str, score: float, member: str) -> Tx:
+        """Write: ZADD."""
+        self.ops.append(("zadd", key, repr(score), member))
+        return self
+
+    def zrem(self, key: str, member: str) -> Tx:
+        """Write: ZREM."""
+        self.ops.append(("zrem", key, member, ""))
+        return self
+
+    def rpush(self, key: str, value: str) -> Tx:
+        """Write: RPUSH."""
+        self.ops.append(("rpush", key, value, ""))
+        return self
+
+    # -- the change ------------------------------------------------------------------------------------------
+    def put(self, table: str, entity: dict[str, Any]) -> Tx:
+        """Record the full snapshot of ``entity`` in the change, for mirrors' table ``table``."""
+        self.upsert.setdefault(table, []).append(entity)
+        return self
+
+    def drop(self, table: str, entity_id: str) -> Tx:
+        """Record the deletion of ``entity_id`` from mirrors' table ``table``."""
+        self.delete.setdefault(table, []).append(entity_id)
+        return self
+
+    def change_data(self) -> str:
+        """The JSON body of the change entry."""
+        body: dict[str, Any] = {}
+        if self.upsert:
+            body["upsert"] = self.upsert
+        if self.delete:
+            body["delete"] = self.delete
+        return json.dumps(body, separators=(",", ":"), ensure_ascii=False)
+
+
+@dataclass(frozen=True)
+class CommitResult:
+    """The outcome of a commit: the change's stream id, or the index of the guard that failed."""
+
+    ok: bool
+    change_id: str | None = None
+    failed_guard: int | None = None
+
+
+class Committer:
+    """Commits ``Tx`` objects on one Redis connection (the script is loaded once per process)."""
+
+    def __init__(self, client: redis.Redis, keys: Keys) -> None:
+        self.client = client
+        self.keys = keys
+        self._script = client.register_script(_SCRIPT)
+
+    def commit(self, tx: Tx) -> CommitResult:
+        """Run ``tx`` atomically. Returns ``CommitResult(ok=False, failed_guard=i)`` when guard ``i`` failed."""
+        key_index: dict[str, int] = {self.keys.changes: 1}
+        keys: list[str] = [self.keys.changes]
+        # Every transition also stamps the dataset's instance id (first writer wins), which mirrors compare to
+        # notice a flushed or replaced Redis.
+        ops = [*tx.ops, ("setnx", self.keys.instance, gen_id() + gen_id(), "")]
+        args: list[str] = [str(len(ops)), str(STREAM_MAXLEN)]
+        for op, key, a, b in ops:
+            if key not in key_index:
+                keys.append(key)
+                key_index[key] = len(keys)
+            args.extend((op, str(key_index[key]), a, b))
+        args.extend((tx.type, tx.at, tx.change_data()))
+        ok, value = self._script(keys=keys, args=args)
+        if int(ok) == 1:
+            return CommitResult(ok=True, change_id=_text(value))
+        return CommitResult(ok=False, failed_guard=int(value))
+
+
+def is_guard(op: str) -> bool:
+    """True for guard operations (checked before any write)."""
+    return op in _GUARDS
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)

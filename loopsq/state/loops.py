@@ -1,0 +1,137 @@
+"""Loops in Redis: create, read, lifecycle updates and removal, each one atomic transition with its change.
+
+Updates are optimistic: read the stored JSON, compute the new loop in Python, and commit with a guard that the
+stored JSON is still what was read; a lost race re-reads and tries again.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import datetime
+
+import redis
+
+from loopsq import lifecycle
+from loopsq.errors import ConflictError, NotFoundError
+from loopsq.keys import Keys
+from loopsq.models import Loop
+from loopsq.state.commit import Committer, Tx
+from loopsq.timeutil import to_iso
+
+MAX_RETRIES = 20
+TABLE = "loops"
+
+
+class LoopStore:
+    """Loop definitions in Redis. Every method takes the time it should record; nothing reads a clock here."""
+
+    def __init__(self, client: redis.Redis, keys: Keys | None = None, committer: Committer | None = None) -> None:
+        self.client = client
+        self.keys = keys or Keys()
+        self.committer = committer or Committer(client, self.keys)
+
+    # -- reads ----------------------------------------------------------------------------------------------
+    def get(self, loop_id: str) -> Loop | None:
+        """The loop with id ``loop_id``, or None."""
+        raw = self.client.get(self.keys.loop(loop_id))
+        return Loop.from_json(str(raw)) if raw else None
+
+    def find(self, id_or_name: str) -> Loop | None:
+        """Look a loop up by id first, then by name."""
+        loop = self.get(id_or_name)
+        if loop is not None:
+            return loop
+        loop_id = self.client.hget(self.keys.loop_names, id_or_name)
+        return self.get(str(loop_id)) if loop_id else None
+
+    def require(self, id_or_name: str) -> Loop:
+        """Like ``find``, but raises ``NotFoundError('loop not found: <x>')`` (the reference's message)."""
+        loop = self.find(id_or_name)
+        if loop is None:
+            raise NotFoundError(f"loop not found: {id_or_name}")
+        return loop
+
+    def ids(self) -> list[str]:
+        """Ids of every loop, sorted."""
+        return sorted(str(i) for i in self.client.smembers(self.keys.loops))
+
+    def all(self) -> list[Loop]:
+        """Every loop (order of ``ids()``); entries that vanished meanwhile are left out."""
+        ids = self.ids()
+        if not ids:
+            return []
+        raws = self.client.mget([self.keys.loop(i) for i in ids])
+        return [Loop.from_json(str(raw)) for raw in raws if raw]
+
+    # -- writes ---------------------------------------------------------------------------------------------
+    def create(self, loop: Loop) -> Loop:
+        """Store a new loop. Raises ConflictError when its name is taken (loop names are unique in loopsq)."""
+        tx = (
+            Tx("loop_created", loop.created_at)
+            .expect_field(self.keys.loop_names, loop.name, None)
+            .expect_absent(self.keys.loop(loop.id))
+            .set(self.keys.loop(loop.id), loop.to_json())
+            .sadd(self.keys.loops, loop.id)
+            .hset(self.keys.loop_names, loop.name, loop.id)
+            .put(TABLE, loop.to_dict())
+        )
+        result = self.committer.commit(tx)
+        if not result.ok:
+            raise ConflictError(f"loop name already exists: {loop.name}")
+        return loop
+
+    def update(self, id_or_name: str, change_type: str, at: datetime, fn: Callable[[Loop], Loop]) -> Loop:
+        """Apply ``fn`` to the current loop and store the result as one transition named ``change_type``.
+
+        Raises:
+            NotFoundError: when the loop does not exist (or vanished meanwhile).
+            ConflictError: when the loop kept changing under us for ``MAX_RETRIES`` attempts.
+        """
+        loop_id = self.require(id_or_name).id
+        for _ in range(MAX_RETRIES):
+            raw = self.client.get(self.keys.loop(loop_id))
+            if not raw:
+                raise NotFoundError(f"loop not found: {id_or_name}")
+            new = fn(Loop.from_json(str(raw)))
+            tx = (
+                Tx(change_type, to_iso(at))
+                .expect(self.keys.loop(loop_id), str(raw))
+                .set(self.keys.loop(loop_id), new.to_json())
+                .put(TABLE, new.to_dict())
+            )
+            if self.committer.commit(tx).ok:
+                return new
+        raise ConflictError(f"loop {loop_id} changed concurrently {MAX_RETRIES} times; try again")
+
+    def pause(self, id_or_name: str, now: datetime) -> Loop:
+        """Set status ``paused``."""
+        return self.update(id_or_name, "loop_paused", now, lambda loop: lifecycle.pause(loop, now))
+
+    def resume(self, id_or_name: str, now: datetime) -> Loop:
+        """Set status ``active``, scheduling the next slot again when the loop had none (after stop)."""
+        return self.update(id_or_name, "loop_resumed", now, lambda loop: lifecycle.resume(loop, now))
+
+    def stop(self, id_or_name: str, now: datetime) -> Loop:
+        """Set status ``stopped`` and clear ``nextRunAt``."""
+        return self.update(id_or_name, "loop_stopped", now, lambda loop: lifecycle.stop(loop, now))
+
+    def remove(self, id_or_name: str, now: datetime) -> Loop:
+        """Delete a loop definition (its runs stay, as in the reference). Returns the removed loop."""
+        loop = self.require(id_or_name)
+        for _ in range(MAX_RETRIES):
+            raw = self.client.get(self.keys.loop(loop.id))
+            if not raw:
+                raise NotFoundError(f"loop not found: {id_or_name}")
+            current = Loop.from_json(str(raw))
+            tx = (
+                Tx("loop_removed", to_iso(now))
+                .expect(self.keys.loop(loop.id), str(raw))
+                .delete_key(self.keys.loop(loop.id))
+                .srem(self.keys.loops, loop.id)
+                .drop(TABLE, loop.id)
+            )
+            if self.client.hget(self.keys.loop_names, current.name) == loop.id:
+                tx.expect_field(self.keys.loop_names, current.name, loop.id).hdel(self.keys.loop_names, current.name)
+            if self.committer.commit(tx).ok:
+                return current
+        raise ConflictError(f"loop {loop.id} changed concurrently {MAX_RETRIES} times; try again")

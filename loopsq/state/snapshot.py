@@ -1,0 +1,29 @@
+"""A full snapshot of every entity in Redis, by mirror table: what a mirror rebuild writes."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import redis
+
+from loopsq.keys import Keys
+
+
+def _load_all(client: redis.Redis, set_key: str, entity_key: Any) -> list[dict[str, Any]]:
+    ids = sorted(str(i) for i in client.smembers(set_key))
+    out: list[dict[str, Any]] = []
+    for start in range(0, len(ids), 500):
+        chunk = ids[start : start + 500]
+        for raw in client.mget([entity_key(i) for i in chunk]):
+            if raw:
+                out.append(dict(json.loads(str(raw))))
+    return out
+
+
+def snapshot_tables(client: redis.Redis, keys: Keys) -> dict[str, list[dict[str, Any]]]:
+    """Every loop and workflow spec (and, as they are added, runs, steps and events), keyed by mirror table."""
+    return {
+        "loops": _load_all(client, keys.loops, keys.loop),
+        "workflow_specs": _load_all(client, keys.workflows, keys.workflow),
+    }

@@ -1,0 +1,105 @@
+"""Workflow specs in Redis: create (active names unique), read, archive; each one atomic transition."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from datetime import datetime
+from typing import Any
+
+import redis
+
+from loopsq.errors import ConflictError, NotFoundError
+from loopsq.keys import Keys
+from loopsq.state.commit import Committer, Tx
+from loopsq.timeutil import gen_id, to_iso
+
+MAX_RETRIES = 20
+TABLE = "workflow_specs"
+
+
+def _dumps(value: Mapping[str, Any]) -> str:
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+
+
+class WorkflowStore:
+    """Workflow spec definitions in Redis."""
+
+    def __init__(self, client: redis.Redis, keys: Keys | None = None, committer: Committer | None = None) -> None:
+        self.client = client
+        self.keys = keys or Keys()
+        self.committer = committer or Committer(client, self.keys)
+
+    def get(self, workflow_id: str) -> dict[str, Any] | None:
+        """The spec with id ``workflow_id`` (any status), or None."""
+        raw = self.client.get(self.keys.workflow(workflow_id))
+        return dict(json.loads(str(raw))) if raw else None
+
+    def find(self, id_or_name: str) -> dict[str, Any] | None:
+        """By id (archived ones too), else by active name."""
+        spec = self.get(id_or_name)
+        if spec is not None:
+            return spec
+        wf_id = self.client.hget(self.keys.workflow_names, id_or_name)
+        return self.get(str(wf_id)) if wf_id else None
+
+    def require(self, id_or_name: str) -> dict[str, Any]:
+        """Like ``find``; raises ``NotFoundError('workflow not found: <x>')``."""
+        spec = self.find(id_or_name)
+        if spec is None:
+            raise NotFoundError(f"workflow not found: {id_or_name}")
+        return spec
+
+    def all(self) -> list[dict[str, Any]]:
+        """Every spec, active and archived."""
+        ids = sorted(str(i) for i in self.client.smembers(self.keys.workflows))
+        if not ids:
+            return []
+        raws = self.client.mget([self.keys.workflow(i) for i in ids])
+        return [dict(json.loads(str(raw))) for raw in raws if raw]
+
+    def create(self, body: Mapping[str, Any], now: datetime) -> dict[str, Any]:
+        """Store a validated, normalised workflow body as a new active spec.
+
+        Raises:
+            ConflictError: when an active workflow already has that name.
+        """
+        stamp = to_iso(now)
+        spec: dict[str, Any] = {"id": gen_id(), **body, "status": "active", "createdAt": stamp, "updatedAt": stamp}
+        spec.setdefault("version", 1)
+        name = str(spec["name"])
+        tx = (
+            Tx("workflow_created", stamp)
+            .expect_field(self.keys.workflow_names, name, None)
+            .set(self.keys.workflow(spec["id"]), _dumps(spec))
+            .sadd(self.keys.workflows, spec["id"])
+            .hset(self.keys.workflow_names, name, spec["id"])
+            .put(TABLE, spec)
+        )
+        if not self.committer.commit(tx).ok:
+            existing = self.client.hget(self.keys.workflow_names, name)
+            raise ConflictError(f"an active workflow is already named {name} ({existing}); archive it first")
+        return spec
+
+    def archive(self, id_or_name: str, now: datetime) -> dict[str, Any]:
+        """Set status ``archived`` and free its name. Archiving an archived spec changes nothing."""
+        wf_id = str(self.require(id_or_name)["id"])
+        for _ in range(MAX_RETRIES):
+            raw = self.client.get(self.keys.workflow(wf_id))
+            if not raw:
+                raise NotFoundError(f"workflow not found: {id_or_name}")
+            spec = dict(json.loads(str(raw)))
+            if spec.get("status") == "archived":
+                return spec
+            spec.update(status="archived", updatedAt=to_iso(now))
+            tx = (
+                Tx("workflow_archived", to_iso(now))
+                .expect(self.keys.workflow(wf_id), str(raw))
+                .set(self.keys.workflow(wf_id), _dumps(spec))
+                .expect_field(self.keys.workflow_names, str(spec["name"]), wf_id)
+                .hdel(self.keys.workflow_names, str(spec["name"]))
+                .put(TABLE, spec)
+            )
+            if self.committer.commit(tx).ok:
+                return spec
+        raise ConflictError(f"workflow {wf_id} changed concurrently {MAX_RETRIES} times; try again")
