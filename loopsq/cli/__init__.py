@@ -8,7 +8,7 @@ from __future__ import annotations
 import sqlite3
 import sys
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 import click
 import redis
@@ -25,7 +25,7 @@ EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_REDIS = 0, 1, 2, 3
 class RootGroup(workflows_cmds.AliasGroup):
     """The root group: maps every error to one ``error: ...`` line on stderr and a documented exit code."""
 
-    aliases = {"ls": "list", "rm": "remove", "workflow": "workflows"}
+    aliases: ClassVar[dict[str, str]] = {"ls": "list", "rm": "remove", "workflow": "workflows"}
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
@@ -39,7 +39,7 @@ class RootGroup(workflows_cmds.AliasGroup):
             where = config.mirror_path(app.data_dir) if app else "the mirror"
             raise LoopsqError(f"mirror database {where}: {exc}") from exc
 
-    def main(  # type: ignore[override]
+    def main(
         self,
         args: Sequence[str] | None = None,
         prog_name: str | None = None,
@@ -68,7 +68,7 @@ class RootGroup(workflows_cmds.AliasGroup):
         sys.exit(rv if isinstance(rv, int) else EXIT_OK)
 
 
-@click.group(cls=RootGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.group("loopsq", cls=RootGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("-j", "--json", "json_", is_flag=True, help="Print JSON (also accepted after the subcommand).")
 @click.option("--redis-url", metavar="URL", help="Redis URL [env LOOPSQ_REDIS_URL, then REDIS_URL; default "
               f"{config.DEFAULT_REDIS_URL}].")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 import click
 
@@ -16,7 +16,7 @@ from loopsq.workflow_spec import load_workflow_file, workflow_body_from_json
 class AliasGroup(click.Group):
     """A group whose commands may have aliases (``ls`` for ``list``)."""
 
-    aliases = {"ls": "list"}
+    aliases: ClassVar[dict[str, str]] = {"ls": "list"}
 
     def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
         return super().get_command(ctx, self.aliases.get(cmd_name, cmd_name))

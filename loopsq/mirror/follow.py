@@ -22,14 +22,14 @@ from typing import Any
 import redis
 
 from loopsq.keys import Keys
-from loopsq.mirror.apply import apply_changes, get_meta, last_applied_id, reset, set_meta
+from loopsq.mirror.apply import REDIS_INSTANCE_KEY, apply_changes, get_meta, last_applied_id, replace_all
 from loopsq.procs import hostname
 from loopsq.state.snapshot import snapshot_tables
 
 log = logging.getLogger(__name__)
 
 BATCH = 1000
-INSTANCE_META = "redis_instance"
+INSTANCE_META = REDIS_INSTANCE_KEY
 
 
 def parse_entry(entry_id: str, fields: dict[str, str]) -> dict[str, Any]:
@@ -51,16 +51,16 @@ def _parse_id(stream_id: str) -> tuple[int, int]:
 
 def _needs_rebuild(client: redis.Redis, keys: Keys, conn: sqlite3.Connection) -> str | None:
     """Why the mirror must be rebuilt before it can follow the stream, or None."""
-    instance = client.get(keys.instance)
+    instance = _str(client.get(keys.instance))
     mine = get_meta(conn, INSTANCE_META)
-    if (instance or None) != mine:
+    if instance != mine:
         return f"redis instance changed ({mine} -> {instance})"
     last = last_applied_id(conn)
     if last is None:
         return None
     if client.xrange(keys.changes, last, last):
         return None
-    first = client.xrange(keys.changes, "-", "+", count=1)
+    first = _entries([(keys.changes, client.xrange(keys.changes, "-", "+", count=1))])
     if first and _parse_id(first[0][0]) > _parse_id(last):
         return f"change stream trimmed past {last}"
     return None
@@ -80,7 +80,7 @@ def catch_up(client: redis.Redis, keys: Keys, conn: sqlite3.Connection) -> int:
     while True:
         last = last_applied_id(conn)
         start = f"({last}" if last else "-"
-        entries = client.xrange(keys.changes, start, "+", count=BATCH)
+        entries = _entries([(keys.changes, client.xrange(keys.changes, start, "+", count=BATCH))])
         if not entries:
             return applied
         applied += apply_changes(conn, [parse_entry(i, f) for i, f in entries])
@@ -94,14 +94,11 @@ def rebuild(client: redis.Redis, keys: Keys, conn: sqlite3.Connection) -> None:
     The stream's last id is read *before* the entities: changes after it are replayed by the next catch-up, and
     since each change carries full snapshots, replaying one that the scan already saw converges to the same rows.
     """
-    tail = client.xrevrange(keys.changes, "+", "-", count=1)
+    tail = _entries([(keys.changes, client.xrevrange(keys.changes, "+", "-", count=1))])
     tail_id = tail[0][0] if tail else "0-0"
-    instance = client.get(keys.instance)
+    instance = _str(client.get(keys.instance))
     tables = snapshot_tables(client, keys)
-    reset(conn)
-    apply_changes(conn, [{"id": tail_id, "type": "rebuild", "at": "", "upsert": tables, "delete": {}}])
-    if instance:
-        set_meta(conn, INSTANCE_META, str(instance))
+    replace_all(conn, tables, tail_id, {INSTANCE_META: str(instance)} if instance else None)
 
 
 def mirror_id(db_path: str) -> str:
@@ -154,14 +151,23 @@ def _ensure_group(client: redis.Redis, keys: Keys, group: str, start: str) -> No
 
 
 def _entries(reply: Iterable[Any] | None) -> Sequence[tuple[str, dict[str, str]]]:
+    """Stream entries of an XRANGE/XREADGROUP reply as ``(id, fields)`` with str keys and values."""
     out: list[tuple[str, dict[str, str]]] = []
     for _stream, items in reply or []:
-        out.extend((str(i), dict(f)) for i, f in items if f is not None)
+        for entry_id, fields in items or []:
+            if fields is not None:
+                out.append((_str(entry_id) or "", {_str(k) or "": _str(v) or "" for k, v in fields.items()}))
     return out
+
+
+def _str(value: Any) -> str | None:
+    if value is None:
+        return None
+    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 def mirror_lag(client: redis.Redis, keys: Keys, conn: sqlite3.Connection) -> int:
     """How many changes the mirror has not applied yet (0 when it is current)."""
     last = last_applied_id(conn)
     start = f"({last}" if last else "-"
-    return len(client.xrange(keys.changes, start, "+", count=100_000))
+    return len(_entries([(keys.changes, client.xrange(keys.changes, start, "+", count=100_000))]))

@@ -78,6 +78,7 @@ class WorkflowStore:
         )
         if not self.committer.commit(tx).ok:
             existing = self.client.hget(self.keys.workflow_names, name)
+            existing = existing.decode() if isinstance(existing, bytes) else existing
             raise ConflictError(f"an active workflow is already named {name} ({existing}); archive it first")
         return spec
 

@@ -1,0 +1,149 @@
+"""Read queries over the SQLite mirror, with the reference store's filters and orderings; camelCase results.
+
+Orderings are the reference's (``ORDER BY next_run_at ASC`` puts NULLs first, as SQLite does), with ``id`` as a
+final tie-break so that equal timestamps list in a stable order. Lookups by name follow the reference: loops
+take the newest ``created_at``; workflows consider active ones only, newest ``updated_at``; ids win over names.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Sequence
+from typing import Any
+
+from loopsq.errors import LoopsqError
+from loopsq.mirror.apply import row_to_entity
+
+Entity = dict[str, Any]
+
+
+def list_loops(conn: sqlite3.Connection, status: str | None = None, limit: int = 200) -> list[Entity]:
+    """Loops, ``next_run_at ASC`` when filtered by status, else ``status ASC, next_run_at ASC``."""
+    if status is not None:
+        sql = "SELECT * FROM loops WHERE status = ? ORDER BY next_run_at ASC, id ASC LIMIT ?"
+        return _all(conn, "loops", sql, (status, limit))
+    sql = "SELECT * FROM loops ORDER BY status ASC, next_run_at ASC, id ASC LIMIT ?"
+    return _all(conn, "loops", sql, (limit,))
+
+
+def get_loop(conn: sqlite3.Connection, loop_id: str) -> Entity | None:
+    """The loop with this id, or None."""
+    return _one(conn, "loops", "SELECT * FROM loops WHERE id = ?", (loop_id,))
+
+
+def find_loop(conn: sqlite3.Connection, id_or_name: str) -> Entity | None:
+    """The loop with this id, else the newest-created loop with this name (names are not unique), or None."""
+    found = get_loop(conn, id_or_name)
+    if found is not None:
+        return found
+    sql = "SELECT * FROM loops WHERE name = ? ORDER BY created_at DESC, id DESC LIMIT 1"
+    return _one(conn, "loops", sql, (id_or_name,))
+
+
+def count_loops(conn: sqlite3.Connection, status: str | None = None) -> int:
+    """How many loops there are, optionally with this status."""
+    return _count(conn, "loops", status)
+
+
+def list_runs(
+    conn: sqlite3.Connection, loop_id: str | None = None, status: str | None = None, limit: int = 100
+) -> list[Entity]:
+    """Loop runs, newest ``created_at`` first, optionally of one loop and/or with one status."""
+    where, params = _where((("loop_id", loop_id), ("status", status)))
+    sql = f"SELECT * FROM loop_runs{where} ORDER BY created_at DESC, id DESC LIMIT ?"
+    return _all(conn, "loop_runs", sql, (*params, limit))
+
+
+def get_run(conn: sqlite3.Connection, run_id: str) -> Entity | None:
+    """The loop run with this id, or None."""
+    return _one(conn, "loop_runs", "SELECT * FROM loop_runs WHERE id = ?", (run_id,))
+
+
+def count_runs(conn: sqlite3.Connection, status: str | None = None) -> int:
+    """How many loop runs there are, optionally with this status."""
+    return _count(conn, "loop_runs", status)
+
+
+def list_workflows(conn: sqlite3.Connection, status: str | None = None, limit: int = 200) -> list[Entity]:
+    """Workflow specs, ``updated_at DESC`` when filtered by status, else ``status ASC, updated_at DESC``."""
+    if status is not None:
+        sql = "SELECT * FROM workflow_specs WHERE status = ? ORDER BY updated_at DESC, id DESC LIMIT ?"
+        return _all(conn, "workflow_specs", sql, (status, limit))
+    sql = "SELECT * FROM workflow_specs ORDER BY status ASC, updated_at DESC, id DESC LIMIT ?"
+    return _all(conn, "workflow_specs", sql, (limit,))
+
+
+def get_workflow(conn: sqlite3.Connection, workflow_id: str) -> Entity | None:
+    """The workflow spec with this id, archived or not, or None."""
+    return _one(conn, "workflow_specs", "SELECT * FROM workflow_specs WHERE id = ?", (workflow_id,))
+
+
+def find_workflow(conn: sqlite3.Connection, id_or_name: str) -> Entity | None:
+    """The workflow with this id (archived ones too), else the ACTIVE one with this name, or None."""
+    found = get_workflow(conn, id_or_name)
+    if found is not None:
+        return found
+    sql = (
+        "SELECT * FROM workflow_specs WHERE name = ? AND status = 'active' "
+        "ORDER BY updated_at DESC, id DESC LIMIT 1"
+    )
+    return _one(conn, "workflow_specs", sql, (id_or_name,))
+
+
+def list_workflow_runs(
+    conn: sqlite3.Connection,
+    workflow_id: str | None = None,
+    loop_run_id: str | None = None,
+    limit: int = 100,
+) -> list[Entity]:
+    """Workflow runs, newest ``created_at`` first, optionally of one workflow and/or one loop run."""
+    where, params = _where((("workflow_id", workflow_id), ("loop_run_id", loop_run_id)))
+    sql = f"SELECT * FROM workflow_runs{where} ORDER BY created_at DESC, id DESC LIMIT ?"
+    return _all(conn, "workflow_runs", sql, (*params, limit))
+
+
+def get_workflow_run(conn: sqlite3.Connection, run_id: str) -> Entity | None:
+    """The workflow run with this id, or None."""
+    return _one(conn, "workflow_runs", "SELECT * FROM workflow_runs WHERE id = ?", (run_id,))
+
+
+def list_step_runs(conn: sqlite3.Connection, run_id: str) -> list[Entity]:
+    """The step runs of a workflow run, by ``sequence`` (the step's index in the spec)."""
+    sql = "SELECT * FROM workflow_step_runs WHERE workflow_run_id = ? ORDER BY sequence ASC, step_id ASC"
+    return _all(conn, "workflow_step_runs", sql, (run_id,))
+
+
+def list_events(conn: sqlite3.Connection, run_id: str, limit: int = 200) -> list[Entity]:
+    """The events of a workflow run, by ``sequence``, at most ``limit`` of them (the first ones)."""
+    sql = "SELECT * FROM workflow_events WHERE workflow_run_id = ? ORDER BY sequence ASC LIMIT ?"
+    return _all(conn, "workflow_events", sql, (run_id, limit))
+
+
+def _where(filters: Sequence[tuple[str, str | None]]) -> tuple[str, list[str]]:
+    clauses = [f"{column} = ?" for column, value in filters if value is not None]
+    params = [value for _, value in filters if value is not None]
+    return (" WHERE " + " AND ".join(clauses) if clauses else ""), params
+
+
+def _count(conn: sqlite3.Connection, table: str, status: str | None) -> int:
+    where, params = _where((("status", status),))
+    try:
+        row = conn.execute(f"SELECT COUNT(*) FROM {table}{where}", params).fetchone()
+    except sqlite3.Error as exc:
+        raise LoopsqError(f"cannot read {table} from the mirror: {exc}") from exc
+    return int(row[0])
+
+
+def _all(conn: sqlite3.Connection, table: str, sql: str, params: Sequence[Any]) -> list[Entity]:
+    try:
+        cursor = conn.cursor()
+        cursor.row_factory = sqlite3.Row  # whatever the connection's own row factory is
+        rows = cursor.execute(sql, tuple(params)).fetchall()
+    except sqlite3.Error as exc:
+        raise LoopsqError(f"cannot read {table} from the mirror: {exc}") from exc
+    return [row_to_entity(table, row) for row in rows]
+
+
+def _one(conn: sqlite3.Connection, table: str, sql: str, params: Sequence[Any]) -> Entity | None:
+    rows = _all(conn, table, sql, params)
+    return rows[0] if rows else None

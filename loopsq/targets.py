@@ -1,0 +1,277 @@
+"""Validation of loop and workflow-step targets (command, agent, workflow): pure checks, no I/O.
+
+The reference's own checks (OpenLoops 0.3 §5.2 step 6) run first, in its order and with its exact messages. loopsq's
+extra type checks follow; each names the field and quotes the offending value. As with the reference's ``??``, an
+optional field given as ``null`` counts as absent and is dropped from the result, except ``timeoutMs``, where
+``null`` means "no timeout" (0.3.55) and is kept.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from loopsq.errors import ValidationError
+
+PROVIDERS = ("claude", "cursor", "codewith", "aicopilot", "opencode", "codex")
+CONFIG_ISOLATIONS = ("safe", "none")
+PROMPT_VIAS = ("argv", "stdin")
+
+# JavaScript's whitespace (what ``String.prototype.trim`` and ``/\s/`` use), which differs from ``str.isspace``.
+_JS_WS = "\t\n\v\f\r \u00a0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000\ufeff"
+_JS_WS_RE = re.compile(f"[{_JS_WS}]")
+_JS_TRIM_RE = re.compile(f"\\A[{_JS_WS}]+|[{_JS_WS}]+\\Z")
+_REPR_LIMIT = 60
+
+
+def js_trim(text: str) -> str:
+    """Trims a string the way JavaScript's ``String.prototype.trim`` does.
+
+    Args:
+        text: The string to trim.
+
+    Returns:
+        ``text`` without leading and trailing JavaScript whitespace.
+    """
+    return _JS_TRIM_RE.sub("", text)
+
+
+def is_non_empty_string(value: Any) -> bool:
+    """Tells whether ``value`` is a string with something besides whitespace in it."""
+    return isinstance(value, str) and js_trim(value) != ""
+
+
+def short_repr(value: Any) -> str:
+    """Renders a value for an error message: its JSON, cut to 60 characters.
+
+    Args:
+        value: Any value; values JSON cannot encode fall back to ``repr``.
+
+    Returns:
+        For example ``"x"`` (with quotes), ``5`` or ``null``.
+    """
+    try:
+        text = json.dumps(value, ensure_ascii=False)
+    except (TypeError, ValueError, RecursionError):
+        text = repr(value)
+    return text if len(text) <= _REPR_LIMIT else text[: _REPR_LIMIT - 3] + "..."
+
+
+def is_positive_int(value: Any) -> bool:
+    """Tells whether ``value`` is an ``int`` (not a ``bool``) greater than zero."""
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
+
+
+_Check = Callable[[Any, str, str], Any]
+
+
+def _is_array(value: Any) -> bool:
+    return isinstance(value, list | tuple)
+
+
+def _fail(label: str, field: str, expected: str, value: Any) -> ValidationError:
+    return ValidationError(f"{label}.{field} must be {expected}, got {short_repr(value)}")
+
+
+def validate_timeout_ms(value: Any, label: str) -> None:
+    """Checks a ``timeoutMs`` value: a positive integer, or ``None`` meaning no timeout.
+
+    Args:
+        value: The value found under ``timeoutMs``.
+        label: The path of the object holding it, e.g. ``workflow.steps[0]``.
+
+    Raises:
+        ValidationError: ``<label>.timeoutMs must be a positive integer or null, got <value>``.
+    """
+    if value is not None and not is_positive_int(value):
+        raise _fail(label, "timeoutMs", "a positive integer or null", value)
+
+
+def validate_account(value: Any, label: str) -> dict[str, Any]:
+    """Checks an account reference ``{profile, tool?}``.
+
+    Args:
+        value: The value found under ``account`` (not ``None``).
+        label: The path of the object holding it, e.g. ``target``.
+
+    Returns:
+        A shallow copy, without ``tool`` when it was ``null``; other keys are kept.
+
+    Raises:
+        ValidationError: If it is not an object, or ``profile``/``tool`` is not a non-empty string.
+    """
+    if not isinstance(value, Mapping):
+        raise _fail(label, "account", "an object with a profile", value)
+    account = dict(value)
+    if not is_non_empty_string(account.get("profile")):
+        raise _fail(label, "account.profile", "a non-empty string", account.get("profile"))
+    if account.get("tool") is None:
+        account.pop("tool", None)
+    elif not is_non_empty_string(account["tool"]):
+        raise _fail(label, "account.tool", "a non-empty string", account["tool"])
+    return account
+
+
+def _string_list(value: Any, label: str, field: str) -> list[str]:
+    if not _is_array(value) or not all(isinstance(item, str) for item in value):
+        raise _fail(label, field, "an array of strings", value)
+    return list(value)
+
+
+def _string_map(value: Any, label: str, field: str) -> dict[str, str]:
+    if not isinstance(value, Mapping) or not all(isinstance(key, str) for key in value):
+        raise _fail(label, field, "an object of string values", value)
+    for key, item in value.items():
+        if not isinstance(item, str):
+            raise _fail(label, f"{field}.{key}", "a string", item)
+    return dict(value)
+
+
+def _non_empty(value: Any, label: str, field: str) -> str:
+    if not is_non_empty_string(value):
+        raise _fail(label, field, "a non-empty string", value)
+    return str(value)
+
+
+def _string(value: Any, label: str, field: str) -> str:
+    if not isinstance(value, str):
+        raise _fail(label, field, "a string", value)
+    return value
+
+
+def _boolean(value: Any, label: str, field: str) -> bool:
+    if not isinstance(value, bool):
+        raise _fail(label, field, "a boolean", value)
+    return value
+
+
+def _positive_int(value: Any, label: str, field: str) -> int:
+    if not is_positive_int(value):
+        raise _fail(label, field, "a positive integer", value)
+    return int(value)
+
+
+def _one_of(choices: tuple[str, ...]) -> _Check:
+    expected = " or ".join(f'"{choice}"' for choice in choices)
+
+    def check(value: Any, label: str, field: str) -> str:
+        if not isinstance(value, str) or value not in choices:
+            raise _fail(label, field, expected, value)
+        return value
+
+    return check
+
+
+def _timeout(value: Any, label: str, _field: str) -> Any:
+    validate_timeout_ms(value, label)
+    return value
+
+
+def _account(value: Any, label: str, _field: str) -> dict[str, Any]:
+    return validate_account(value, label)
+
+
+# loopsq's extra checks per target type, in the order they run.
+_EXTRA_CHECKS: dict[str, tuple[tuple[str, _Check], ...]] = {
+    "command": (
+        ("args", _string_list),
+        ("cwd", _non_empty),
+        ("shell", _boolean),
+        ("env", _string_map),
+        ("timeoutMs", _timeout),
+        ("idleTimeoutMs", _positive_int),
+        ("account", _account),
+    ),
+    "agent": (
+        ("cwd", _non_empty),
+        ("model", _string),
+        ("agent", _string),
+        ("extraArgs", _string_list),
+        ("timeoutMs", _timeout),
+        ("idleTimeoutMs", _positive_int),
+        ("configIsolation", _one_of(CONFIG_ISOLATIONS)),
+        ("promptVia", _one_of(PROMPT_VIAS)),
+        ("account", _account),
+    ),
+    "workflow": (("input", _string_map), ("timeoutMs", _timeout)),
+}
+
+
+def _check_reference_rules(target: Mapping[str, Any], label: str, allow_workflow: bool) -> str:
+    """Runs the reference's checks (§5.2 step 6), in its order, with its exact messages; returns the type."""
+    kind = target.get("type")
+    if kind == "command":
+        command = target.get("command")
+        if not isinstance(command, str) or not js_trim(command):
+            raise ValidationError(f"{label}.command must be a non-empty string")
+        if target.get("shell") is not True and _JS_WS_RE.search(js_trim(command)):
+            raise ValidationError(
+                f"{label}.command must be an executable without spaces when shell is false; "
+                "put flags in args or set shell true"
+            )
+    elif kind == "agent":
+        provider = target.get("provider")
+        if not is_non_empty_string(provider):
+            raise ValidationError(f"{label}.provider must be a non-empty string")
+        if not is_non_empty_string(target.get("prompt")):
+            raise ValidationError(f"{label}.prompt must be a non-empty string")
+        if provider not in PROVIDERS:
+            raise ValidationError(f"{label}.provider must be one of {', '.join(PROVIDERS)}")
+    elif kind == "workflow" and allow_workflow:
+        # Not in the reference (the CLI builds workflow targets itself); loopsq checks what a body may carry.
+        if not is_non_empty_string(target.get("workflowId")):
+            raise _fail(label, "workflowId", "a non-empty string", target.get("workflowId"))
+    elif allow_workflow:
+        raise ValidationError(f"{label}.type must be command, agent or workflow")
+    else:
+        raise ValidationError(f"{label}.type must be command or agent")
+    return str(kind)
+
+
+def _validate(target: Any, label: str, allow_workflow: bool) -> dict[str, Any]:
+    if not isinstance(target, Mapping):
+        raise ValidationError(f"{label} must be an object")
+    kind = _check_reference_rules(target, label, allow_workflow)
+    result = dict(target)
+    for field, check in _EXTRA_CHECKS[kind]:
+        if field not in result:
+            continue
+        if result[field] is None and field != "timeoutMs":
+            del result[field]
+        else:
+            result[field] = check(result[field], label, field)
+    return result
+
+
+def validate_executable_target(target: Any, label: str) -> dict[str, Any]:
+    """Validates a command or agent target, as a workflow step or a loop needs it.
+
+    Args:
+        target: The decoded JSON value.
+        label: The path used in messages, e.g. ``workflow.steps[0].target`` or ``target``.
+
+    Returns:
+        A shallow copy of the target: known optional fields that were ``null`` are dropped, unknown keys kept.
+
+    Raises:
+        ValidationError: On the first failed check; the reference's checks come first, in its order.
+    """
+    return _validate(target, label, allow_workflow=False)
+
+
+def validate_target(target: Any, label: str = "target") -> dict[str, Any]:
+    """Validates any loop target: command, agent, or ``{type: "workflow", workflowId, input?, timeoutMs?}``.
+
+    Args:
+        target: The decoded JSON value.
+        label: The path used in messages.
+
+    Returns:
+        A shallow copy of the target, as :func:`validate_executable_target` returns it.
+
+    Raises:
+        ValidationError: On the first failed check.
+    """
+    return _validate(target, label, allow_workflow=True)
