@@ -1,0 +1,5 @@
+"""``python -m loopsq``: the CLI."""
+
+from loopsq.cli import main
+
+main()
