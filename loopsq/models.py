@@ -33,6 +33,7 @@ _FIELDS: tuple[tuple[str, str], ...] = (
     ("target", "target"),
     ("next_run_at", "nextRunAt"),
     ("retry_scheduled_for", "retryScheduledFor"),
+    ("retry_at", "retryAt"),
     ("catch_up", "catchUp"),
     ("catch_up_limit", "catchUpLimit"),
     ("overlap", "overlap"),
@@ -66,6 +67,7 @@ class Loop:
     description: str | None = None
     next_run_at: str | None = None
     retry_scheduled_for: str | None = None
+    retry_at: str | None = None
     catch_up: str = DEFAULT_CATCH_UP
     catch_up_limit: int = DEFAULT_CATCH_UP_LIMIT
     overlap: str = DEFAULT_OVERLAP

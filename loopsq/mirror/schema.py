@@ -160,10 +160,12 @@ LOOPSQ_COLUMNS: tuple[tuple[str, str, str], ...] = (
     ("loops", "pause_after_failures", "INTEGER"),
     ("loops", "failure_streak", "INTEGER"),
     ("loops", "status_reason", "TEXT"),
+    ("loops", "retry_at", "TEXT"),
     ("loop_runs", "source", "TEXT"),
     ("loop_runs", "host", "TEXT"),
     ("loop_runs", "pid_start_time", "REAL"),
     ("loop_runs", "idempotency_key", "TEXT"),
+    ("loop_runs", "worker_id", "TEXT"),
     ("workflow_specs", "max_parallel", "INTEGER"),
 )
 

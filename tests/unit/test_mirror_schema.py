@@ -42,6 +42,7 @@ EXPECTED_COLUMNS: dict[str, list[tuple[str, str, bool, bool]]] = {
         ("pause_after_failures", "INTEGER", False, False),
         ("failure_streak", "INTEGER", False, False),
         ("status_reason", "TEXT", False, False),
+        ("retry_at", "TEXT", False, False),
     ],
     "loop_runs": [
         ("id", "TEXT", False, True),
@@ -66,6 +67,7 @@ EXPECTED_COLUMNS: dict[str, list[tuple[str, str, bool, bool]]] = {
         ("host", "TEXT", False, False),
         ("pid_start_time", "REAL", False, False),
         ("idempotency_key", "TEXT", False, False),
+        ("worker_id", "TEXT", False, False),
     ],
     "daemon_lease": [
         ("id", "TEXT", False, True),
