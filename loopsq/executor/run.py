@@ -1,0 +1,150 @@
+"""Execute one command or agent target as its own process group and report the outcome (reference §4.4).
+
+``execute_target`` builds the spec, checks the executable, spawns the child in a new session and hands it to the
+``Supervisor``, which runs everything in the calling thread. ``preflight_target`` does the same checks without
+spawning anything.
+"""
+
+from __future__ import annotations
+
+import logging
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Mapping
+from datetime import datetime
+from typing import Any
+
+from loopsq.errors import LoopsqError
+from loopsq.executor.output import DEFAULT_MAX_OUTPUT_BYTES
+from loopsq.executor.result import ExecutorResult, SpawnInfo
+from loopsq.executor.spec import RunMetadata, build_spec, check_executable
+from loopsq.executor.supervisor import OnOutput, Supervisor
+from loopsq.procs import hostname, process_start_time
+from loopsq.timeutil import now, to_iso
+
+log = logging.getLogger(__name__)
+
+OnSpawn = Callable[[SpawnInfo], None]
+
+
+def preflight_target(
+    target: Mapping[str, Any], metadata: RunMetadata, *, env: Mapping[str, str] | None = None
+) -> dict[str, str]:
+    """Check that a target could start now: resolve its account and find its executable (§4.3).
+
+    Args:
+        target: a validated command or agent target.
+        metadata: the run identifiers (they only shape the env).
+        env: the base environment; ``os.environ`` when None.
+
+    Returns:
+        ``{"command": ..., "accountProfile"?: ..., "accountTool"?: ...}``.
+
+    Raises:
+        ExecutionError: ``Executable not found in PATH: <cmd>`` or the account error (§6).
+    """
+    spec = build_spec(target, metadata, env=env)
+    check_executable(spec)
+    report = {"command": spec.command}
+    if spec.account_profile:
+        report["accountProfile"] = spec.account_profile
+    if spec.account_tool:
+        report["accountTool"] = spec.account_tool
+    return report
+
+
+def execute_target(
+    target: Mapping[str, Any],
+    metadata: RunMetadata,
+    *,
+    env: Mapping[str, str] | None = None,
+    max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES,
+    cancel: threading.Event | None = None,
+    on_spawn: OnSpawn | None = None,
+    on_output: OnOutput | None = None,
+) -> ExecutorResult:
+    """Run a command or agent target to completion and report how it ended.
+
+    The child leads its own process group; a timeout, idle timeout or cancel sends SIGTERM to the group, SIGKILL
+    2 s later, and SIGKILL again once the child has exited so that no background grandchild survives. After a
+    natural exit, processes the child left behind are not killed (a target may start a daemon on purpose); their
+    output is read for at most 250 ms more. Both callbacks run in the calling thread (a slow ``on_output`` slows
+    the reading of the pipes); an exception from either is logged and the run goes on.
+
+    Args:
+        target: a validated command or agent target.
+        metadata: the run identifiers, exported as ``LOOPS_*`` variables.
+        env: the base environment; ``os.environ`` when None.
+        max_output_bytes: bytes kept per stream (the tail); the rest is counted in a ``[truncated N bytes]`` line.
+        cancel: set it (from any thread) to stop the target; the group is signalled within 100 ms.
+        on_spawn: called once with the child's pid, start time and host, right after it starts.
+        on_output: called with ``("stdout" | "stderr", chunk)`` for every raw chunk read.
+
+    Returns:
+        The result. It never raises for a target that cannot start: an account failure, a missing executable or
+        a spawn error give status ``failed`` with the message as error and ``durationMs`` 0.
+    """
+    try:
+        spec = build_spec(target, metadata, env=env)
+        executable = check_executable(spec)
+    except LoopsqError as exc:
+        return _not_started("failed", exc.message)
+    if cancel is not None and cancel.is_set():
+        return _not_started("cancelled", "cancelled")
+    started = now()
+    started_mono = time.monotonic()
+    try:
+        proc = subprocess.Popen(
+            list(spec.argv),
+            executable=executable,
+            cwd=spec.cwd,
+            env=spec.env,
+            stdin=subprocess.DEVNULL if spec.stdin_text is None else subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+        )
+    except OSError as exc:
+        return _not_started("failed", f"failed to start {spec.command}: {exc}", started)
+    if on_spawn is not None:
+        _report_spawn(on_spawn, proc.pid)
+    supervisor = Supervisor(spec, proc, max_output_bytes, cancel, on_output, started_mono)
+    supervisor.run()
+    finished = now()
+    status, error = supervisor.outcome()
+    returncode = proc.returncode
+    return ExecutorResult(
+        status=status,
+        exit_code=returncode if returncode is not None and returncode >= 0 else None,
+        stdout=supervisor.stdout.text(),
+        stderr=supervisor.stderr.text(),
+        error=error,
+        pid=proc.pid,
+        started_at=to_iso(started),
+        finished_at=to_iso(finished),
+        duration_ms=int((time.monotonic() - started_mono) * 1000),
+    )
+
+
+def _not_started(status: str, error: str, started: datetime | None = None) -> ExecutorResult:
+    stamp = to_iso(started if started is not None else now())
+    return ExecutorResult(
+        status=status,
+        exit_code=None,
+        stdout="",
+        stderr="",
+        error=error,
+        pid=None,
+        started_at=stamp,
+        finished_at=stamp,
+        duration_ms=0,
+    )
+
+
+def _report_spawn(on_spawn: OnSpawn, pid: int) -> None:
+    try:
+        on_spawn(SpawnInfo(pid=pid, start_time=process_start_time(pid), host=hostname()))
+    except Exception:
+        # The child is running: abandoning it here would leave it unsupervised. The caller can still cancel.
+        log.exception("on_spawn callback failed for pid %d", pid)
