@@ -60,3 +60,87 @@ class Keys:
     def workflow_names(self) -> str:
         """Hash: active workflow name -> id (active names are unique, as in the reference)."""
         return self._k("workflow-names")
+
+    # -- runs ------------------------------------------------------------------------------------------------
+    def run(self, run_id: str) -> str:
+        """String: a loop run's JSON."""
+        return self._k("run", run_id)
+
+    @property
+    def runs(self) -> str:
+        """Sorted set: every run id, scored by creation time (ms)."""
+        return self._k("runs")
+
+    def loop_runs(self, loop_id: str) -> str:
+        """Sorted set: a loop's run ids by creation time (ms)."""
+        return self._k("loop", loop_id, "runs")
+
+    def slot(self, loop_id: str, scheduled_for: str) -> str:
+        """String: the run id holding slot ``(loop, scheduledFor)`` (one row per slot, as the reference)."""
+        return self._k("slot", loop_id, scheduled_for)
+
+    def claim(self, loop_id: str, scheduled_for: str, attempt: int) -> str:
+        """String (SET NX): the one claim of ``(loop, slot, attempt)``; its value is the claimer's token."""
+        return self._k("claim", loop_id, scheduled_for, str(attempt))
+
+    def lease(self, run_id: str) -> str:
+        """String with a TTL: a running run's lease; the value is the owner's token."""
+        return self._k("lease", run_id)
+
+    @property
+    def running(self) -> str:
+        """Set: ids of runs whose status is ``running`` (what recovery scans)."""
+        return self._k("running")
+
+    def loop_active(self, loop_id: str) -> str:
+        """Set: ids of a loop's running runs (what the overlap policy looks at)."""
+        return self._k("loop", loop_id, "active")
+
+    def cancel(self, run_id: str) -> str:
+        """String with a TTL: a request to cancel a running run; the value is the reason."""
+        return self._k("cancel", run_id)
+
+    def idempotency(self, loop_id: str, key: str) -> str:
+        """String with a TTL (SET NX): the run id a trigger's idempotency key stands for."""
+        return self._k("idem", loop_id, key)
+
+    @property
+    def triggers(self) -> str:
+        """Sorted set: triggered run ids not yet claimed, scored by trigger time (ms); maintenance re-enqueues."""
+        return self._k("triggers")
+
+    def trigger(self, run_id: str) -> str:
+        """String: a pending trigger's request (JSON: loop id, slot, key)."""
+        return self._k("trigger", run_id)
+
+    def run_request(self, request_id: str) -> str:
+        """String with a TTL: the run id a run-now request produced (the CLI waits on it)."""
+        return self._k("request", request_id)
+
+    # -- processes ---------------------------------------------------------------------------------------------
+    def worker(self, worker_id: str) -> str:
+        """String with a short TTL: a live worker's liveness record (JSON: host, pid, start time, runs)."""
+        return self._k("worker", worker_id)
+
+    @property
+    def workers(self) -> str:
+        """Set: ids of every worker that registered (dead ones are found by their missing liveness key)."""
+        return self._k("workers")
+
+    def scheduler(self, scheduler_id: str) -> str:
+        """String with a short TTL: a live scheduler process."""
+        return self._k("scheduler", scheduler_id)
+
+    @property
+    def schedulers(self) -> str:
+        """Set: ids of every scheduler that registered."""
+        return self._k("schedulers")
+
+    @property
+    def scheduler_lock(self) -> str:
+        """String with a TTL: which scheduler moves due timers and runs maintenance now (owner-checked)."""
+        return self._k("scheduler-lock")
+
+    def timer(self, loop_id: str) -> str:
+        """String: the rq-scheduler job id armed for a loop."""
+        return self._k("timer", loop_id)

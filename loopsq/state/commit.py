@@ -79,6 +79,7 @@ class Tx:
     ops: list[tuple[str, str, str, str]] = field(default_factory=list)
     upsert: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     delete: dict[str, list[str]] = field(default_factory=dict)
+    also: list[str] = field(default_factory=list)
 
     # -- guards ---------------------------------------------------------------------------------------------
     def expect(self, key: str, value: str | None) -> Tx:
@@ -153,9 +154,17 @@ class Tx:
         self.delete.setdefault(table, []).append(entity_id)
         return self
 
+    def note(self, transition: str) -> Tx:
+        """Name a further transition this one includes (e.g. ``loop_advanced`` inside ``run_succeeded``)."""
+        if transition and transition != "none":
+            self.also.append(transition)
+        return self
+
     def change_data(self) -> str:
         """The JSON body of the change entry."""
         body: dict[str, Any] = {}
+        if self.also:
+            body["also"] = self.also
         if self.upsert:
             body["upsert"] = self.upsert
         if self.delete:

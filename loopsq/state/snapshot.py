@@ -10,8 +10,15 @@ import redis
 from loopsq.keys import Keys
 
 
+def _ids(client: redis.Redis, key: str) -> list[str]:
+    kind = client.type(key)
+    kind = kind.decode() if isinstance(kind, bytes) else kind
+    members = client.zrange(key, 0, -1) if kind == "zset" else client.smembers(key)
+    return sorted(m.decode() if isinstance(m, bytes) else str(m) for m in members)
+
+
 def _load_all(client: redis.Redis, set_key: str, entity_key: Any) -> list[dict[str, Any]]:
-    ids = sorted(str(i) for i in client.smembers(set_key))
+    ids = _ids(client, set_key)
     out: list[dict[str, Any]] = []
     for start in range(0, len(ids), 500):
         chunk = ids[start : start + 500]
@@ -26,4 +33,5 @@ def snapshot_tables(client: redis.Redis, keys: Keys) -> dict[str, list[dict[str,
     return {
         "loops": _load_all(client, keys.loops, keys.loop),
         "workflow_specs": _load_all(client, keys.workflows, keys.workflow),
+        "loop_runs": _load_all(client, keys.runs, keys.run),
     }

@@ -1,0 +1,173 @@
+"""Commands that run things or read run history: run-now, tick, runs, trigger."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import click
+
+from loopsq import timers, timeutil
+from loopsq.cli.app import App, get_app, json_flag
+from loopsq.errors import LoopsqError, NotFoundError, ValidationError
+from loopsq.mirror import queries
+from loopsq.redaction import public_run
+from loopsq.runs import RUN_STATUSES, TERMINAL, LoopRun
+from loopsq.timeutil import gen_id
+
+SHOW_OUTPUT_LIMIT = 32 * 1024
+
+
+def _runtime(app: App, role: str) -> Any:
+    from loopsq.engine.runtime import Runtime
+
+    return Runtime(client=app.client(), keys=app.keys, role=role).start()
+
+
+def _print_output(run: dict[str, Any]) -> str:
+    lines: list[str] = []
+    for stream in ("stdout", "stderr"):
+        text = run.get(stream) or ""
+        if len(text) > SHOW_OUTPUT_LIMIT:
+            text = f"[truncated {len(text) - SHOW_OUTPUT_LIMIT} chars]\n" + text[-SHOW_OUTPUT_LIMIT:]
+        lines.append(f"{stream}:")
+        lines.append(text.rstrip("\n"))
+    return "\n".join(lines)
+
+
+@click.command("run-now")
+@click.argument("id_or_name")
+@click.option("--local", is_flag=True, help="Run in this process instead of on a worker.")
+@click.option("--show-output", is_flag=True, help="Print the run's stdout and stderr.")
+@click.option("--wait", "wait_s", default=30.0, show_default=True, metavar="SECONDS",
+              help="How long to wait for a worker to pick the run up.")
+@json_flag
+def run_now(id_or_name: str, local: bool, show_output: bool, wait_s: float) -> None:
+    """Run a loop now: its due retry, its due slot, or an ad-hoc slot. Exit 1 unless it succeeds."""
+    from loopsq import runs as rules
+
+    app = get_app()
+    loop = app.loops().require(id_or_name)
+    if local:
+        from loopsq.engine.runner import run_now as execute_now
+
+        rt = _runtime(app, "manual")
+        try:
+            final = execute_now(rt, loop.id)
+        finally:
+            rt.stop()
+    else:
+        final = _run_on_worker(app, loop.id, wait_s)
+    source = final.source or "ad_hoc"
+    advances = source in ("due_slot", "retry_slot")
+    payload = {**public_run(final.to_dict(), show_output), "runNow": {"source": source, "advancesLoop": advances}}
+    line = f"{final.id} {final.status} source={source} slot={final.scheduled_for}"
+    app.emit(payload, (line + "\n" + _print_output(final.to_dict())) if show_output else line)
+    del rules
+    if final.status != "succeeded":
+        raise click.exceptions.Exit(1)
+
+
+def _run_on_worker(app: App, loop_id: str, wait_s: float) -> LoopRun:
+    from loopsq.state.runs import RunStore
+
+    client = app.client()
+    request_id = gen_id()
+    timers.enqueue(timers.raw_from(client), "worker.jobs.run_now", loop_id, request_id)
+    deadline = time.monotonic() + wait_s
+    run_id = None
+    while run_id is None:
+        value = client.get(app.keys.run_request(request_id))
+        run_id = value.decode() if isinstance(value, bytes) else value
+        if run_id is None:
+            if time.monotonic() > deadline:
+                raise LoopsqError(
+                    f"no worker picked up the run within {wait_s:g}s; is `loopsq worker` running? "
+                    "(--local runs it here)"
+                )
+            time.sleep(0.05)
+    store = RunStore(client, app.keys)
+    while True:
+        run = store.get(str(run_id))
+        if run is not None and run.status in TERMINAL:
+            value = client.get(app.keys.run_request(request_id))
+            latest = value.decode() if isinstance(value, bytes) else value
+            if latest and latest != run.id:
+                run_id = latest
+                continue
+            return run
+        time.sleep(0.05)
+
+
+@click.command("tick")
+@json_flag
+def tick() -> None:
+    """One scheduler pass here: recover, expire, and run every due loop in this process."""
+    from loopsq import runs as rules
+    from loopsq.engine.maintenance import maintain
+    from loopsq.engine.runner import fire
+
+    app = get_app()
+    rt = _runtime(app, "manual-tick")
+    try:
+        report = maintain(rt, timeutil.now())
+        completed = skipped = 0
+        now = timeutil.now()
+        for loop in rt.loops.all():
+            if rules.due(loop, now):
+                result = fire(rt, loop.id)
+                completed += result.completed
+                skipped += result.skipped
+    finally:
+        rt.stop()
+    counts = {"completed": completed, "skipped": skipped, "recovered": len(report.recovered),
+              "expired": report.expired}
+    app.emit(counts, f"completed={completed} skipped={skipped} recovered={len(report.recovered)}")
+
+
+@click.command("runs")
+@click.argument("id_or_name", required=False)
+@click.option("--limit", default=50, show_default=True, metavar="N", help="At most N runs.")
+@click.option("--status", metavar="STATUS", help=f"Only runs with this status ({', '.join(RUN_STATUSES)}).")
+@click.option("--show-output", is_flag=True, help="Show stdout and stderr (redacted otherwise).")
+@json_flag
+def runs(id_or_name: str | None, limit: int, status: str | None, show_output: bool) -> None:
+    """Run history, newest first."""
+    if status is not None and status not in RUN_STATUSES:
+        raise ValidationError(f"--status must be one of {', '.join(RUN_STATUSES)}, got '{status}'")
+    if limit <= 0:
+        raise ValidationError(f"--limit must be a positive integer, got '{limit}'")
+    app = get_app()
+    conn = app.mirror()
+    loop_id = None
+    if id_or_name is not None:
+        loop = queries.find_loop(conn, id_or_name)
+        if loop is None:
+            raise NotFoundError(f"loop not found: {id_or_name}")
+        loop_id = loop["id"]
+    rows = queries.list_runs(conn, loop_id=loop_id, status=status, limit=limit)
+
+    def human() -> str:
+        lines = []
+        for r in rows:
+            lines.append(f"{r['id']}  {r['status']:<10}  attempt={r['attempt']}  slot={r['scheduledFor']}  {r['loopName']}")
+            if show_output:
+                lines.append(_print_output(r))
+        return "\n".join(lines)
+
+    app.emit([public_run(r, show_output) for r in rows], human)
+
+
+@click.command("trigger")
+@click.argument("id_or_name")
+@click.option("--key", metavar="KEY", help="Idempotency key: the same key within 24 h returns the same run.")
+@json_flag
+def trigger(id_or_name: str, key: str | None) -> None:
+    """Start a run of a loop on a worker now; prints its run id."""
+    from loopsq.sdk import trigger_with
+
+    if key is not None and not key.strip():
+        raise ValidationError(f"--key must not be empty, got '{key}'")
+    app = get_app()
+    run_id, created = trigger_with(app.client(), app.keys, id_or_name, key)
+    app.emit({"runId": run_id, "created": created}, f"{run_id} {'created' if created else 'duplicate'}")

@@ -1,0 +1,171 @@
+"""Maintenance, about once a second on the leading scheduler: expire loops, repair loops and timers, recover
+runs whose owner is gone, re-enqueue lost triggers.
+
+Nothing here trusts a single write to have happened: a crash between a run's finalize and the re-arm of its
+loop's timer, a lost RQ job, a worker killed mid-run — each leaves a state this pass notices and mends.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from loopsq import runs as rules
+from loopsq import timers, timeutil
+from loopsq.engine.runtime import Runtime
+from loopsq.models import Loop
+from loopsq.procs import is_process_alive, kill_process_group
+from loopsq.runs import LoopRun
+from loopsq.schedules import initial_next_run
+from loopsq.state.commit import Tx
+from loopsq.timeutil import from_iso, to_iso, to_ms
+
+log = logging.getLogger("loopsq.maintenance")
+
+LEASE_EXPIRED = "run lease expired before completion"
+TRIGGER_GRACE_MS = 30_000
+
+
+@dataclass
+class Report:
+    """What one maintenance pass did."""
+
+    expired: int = 0
+    repaired: int = 0
+    armed: int = 0
+    disarmed: int = 0
+    recovered: list[LoopRun] = field(default_factory=list)
+    retriggered: int = 0
+
+
+def _update_loop(rt: Runtime, loop: Loop, new: Loop, change_type: str, now: datetime) -> bool:
+    raw = loop.to_json()
+    tx = (
+        Tx(change_type, to_iso(now))
+        .expect(rt.keys.loop(loop.id), raw)
+        .set(rt.keys.loop(loop.id), new.to_json())
+        .put("loops", new.to_dict())
+    )
+    return rt.committer.commit(tx).ok
+
+
+def _is_orphan_alive(run: LoopRun, host: str) -> bool:
+    return bool(run.host == host and run.pid and is_process_alive(run.pid, run.pid_start_time))
+
+
+def recovery_reason(rt: Runtime, run: LoopRun, lease: str | None, worker_alive: bool) -> str | None:
+    """Why ``run`` must be recovered now, or None to leave it.
+
+    - Lease expired: recovered, unless its process is alive on this host (checked with the recorded start
+      time against pid reuse) — a lease never expires under a live process.
+    - Lease live but the worker's liveness key gone (killed, or cut off for longer than the liveness TTL): a
+      live orphan on this host is killed first (nobody could record its outcome), then the run is recovered.
+    """
+    if lease is None:
+        return None if _is_orphan_alive(run, rt.owner.host) else LEASE_EXPIRED
+    if worker_alive or run.worker_id is None:
+        return None
+    if _is_orphan_alive(run, rt.owner.host) and run.pid:
+        log.warning("killing orphaned process group %d of dead worker %s (run %s)", run.pid, run.worker_id, run.id)
+        kill_process_group(run.pid, signal.SIGKILL)
+    return f"worker {run.worker_id} died before completion"
+
+
+def recover_runs(rt: Runtime, now: datetime) -> list[LoopRun]:
+    """Abandon running runs whose lease expired or whose worker died; their loops advance (retry if allowed)."""
+    running = rt.runs.get_many(rt.runs.running_ids())
+    if not running:
+        return []
+    pipe = rt.client.pipeline(transaction=False)
+    for run in running:
+        pipe.get(rt.keys.lease(run.id))
+        pipe.exists(rt.keys.worker(run.worker_id or "-"))
+    replies = pipe.execute()
+    recovered: list[LoopRun] = []
+    for i, run in enumerate(running):
+        lease, alive = replies[2 * i], bool(replies[2 * i + 1])
+        lease = lease.decode() if isinstance(lease, bytes) else lease
+        reason = recovery_reason(rt, run, lease, alive)
+        if reason is None:
+            continue
+        done = rt.runs.abandon(run.id, now, error=reason, seen_lease=lease)
+        if done is None:
+            continue
+        final, new_loop = done
+        log.info("run %s abandoned loop=%s slot=%s attempt=%d: %s", final.id, final.loop_name, final.scheduled_for,
+                 final.attempt, reason)
+        recovered.append(final)
+        if new_loop is not None:
+            from loopsq.engine.runner import ensure_timer
+
+            ensure_timer(rt, new_loop)
+    return recovered
+
+
+def _wanted(loop: Loop, now: datetime, active_loops: set[str]) -> tuple[Loop | None, str]:
+    """A loop that needs a state repair, and the change type; (None, "") when it is fine."""
+    if loop.status != "active":
+        return None, ""
+    if loop.expires_at is not None and from_iso(loop.expires_at) <= now:
+        return loop.with_changes(status="expired", next_run_at=None, retry_scheduled_for=None, retry_at=None,
+                                 updated_at=to_iso(now)), "loop_expired"
+    if rules.timer_at(loop) is None and loop.id not in active_loops:
+        # Nothing will ever wake this loop (e.g. its last run's owner died before the loop was advanced).
+        nxt = initial_next_run(loop.schedule, now, loop.timezone) if loop.schedule.type != "once" else None
+        if nxt is None:
+            return loop.with_changes(status="stopped", updated_at=to_iso(now)), "loop_repaired"
+        return loop.with_changes(next_run_at=to_iso(nxt), updated_at=to_iso(now)), "loop_repaired"
+    return None, ""
+
+
+def maintain(rt: Runtime, now: datetime | None = None) -> Report:
+    """One maintenance pass."""
+    now = now or timeutil.now()
+    report = Report()
+    report.recovered = recover_runs(rt, now)
+    loops = rt.loops.all()
+    running = rt.runs.get_many(rt.runs.running_ids())
+    active_loops = {run.loop_id for run in running}
+    current: list[Loop] = []
+    for loop in loops:
+        new, change = _wanted(loop, now, active_loops)
+        if new is not None and _update_loop(rt, loop, new, change, now):
+            if change == "loop_expired":
+                report.expired += 1
+            else:
+                report.repaired += 1
+            loop = new
+        current.append(loop)
+    states = timers.armed_state(rt.raw, rt.keys, [loop.id for loop in current])
+    for loop in current:
+        want = rules.timer_at(loop)
+        score, status = states[loop.id]
+        if want is None:
+            if score is not None:
+                timers.disarm(rt.raw, rt.keys, loop.id)
+                report.disarmed += 1
+            continue
+        in_flight = score is None and status in ("queued", "started", "deferred", "scheduled")
+        on_time = score is not None and abs(score * 1000 - to_ms(want)) < 1
+        if not (in_flight or on_time):
+            timers.arm(rt.raw, rt.keys, loop.id, want)
+            report.armed += 1
+    report.retriggered = retrigger(rt, now)
+    return report
+
+
+def retrigger(rt: Runtime, now: datetime) -> int:
+    """Re-enqueue triggers whose job was lost (reserved more than 30 s ago, still unclaimed)."""
+    stale = rt.client.zrangebyscore(rt.keys.triggers, 0, to_ms(now) - TRIGGER_GRACE_MS)
+    count = 0
+    for raw_id in stale:
+        run_id = raw_id.decode() if isinstance(raw_id, bytes) else str(raw_id)
+        if rt.client.exists(rt.keys.run(run_id)):
+            rt.client.zrem(rt.keys.triggers, run_id)
+            continue
+        timers.enqueue(rt.raw, "worker.jobs.run_triggered", run_id)
+        rt.client.zadd(rt.keys.triggers, {run_id: to_ms(now)})
+        count += 1
+    return count

@@ -1,0 +1,206 @@
+"""Executing loop slots: fire a loop's timer (due slots, overlap, claim, execute, finalize, re-arm), run-now,
+and triggered runs.
+
+The order of one slot is: overlap policy → claim (SET NX on the slot attempt; fixed-rate and cron loops move to
+their next slot in the same transition, and that slot's timer is armed at once) → execute with the lease held
+→ fenced finalize that also advances the loop → re-arm. A crash anywhere leaves state that maintenance repairs:
+an expired lease or dead worker is recovered, a missing timer re-armed.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+
+from loopsq import runs as rules
+from loopsq import timers, timeutil
+from loopsq.engine.runtime import LEASE_LOST, Runtime
+from loopsq.executor import RunMetadata, SpawnInfo, execute_target
+from loopsq.models import Loop
+from loopsq.runs import LoopRun
+from loopsq.state.runs import Claim, Refusal
+from loopsq.timeutil import from_iso, to_iso
+
+log = logging.getLogger("loopsq.runs")
+
+RETRY_DEFER = timedelta(seconds=1)
+
+
+@dataclass
+class FireResult:
+    """What one fire did, as the reference's tick counts it."""
+
+    claimed: int = 0
+    completed: int = 0
+    skipped: int = 0
+    runs: list[LoopRun] = field(default_factory=list)
+
+
+def ensure_timer(rt: Runtime, loop: Loop | None) -> None:
+    """Arm the loop's timer at its next due time (or remove it when nothing is due)."""
+    if loop is None:
+        return
+    at = rules.timer_at(loop)
+    if at is None:
+        timers.disarm(rt.raw, rt.keys, loop.id)
+    else:
+        timers.arm(rt.raw, rt.keys, loop.id, at)
+
+
+def execute_claim(rt: Runtime, claim: Claim) -> LoopRun:
+    """Execute a claimed run with its lease held, then finalize it (fenced) and advance its loop."""
+    run, loop = claim.run, claim.loop
+    log.info("run %s claimed loop=%s slot=%s attempt=%d source=%s", run.id, loop.name, run.scheduled_for,
+             run.attempt, run.source)
+    held = rt.hold(run.id, claim.token, loop.lease_ms)
+    try:
+        if loop.target.get("type") == "workflow":
+            status, exit_code, stdout, stderr, pid, duration = "failed", None, "", "", None, 0
+            error: str | None = "workflow targets are not executed by this version of loopsq"
+        else:
+
+            def on_spawn(info: SpawnInfo) -> None:
+                rt.runs.mark_started(run.id, claim.token, timeutil.now(), pid=info.pid,
+                                     pid_start_time=info.start_time, host=info.host)
+
+            metadata = RunMetadata(loop_id=loop.id, loop_name=loop.name, run_id=run.id,
+                                   scheduled_for=run.scheduled_for)
+            result = execute_target(loop.target, metadata, cancel=held.cancel, on_spawn=on_spawn)
+            status, exit_code, stdout, stderr, error, pid, duration = (
+                result.status, result.exit_code, result.stdout, result.stderr, result.error, result.pid,
+                result.duration_ms,
+            )
+            if status == "cancelled":
+                # loop_runs has no "cancelled": a cancelled run failed, with the reason of the cancel.
+                status, error = "failed", held.reason or "cancelled"
+        if held.reason == LEASE_LOST:
+            log.warning("run %s lease lost; its outcome is not recorded", run.id)
+            current = rt.runs.get(run.id)
+            return current or run
+        finished = rt.runs.finalize(
+            run.id, claim.token, timeutil.now(), status=status, exit_code=exit_code, duration_ms=duration,
+            stdout=stdout, stderr=stderr, error=error, pid=pid,
+        )
+    finally:
+        rt.release(run.id)
+    if finished is None:
+        log.warning("run %s lease lost before finalize; nothing written", run.id)
+        return rt.runs.get(run.id) or run
+    final, new_loop = finished
+    log.info("run %s %s loop=%s slot=%s attempt=%d%s", final.id, final.status, loop.name, final.scheduled_for,
+             final.attempt, f" error={final.error}" if final.error and final.status != "succeeded" else "")
+    if new_loop is not None:
+        ensure_timer(rt, new_loop)
+    return final
+
+
+def fire(rt: Runtime, loop_id: str) -> FireResult:
+    """A loop's timer fired: run its due slots in order, then re-arm.
+
+    Like the reference's tick, slots run one after another, and a failure that will be retried stops the rest
+    (the retry runs first). Unlike it, a due slot whose row is already settled moves the loop past it, so a
+    loop is never left due forever.
+    """
+    out = FireResult()
+    loop = rt.loops.get(loop_id)
+    if loop is None:
+        timers.disarm(rt.raw, rt.keys, loop_id)
+        return out
+    for slot in rules.due(loop, timeutil.now()):
+        now = timeutil.now()
+        current = rt.loops.get(loop_id)
+        if current is None or current.status != "active":
+            break
+        slot_iso = to_iso(slot)
+        is_retry = current.retry_scheduled_for == slot_iso
+        active = rt.runs.active_ids(loop_id)
+        if active and current.overlap == "skip":
+            if is_retry:
+                rt.runs.defer_retry(loop_id, now + RETRY_DEFER, now)
+                break
+            skipped = rt.runs.skip(loop_id, slot, now)
+            log.info("slot %s of loop=%s skipped: %s", slot_iso, current.name, rules.SKIP_ERROR)
+            out.skipped += 1
+            if skipped is not None:
+                out.runs.append(skipped)
+            continue
+        if active and current.overlap == "replace":
+            for run_id in active:
+                rt.runs.request_cancel(run_id, f"replaced by slot {slot_iso}")
+        claim = rt.runs.claim(loop_id, slot, rt.owner, now, source="scheduled")
+        if isinstance(claim, Refusal):
+            if claim.reason in ("done", "exhausted"):
+                rt.runs.advance_past(loop_id, slot, now)
+            continue
+        out.claimed += 1
+        if rules.timer_at(claim.loop) is not None and not rules.advances_at_finish(claim.loop):
+            next_at = rules.timer_at(claim.loop)
+            if next_at is not None and next_at > now:
+                ensure_timer(rt, claim.loop)  # the next slot keeps its time while this run goes on
+        final = execute_claim(rt, claim)
+        out.completed += 1
+        out.runs.append(final)
+        if final.status in rules.RETRYABLE and final.attempt < claim.loop.max_attempts:
+            break
+    ensure_timer(rt, rt.loops.get(loop_id))
+    return out
+
+
+def _claim_ad_hoc(rt: Runtime, loop: Loop, slot: datetime, source: str, run_id: str | None,
+                  key: str | None) -> Claim | Refusal:
+    """Claim an ad-hoc slot at ``slot``; a slot taken by another run at the same millisecond moves 1 ms on."""
+    result: Claim | Refusal = Refusal("gone")
+    for _ in range(50):
+        result = rt.runs.claim(loop.id, slot, rt.owner, timeutil.now(), source=source, run_id=run_id,
+                               idempotency_key=key)
+        if isinstance(result, Claim) or result.reason in ("gone", "claimed"):
+            return result
+        slot = slot + timedelta(milliseconds=1)
+    return result
+
+
+def run_now(rt: Runtime, id_or_name: str, run_id: str | None = None) -> LoopRun:
+    """Run a loop now (reference 0.3.3 sources): its due retry, its due slot, or an ad-hoc slot.
+
+    Raises:
+        NotFoundError: for an unknown loop.
+        ConflictError: when the run could not be claimed.
+    """
+    from loopsq.errors import ConflictError
+
+    loop = rt.loops.require(id_or_name)
+    now = timeutil.now()
+    slot, source = rules.manual_slot(loop, now)
+    claim: Claim | Refusal
+    if source != "ad_hoc":
+        claim = rt.runs.claim(loop.id, slot, rt.owner, now, source=source, run_id=run_id)
+        if isinstance(claim, Refusal) and claim.reason in ("done", "exhausted"):
+            rt.runs.advance_past(loop.id, slot, now)
+            source = "ad_hoc"
+    if source == "ad_hoc":
+        claim = _claim_ad_hoc(rt, loop, now, "ad_hoc", run_id, None)
+    if isinstance(claim, Refusal):
+        raise ConflictError(f"could not claim manual run for {id_or_name} ({claim.reason})")
+    if source != "ad_hoc":
+        ensure_timer(rt, claim.loop)
+    return execute_claim(rt, claim)
+
+
+def run_triggered(rt: Runtime, run_id: str) -> LoopRun | None:
+    """Execute a triggered run (``LoopsClient.trigger``) under the run id the trigger reserved."""
+    request = rt.client.get(rt.keys.trigger(run_id))
+    if request is None:
+        return rt.runs.get(run_id)
+    import json
+
+    data = json.loads(request)
+    loop = rt.loops.get(str(data["loopId"]))
+    if loop is None:
+        rt.client.zrem(rt.keys.triggers, run_id)
+        return None
+    claim = _claim_ad_hoc(rt, loop, from_iso(str(data["at"])), "trigger", run_id, data.get("key"))
+    rt.client.zrem(rt.keys.triggers, run_id)
+    if isinstance(claim, Refusal):
+        return rt.runs.get(run_id)
+    return execute_claim(rt, claim)

@@ -1,0 +1,193 @@
+"""A process that executes runs: its connections, its identity, and the background beat that keeps its
+liveness key fresh, renews the leases of the runs it holds, and notices cancel requests.
+
+One ``Runtime`` per process (worker, ``run-now --local``, ``tick``). The beat thread runs every 200 ms:
+liveness every second (TTL ``LIVENESS_TTL_MS``), each held lease at a third of its length, cancel requests on
+every beat (one MGET), so a cancel reaches the executing process from any host well within a second.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+
+import redis
+
+from loopsq import timeutil
+from loopsq.keys import Keys
+from loopsq.procs import hostname
+from loopsq.redis_conn import connect
+from loopsq.state.commit import Committer
+from loopsq.state.loops import LoopStore
+from loopsq.state.runs import Owner, RunStore
+from loopsq.state.workflows import WorkflowStore
+from loopsq.timeutil import gen_id
+
+log = logging.getLogger(__name__)
+
+LIVENESS_TTL_MS = 5_000
+LIVENESS_EVERY_S = 1.0
+BEAT_S = 0.2
+LEASE_LOST = "run lease lost"
+
+
+@dataclass
+class Held:
+    """A run this process executes: its lease token and length, and the event that cancels it."""
+
+    token: str
+    lease_ms: int
+    cancel: threading.Event = field(default_factory=threading.Event)
+    reason: str | None = None
+    renew_at: float = 0.0
+
+
+class Runtime:
+    """Connections, identity and the beat of a process that executes runs."""
+
+    def __init__(
+        self,
+        url: str | None = None,
+        *,
+        client: redis.Redis | None = None,
+        keys: Keys | None = None,
+        role: str = "worker",
+        worker_id: str | None = None,
+    ) -> None:
+        if client is None:
+            if url is None:
+                raise ValueError("Runtime needs a url or a client")
+            client = connect(url)
+        self.url = url
+        self.client = client
+        self.keys = keys or Keys()
+        self.role = role
+        host = hostname()
+        self.owner = Owner(worker_id or f"{role}:{host}:{os.getpid()}:{gen_id()[:6]}", host, os.getpid())
+        self.committer = Committer(client, self.keys)
+        self.loops = LoopStore(client, self.keys, self.committer)
+        self.runs = RunStore(client, self.keys, self.committer)
+        self.workflows = WorkflowStore(client, self.keys, self.committer)
+        self._raw: redis.Redis | None = None
+        self._held: dict[str, Held] = {}
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._next_liveness = 0.0
+        self.started_at = timeutil.to_iso(timeutil.now())
+
+    @property
+    def raw(self) -> redis.Redis:
+        """A bytes-responses client for RQ on the same server."""
+        if self._raw is None:
+            from loopsq.timers import raw_from
+
+            self._raw = raw_from(self.client)
+        return self._raw
+
+    # -- lifecycle ------------------------------------------------------------------------------------------
+    def start(self) -> Runtime:
+        """Register this process as live and start the beat thread."""
+        registry = self.keys.workers if self.role != "scheduler" else self.keys.schedulers
+        self.client.sadd(registry, self.owner.worker_id)
+        self._refresh_liveness()
+        self._thread = threading.Thread(target=self._run, name=f"loopsq-beat-{self.role}", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Stop the beat and withdraw the liveness key (a clean exit is not a death)."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        try:
+            self.client.delete(self._liveness_key())
+            registry = self.keys.workers if self.role != "scheduler" else self.keys.schedulers
+            self.client.srem(registry, self.owner.worker_id)
+        except redis.RedisError:
+            log.warning("could not withdraw liveness of %s", self.owner.worker_id)
+
+    def __enter__(self) -> Runtime:
+        return self.start()
+
+    def __exit__(self, *_exc: object) -> None:
+        self.stop()
+
+    # -- held runs --------------------------------------------------------------------------------------------
+    def hold(self, run_id: str, token: str, lease_ms: int) -> Held:
+        """Start renewing ``run_id``'s lease and watching for its cancel request."""
+        held = Held(token, lease_ms, renew_at=time.monotonic() + self._renew_every(lease_ms))
+        with self._lock:
+            self._held[run_id] = held
+        return held
+
+    def release(self, run_id: str) -> None:
+        """Stop renewing ``run_id``'s lease."""
+        with self._lock:
+            self._held.pop(run_id, None)
+
+    def held_ids(self) -> list[str]:
+        """Runs this process executes now."""
+        with self._lock:
+            return list(self._held)
+
+    @staticmethod
+    def _renew_every(lease_ms: int) -> float:
+        # A third of the lease (the reference's cadence), at least 10 ms, at most a minute.
+        return max(0.01, min(60.0, lease_ms / 3000.0))
+
+    # -- the beat -----------------------------------------------------------------------------------------
+    def _liveness_key(self) -> str:
+        return self.keys.scheduler(self.owner.worker_id) if self.role == "scheduler" else self.keys.worker(
+            self.owner.worker_id
+        )
+
+    def _refresh_liveness(self) -> None:
+        record = {
+            "id": self.owner.worker_id, "role": self.role, "host": self.owner.host, "pid": self.owner.pid,
+            "startedAt": self.started_at, "runs": self.held_ids(), "beatAt": timeutil.to_iso(timeutil.now()),
+        }
+        self.client.set(self._liveness_key(), json.dumps(record), px=LIVENESS_TTL_MS)
+        self._next_liveness = time.monotonic() + LIVENESS_EVERY_S
+
+    def beat(self) -> None:
+        """One beat: liveness when due, lease renewals when due, cancel requests always."""
+        now_mono = time.monotonic()
+        if now_mono >= self._next_liveness:
+            self._refresh_liveness()
+        with self._lock:
+            held = dict(self._held)
+        if not held:
+            return
+        ids = list(held)
+        reasons = self.client.mget([self.keys.cancel(i) for i in ids])
+        for run_id, reason in zip(ids, reasons, strict=True):
+            if reason and not held[run_id].cancel.is_set():
+                held[run_id].reason = reason.decode() if isinstance(reason, bytes) else str(reason)
+                held[run_id].cancel.set()
+        for run_id, h in held.items():
+            if h.cancel.is_set() or now_mono < h.renew_at:
+                continue
+            if self.runs.renew_lease(run_id, h.token, h.lease_ms, timeutil.now()):
+                h.renew_at = now_mono + self._renew_every(h.lease_ms)
+            else:
+                log.warning("run %s lease lost; stopping it", run_id)
+                h.reason = LEASE_LOST
+                h.cancel.set()
+
+    def _run(self) -> None:
+        delay = BEAT_S
+        while not self._stop.wait(delay):
+            try:
+                self.beat()
+                delay = BEAT_S
+            except redis.RedisError as exc:
+                log.warning("beat failed (%s); retrying", exc)
+                delay = min(delay * 2, 2.0)
+            except Exception:
+                log.exception("beat failed; continuing")
+                delay = BEAT_S

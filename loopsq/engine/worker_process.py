@@ -1,0 +1,73 @@
+"""``loopsq worker``: an RQ worker on loopsq's queue, with loopsq's liveness beat, started after killing the
+orphaned process groups that dead predecessors left on this host."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import signal
+import threading
+
+import redis
+
+from loopsq import timers
+from loopsq.engine.runtime import Runtime
+from loopsq.procs import is_process_alive, kill_process_group
+
+log = logging.getLogger("loopsq.worker")
+
+_current: Runtime | None = None
+
+
+def current_runtime() -> Runtime | None:
+    """The Runtime of this worker process (set by ``run_worker``)."""
+    return _current
+
+
+def set_current_runtime(rt: Runtime | None) -> None:
+    """Install the Runtime jobs use (also for tests and embedding)."""
+    global _current
+    _current = rt
+
+
+def kill_orphans(rt: Runtime) -> int:
+    """Kill process groups of runs whose worker died on this host (nobody can record their outcome)."""
+    killed = 0
+    for run in rt.runs.get_many(rt.runs.running_ids()):
+        if run.host != rt.owner.host or not run.pid or run.worker_id == rt.owner.worker_id:
+            continue
+        if rt.client.exists(rt.keys.worker(run.worker_id or "-")):
+            continue
+        if is_process_alive(run.pid, run.pid_start_time):
+            log.warning("killing orphaned process group %d of dead worker %s (run %s)", run.pid, run.worker_id,
+                        run.id)
+            kill_process_group(run.pid, signal.SIGKILL)
+            killed += 1
+    return killed
+
+
+def run_worker(url: str, *, burst: bool = False, stop: threading.Event | None = None) -> None:
+    """Run the worker until SIGTERM/SIGINT (RQ's warm shutdown: the current job finishes first)."""
+    delay = 0.1
+    while True:
+        rt: Runtime | None = None
+        try:
+            rt = Runtime(url, role="worker").start()
+            set_current_runtime(rt)
+            kill_orphans(rt)
+            worker = timers.make_worker(rt.raw, rt.owner.worker_id)
+            log.info("started id=%s", rt.owner.worker_id)
+            worker.work(burst=burst, logging_level="WARNING", with_scheduler=False)
+            return
+        except redis.RedisError as exc:
+            if stop is not None and stop.is_set():
+                return
+            log.warning("redis unavailable (%s); retrying in %.1fs", exc, delay)
+            threading.Event().wait(delay)
+            delay = min(delay * 2, 5.0)
+        finally:
+            set_current_runtime(None)
+            if rt is not None:
+                with contextlib.suppress(Exception):
+                    rt.stop()
+            log.info("stopped")

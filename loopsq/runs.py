@@ -1,0 +1,255 @@
+"""Loop runs and the pure scheduling decisions around them: what is due, how a claim or a finished run moves
+the loop, retry delays. No I/O; the time is passed in.
+
+loopsq keeps the reference's one-row-per-slot model (``UNIQUE(loop_id, scheduled_for)``; a retry increments
+``attempt`` on the same row) and adds ``retryAt``: the loop's next regular slot (``nextRunAt``) and a pending
+retry of an earlier slot are kept apart, so fixed-rate and cron slots keep their times while a run is going.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import dataclass, field, fields, replace
+from datetime import datetime, timedelta
+from typing import Any
+
+from loopsq.cron import next_cron_run
+from loopsq.models import Loop
+from loopsq.schedules import compute_next_after, due_slots
+from loopsq.timeutil import from_iso, to_iso
+
+RUN_STATUSES = ("running", "succeeded", "failed", "timed_out", "abandoned", "skipped")
+TERMINAL = frozenset({"succeeded", "failed", "timed_out", "abandoned", "skipped"})
+RETRYABLE = frozenset({"failed", "timed_out", "abandoned"})
+SOURCES = ("scheduled", "ad_hoc", "due_slot", "retry_slot", "trigger")
+SKIP_ERROR = "previous run still active"
+
+
+def _camel(name: str) -> str:
+    head, *rest = name.split("_")
+    return head + "".join(part.title() for part in rest)
+
+
+@dataclass(frozen=True)
+class LoopRun:
+    """One execution record of a loop slot (the same row across attempts)."""
+
+    id: str
+    loop_id: str
+    loop_name: str
+    scheduled_for: str
+    attempt: int
+    status: str
+    created_at: str
+    updated_at: str
+    started_at: str | None = None
+    finished_at: str | None = None
+    claimed_by: str | None = None
+    lease_expires_at: str | None = None
+    pid: int | None = None
+    exit_code: int | None = None
+    duration_ms: int | None = None
+    stdout: str | None = None
+    stderr: str | None = None
+    error: str | None = None
+    source: str | None = None
+    host: str | None = None
+    pid_start_time: float | None = None
+    worker_id: str | None = None
+    idempotency_key: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict, compare=False)
+
+    def to_dict(self) -> dict[str, Any]:
+        """camelCase JSON shape with absent fields dropped."""
+        out = {_camel(f.name): getattr(self, f.name) for f in fields(self) if f.name != "extra"}
+        out = {k: v for k, v in out.items() if v is not None}
+        out.update({k: v for k, v in self.extra.items() if k not in out})
+        return out
+
+    def to_json(self) -> str:
+        """The stored form."""
+        return json.dumps(self.to_dict(), separators=(",", ":"), ensure_ascii=False)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> LoopRun:
+        """From the stored camelCase shape."""
+        names = {_camel(f.name): f.name for f in fields(cls) if f.name != "extra"}
+        kwargs = {names[k]: v for k, v in data.items() if k in names}
+        kwargs["extra"] = {k: v for k, v in data.items() if k not in names}
+        return cls(**kwargs)
+
+    @classmethod
+    def from_json(cls, text: str) -> LoopRun:
+        """Parse the stored form."""
+        return cls.from_dict(json.loads(text))
+
+    def with_changes(self, **changes: Any) -> LoopRun:
+        """A copy with ``changes`` applied."""
+        return replace(self, **changes)
+
+    @property
+    def terminal(self) -> bool:
+        """True once the run has ended (any status but ``running``)."""
+        return self.status in TERMINAL
+
+
+def advances_at_finish(loop: Loop) -> bool:
+    """Fixed-delay, dynamic and once loops compute their next slot when a run ends; the others when it starts."""
+    schedule = loop.schedule
+    return schedule.type in ("once", "dynamic") or (schedule.type == "interval" and schedule.anchor == "fixed_delay")
+
+
+def _dt(value: str | None) -> datetime | None:
+    return from_iso(value) if value else None
+
+
+def due(loop: Loop, now: datetime) -> list[datetime]:
+    """The slots of ``loop`` to run at ``now``, oldest first.
+
+    A pending retry wins over everything (as the reference): only the retried slot is due, once its ``retryAt``
+    has come; regular slots wait. Otherwise the reference's catch-up rules apply to ``nextRunAt``.
+    """
+    if loop.status != "active":
+        return []
+    expires_at = _dt(loop.expires_at)
+    if expires_at is not None and expires_at <= now:
+        return []
+    if loop.retry_scheduled_for is not None:
+        retry_at = _dt(loop.retry_at) or _dt(loop.retry_scheduled_for)
+        return [from_iso(loop.retry_scheduled_for)] if retry_at is not None and retry_at <= now else []
+    return due_slots(
+        schedule=loop.schedule,
+        status=loop.status,
+        next_run_at=_dt(loop.next_run_at),
+        expires_at=expires_at,
+        retry_scheduled_for=None,
+        catch_up=loop.catch_up,
+        catch_up_limit=loop.catch_up_limit,
+        tz=loop.timezone,
+        now=now,
+    )
+
+
+def timer_at(loop: Loop) -> datetime | None:
+    """When the loop's timer must fire next: its pending retry, else its next slot (None: nothing to arm)."""
+    if loop.status != "active":
+        return None
+    if loop.retry_scheduled_for is not None:
+        return _dt(loop.retry_at) or _dt(loop.retry_scheduled_for)
+    return _dt(loop.next_run_at)
+
+
+def _next_regular(loop: Loop, slot: datetime, now: datetime) -> datetime | None:
+    """The regular slot after ``slot`` once it has been taken at ``now`` (fixed-rate interval and cron).
+
+    With catch-up ``all`` the very next slot is kept even if it is already past, so a backlog is worked through
+    in order (and survives a crash: the next fire picks it up); otherwise missed slots are skipped.
+    """
+    schedule = loop.schedule
+    if loop.catch_up == "all":
+        if schedule.type == "interval" and schedule.every_ms:
+            return slot + timedelta(milliseconds=schedule.every_ms)
+        if schedule.type == "cron" and schedule.expression:
+            return next_cron_run(schedule.expression, slot, loop.timezone)
+    return compute_next_after(schedule, slot, now, loop.timezone)
+
+
+def after_claim(loop: Loop, slot: datetime, now: datetime, *, is_retry: bool) -> Loop:
+    """The loop once ``slot`` is claimed (or skipped) at ``now``.
+
+    A retry clears the pending retry (the run row now carries it). A regular slot moves ``nextRunAt``: to the
+    following slot for fixed-rate and cron loops (so its timer can be armed while this run goes on), to nothing
+    for loops that schedule from the end of a run (armed again when it ends).
+    """
+    stamp = to_iso(now)
+    if is_retry:
+        return loop.with_changes(retry_scheduled_for=None, retry_at=None, updated_at=stamp)
+    if advances_at_finish(loop):
+        return loop.with_changes(next_run_at=None, updated_at=stamp)
+    upcoming = _next_regular(loop, slot, now)
+    return loop.with_changes(next_run_at=to_iso(upcoming) if upcoming else None, updated_at=stamp)
+
+
+def retry_delay_ms(loop: Loop, attempt: int, rng: random.Random | None = None) -> int:
+    """Delay before retrying after failed attempt ``attempt`` (1-based).
+
+    ``fixed``: ``retryDelayMs``. ``exponential``: ``retryDelayMs * 2^(attempt-1)`` capped at ``retryMaxDelayMs``,
+    with equal jitter (a random value in the upper half), so a fleet of failing loops does not retry in step.
+    """
+    base = loop.retry_delay_ms
+    if loop.retry_backoff != "exponential":
+        return base
+    delay: int = base * 2 ** max(0, attempt - 1)
+    if loop.retry_max_delay_ms is not None:
+        delay = min(delay, loop.retry_max_delay_ms)
+    half = delay // 2
+    jitter: int = (rng or random.Random()).randint(0, delay - half)
+    return half + jitter
+
+
+@dataclass(frozen=True)
+class Advance:
+    """The loop after a run ended, and which loop transition that was (for the change stream)."""
+
+    loop: Loop
+    transition: str  # "retry_scheduled" | "loop_advanced" | "loop_stopped" | "paused_by_streak" | "none"
+
+
+def after_finish(loop: Loop, run: LoopRun, finished_at: datetime, rng: random.Random | None = None) -> Advance:
+    """The loop once ``run`` has ended at ``finished_at`` (§3.9 with loopsq's fixes and additions).
+
+    Ad-hoc runs (not a loop slot) never move the loop, nor does anything move a loop that is no longer active
+    (a pause or stop during the run is respected). Otherwise: a failed attempt with attempts left schedules a
+    retry of the same slot; a settled slot updates the failure streak, and a streak reaching
+    ``pauseAfterFailures`` pauses the loop with the reason recorded; loops scheduling from the end of a run get
+    their next slot (a once loop stops).
+    """
+    stamp = to_iso(finished_at)
+    if run.source in ("ad_hoc", "trigger"):
+        return Advance(loop, "none")
+    succeeded = run.status == "succeeded"
+    if loop.status != "active":
+        return Advance(loop, "none")
+    if not succeeded and run.attempt < loop.max_attempts:
+        retry_at = finished_at + timedelta(milliseconds=retry_delay_ms(loop, run.attempt, rng))
+        retry = loop.with_changes(retry_scheduled_for=run.scheduled_for, retry_at=to_iso(retry_at), updated_at=stamp)
+        return Advance(retry, "retry_scheduled")
+    # The slot is settled: it counts towards the failure streak once, however many attempts it took.
+    streak = 0 if succeeded else loop.failure_streak + 1
+    loop = loop.with_changes(failure_streak=streak, updated_at=stamp)
+    if loop.pause_after_failures is not None and streak >= loop.pause_after_failures:
+        reason = f"paused after {streak} consecutive unsuccessful runs (last: {run.status}"
+        reason += f": {run.error})" if run.error else ")"
+        return Advance(loop.with_changes(status="paused", status_reason=reason), "paused_by_streak")
+    slot = from_iso(run.scheduled_for)
+    if advances_at_finish(loop):
+        upcoming = compute_next_after(loop.schedule, slot, finished_at, loop.timezone)
+        if upcoming is None:
+            return Advance(loop.with_changes(status="stopped", next_run_at=None), "loop_stopped")
+        return Advance(loop.with_changes(next_run_at=to_iso(upcoming)), "loop_advanced")
+    # Fixed-rate and cron loops moved at claim time. Regular slots that passed while a retry held them back are
+    # skipped, as the reference's advance after a retry never schedules a slot in the past.
+    next_run = _dt(loop.next_run_at)
+    if run.attempt > 1 and next_run is not None and next_run <= finished_at and loop.catch_up != "all":
+        upcoming = compute_next_after(loop.schedule, next_run, finished_at, loop.timezone)
+        loop = loop.with_changes(next_run_at=to_iso(upcoming) if upcoming else None)
+    return Advance(loop, "loop_advanced")
+
+
+def manual_slot(loop: Loop, now: datetime) -> tuple[datetime, str]:
+    """The slot and source of a manual run-now (reference 0.3.3).
+
+    An active loop with a due retry runs it (``retry_slot``); one with a due regular slot runs that slot
+    (``due_slot``); anything else (not due, not active) is an ad-hoc run at ``now`` that never moves the loop.
+    """
+    if loop.status == "active":
+        if loop.retry_scheduled_for is not None:
+            retry_at = _dt(loop.retry_at) or from_iso(loop.retry_scheduled_for)
+            if retry_at <= now:
+                return from_iso(loop.retry_scheduled_for), "retry_slot"
+        else:
+            slots = due(loop, now)
+            if slots:
+                return slots[0], "due_slot"
+    return now, "ad_hoc"

@@ -1,0 +1,436 @@
+"""Runs in Redis: claim a slot attempt (SET NX), record the pid, renew and fence leases, finalize and advance
+the loop, record overlap skips, abandon runs whose owner is gone. Each is one atomic transition.
+
+Every write of a running run is fenced by its lease: the lease key holds the owner's token, and a transition
+that requires the lease checks the token in the same script. A worker that lost its lease writes nothing.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+import redis
+
+from loopsq import runs as rules
+from loopsq.keys import Keys
+from loopsq.models import Loop
+from loopsq.runs import LoopRun
+from loopsq.schedules import compute_next_after
+from loopsq.state.commit import Committer, Tx
+from loopsq.timeutil import gen_id, to_iso, to_ms
+
+MAX_RETRIES = 50
+#: How long a (loop, slot, attempt) claim is remembered. Far longer than any lease: a claim must never lapse
+#: while its slot could still be re-fired; the run row itself refuses an old slot after that.
+CLAIM_TTL_MS = 30 * 24 * 3600 * 1000
+
+
+@dataclass(frozen=True)
+class Owner:
+    """Who executes a run: the worker id (also its liveness key), the host and the process id."""
+
+    worker_id: str
+    host: str
+    pid: int
+
+
+@dataclass(frozen=True)
+class Claim:
+    """A won claim: the running run, the loop as the claim left it, and the lease token."""
+
+    run: LoopRun
+    loop: Loop
+    token: str
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """A claim that was not won, and why: ``claimed`` (someone else has it), ``done`` (slot settled),
+    ``exhausted`` (no attempts left), ``running`` (the slot's run is still going), ``gone`` (no loop)."""
+
+    reason: str
+    run: LoopRun | None = None
+
+
+def _s(value: object) -> str | None:
+    if value is None:
+        return None
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+class RunStore:
+    """Loop runs in Redis."""
+
+    def __init__(self, client: redis.Redis, keys: Keys | None = None, committer: Committer | None = None) -> None:
+        self.client = client
+        self.keys = keys or Keys()
+        self.committer = committer or Committer(client, self.keys)
+
+    # -- reads ----------------------------------------------------------------------------------------------
+    def get(self, run_id: str) -> LoopRun | None:
+        """The run ``run_id`` or None."""
+        raw = _s(self.client.get(self.keys.run(run_id)))
+        return LoopRun.from_json(raw) if raw else None
+
+    def get_many(self, run_ids: Sequence[str]) -> list[LoopRun]:
+        """The runs that exist among ``run_ids``."""
+        if not run_ids:
+            return []
+        raws = self.client.mget([self.keys.run(i) for i in run_ids])
+        return [LoopRun.from_json(str(_s(raw))) for raw in raws if raw]
+
+    def running_ids(self) -> list[str]:
+        """Ids of every running run."""
+        return sorted(str(_s(i)) for i in self.client.smembers(self.keys.running))
+
+    def active_ids(self, loop_id: str) -> list[str]:
+        """Ids of a loop's running runs."""
+        return sorted(str(_s(i)) for i in self.client.smembers(self.keys.loop_active(loop_id)))
+
+    def lease_token(self, run_id: str) -> str | None:
+        """The current lease token of a run (None: no live lease)."""
+        return _s(self.client.get(self.keys.lease(run_id)))
+
+    def cancel_reason(self, run_id: str) -> str | None:
+        """The reason of a pending cancel request for the run, if any."""
+        return _s(self.client.get(self.keys.cancel(run_id)))
+
+    # -- claim ----------------------------------------------------------------------------------------------
+    def claim(
+        self,
+        loop_id: str,
+        slot: datetime,
+        owner: Owner,
+        now: datetime,
+        *,
+        source: str = "scheduled",
+        run_id: str | None = None,
+        idempotency_key: str | None = None,
+    ) -> Claim | Refusal:
+        """Claim the next attempt of ``(loop, slot)`` for ``owner``: at most one claimer ever wins an attempt.
+
+        Scheduled, due-slot and retry-slot claims also move the loop (``runs.after_claim``) in the same
+        transition; ad-hoc and triggered runs never move it.
+        """
+        slot_iso = to_iso(slot)
+        for _ in range(MAX_RETRIES):
+            loop_raw = _s(self.client.get(self.keys.loop(loop_id)))
+            if loop_raw is None:
+                return Refusal("gone")
+            loop = Loop.from_json(loop_raw)
+            existing_id = _s(self.client.get(self.keys.slot(loop_id, slot_iso)))
+            existing_raw = _s(self.client.get(self.keys.run(existing_id))) if existing_id else None
+            existing = LoopRun.from_json(existing_raw) if existing_raw else None
+            stamp = to_iso(now)
+            if existing is None and run_id is not None and self.client.exists(self.keys.run(run_id)):
+                return Refusal("claimed", self.get(run_id))
+            if existing is None:
+                run = LoopRun(
+                    id=run_id or gen_id(), loop_id=loop.id, loop_name=loop.name, scheduled_for=slot_iso,
+                    attempt=1, status="running", created_at=stamp, updated_at=stamp,
+                )
+            elif existing.status == "running":
+                return Refusal("running", existing)
+            elif existing.status not in rules.RETRYABLE:
+                return Refusal("done", existing)
+            elif existing.attempt >= loop.max_attempts or source in ("ad_hoc", "trigger"):
+                return Refusal("exhausted", existing)
+            else:
+                run = existing.with_changes(
+                    attempt=existing.attempt + 1, status="running", finished_at=None, pid=None, exit_code=None,
+                    duration_ms=None, stdout=None, stderr=None, error=None, host=None, pid_start_time=None,
+                    updated_at=stamp,
+                )
+            token = f"{owner.worker_id}:{run.id}:{run.attempt}:{gen_id()}"
+            run = run.with_changes(
+                started_at=stamp, claimed_by=owner.worker_id, worker_id=owner.worker_id, host=owner.host,
+                lease_expires_at=to_iso(now + timedelta(milliseconds=loop.lease_ms)), source=source,
+                idempotency_key=idempotency_key or run.idempotency_key,
+            )
+            moves_loop = source in ("scheduled", "due_slot", "retry_slot")
+            new_loop = (
+                rules.after_claim(loop, slot, now, is_retry=loop.retry_scheduled_for == slot_iso) if moves_loop else loop
+            )
+            claim_key = self.keys.claim(loop_id, slot_iso, run.attempt)
+            tx = (
+                Tx("run_claimed", stamp)
+                .expect(claim_key, None)
+                .expect(self.keys.slot(loop_id, slot_iso), existing_id)
+                .expect(self.keys.run(run.id), existing_raw)
+                .expect(self.keys.loop(loop_id), loop_raw)
+                .set(claim_key, token, px=CLAIM_TTL_MS)
+                .set(self.keys.slot(loop_id, slot_iso), run.id)
+                .set(self.keys.run(run.id), run.to_json())
+                .set(self.keys.lease(run.id), token, px=loop.lease_ms)
+                .sadd(self.keys.running, run.id)
+                .sadd(self.keys.loop_active(loop_id), run.id)
+                .put("loop_runs", run.to_dict())
+            )
+            if existing is None:
+                created = to_ms(now)
+                tx.zadd(self.keys.runs, created, run.id).zadd(self.keys.loop_runs(loop_id), created, run.id)
+            if new_loop != loop:
+                tx.set(self.keys.loop(loop_id), new_loop.to_json()).put("loops", new_loop.to_dict())
+                tx.note("loop_advanced")
+            result = self.committer.commit(tx)
+            if result.ok:
+                return Claim(run, new_loop, token)
+            if result.failed_guard == 0:
+                return Refusal("claimed", existing)
+        return Refusal("claimed", None)
+
+    # -- while running ----------------------------------------------------------------------------------------
+    def _update_running(self, run_id: str, token: str, change_type: str, now: datetime, fn: object) -> LoopRun | None:
+        """Apply ``fn(run) -> run`` to a running run we hold the lease of; None if the lease is lost."""
+        assert callable(fn)
+        for _ in range(MAX_RETRIES):
+            raw = _s(self.client.get(self.keys.run(run_id)))
+            if raw is None:
+                return None
+            run = LoopRun.from_json(raw)
+            if run.status != "running":
+                return None
+            new: LoopRun = fn(run)
+            tx = (
+                Tx(change_type, to_iso(now))
+                .expect(self.keys.lease(run_id), token)
+                .expect(self.keys.run(run_id), raw)
+                .set(self.keys.run(run_id), new.to_json())
+                .put("loop_runs", new.to_dict())
+            )
+            result = self.committer.commit(tx)
+            if result.ok:
+                return new
+            if result.failed_guard == 0:
+                return None
+        return None
+
+    def mark_started(
+        self, run_id: str, token: str, now: datetime, *, pid: int, pid_start_time: float | None, host: str
+    ) -> LoopRun | None:
+        """Record the child's pid, its start time and host (for liveness checks against pid reuse)."""
+        return self._update_running(
+            run_id, token, "run_started", now,
+            lambda run: run.with_changes(pid=pid, pid_start_time=pid_start_time, host=host, updated_at=to_iso(now)),
+        )
+
+    def renew_lease(self, run_id: str, token: str, lease_ms: int, now: datetime) -> bool:
+        """Compare-and-extend: renew the lease only while ``token`` still owns it. False: the lease is lost."""
+        expires = to_iso(now + timedelta(milliseconds=lease_ms))
+        for _ in range(MAX_RETRIES):
+            raw = _s(self.client.get(self.keys.run(run_id)))
+            if raw is None:
+                return False
+            run = LoopRun.from_json(raw)
+            if run.status != "running":
+                return False
+            new = run.with_changes(lease_expires_at=expires)
+            tx = (
+                Tx("run_lease_renewed", to_iso(now))
+                .expect(self.keys.lease(run_id), token)
+                .expect(self.keys.run(run_id), raw)
+                .set(self.keys.lease(run_id), token, px=lease_ms)
+                .set(self.keys.run(run_id), new.to_json())
+                .put("loop_runs", new.to_dict())
+            )
+            result = self.committer.commit(tx)
+            if result.ok:
+                return True
+            if result.failed_guard == 0:
+                return False
+        return False
+
+    def request_cancel(self, run_id: str, reason: str, ttl_ms: int = 3_600_000) -> None:
+        """Ask whichever process executes ``run_id`` to stop it (it polls this key)."""
+        self.client.set(self.keys.cancel(run_id), reason, px=ttl_ms)
+
+    # -- ending -----------------------------------------------------------------------------------------------
+    def _finish(
+        self,
+        run_id: str,
+        change_type: str,
+        now: datetime,
+        build: object,
+        *,
+        token: str | None,
+        expect_lease: str | None = None,
+        rng: random.Random | None = None,
+    ) -> tuple[LoopRun, Loop | None] | None:
+        """End a running run and advance its loop, atomically.
+
+        ``token``: fence on our own lease (finalize). Otherwise ``expect_lease`` is the lease value recovery saw
+        (None: expired), so a run that was renewed or finalized meanwhile is left alone.
+        """
+        assert callable(build)
+        for _ in range(MAX_RETRIES):
+            raw = _s(self.client.get(self.keys.run(run_id)))
+            if raw is None:
+                return None
+            run = LoopRun.from_json(raw)
+            if run.status != "running":
+                return None
+            final: LoopRun = build(run)
+            loop_raw = _s(self.client.get(self.keys.loop(run.loop_id)))
+            tx = Tx(change_type, to_iso(now)).expect(self.keys.lease(run_id), token if token else expect_lease)
+            tx.expect(self.keys.run(run_id), raw)
+            new_loop: Loop | None = None
+            if loop_raw is not None:
+                loop = Loop.from_json(loop_raw)
+                advance = rules.after_finish(loop, final, now, rng)
+                tx.expect(self.keys.loop(run.loop_id), loop_raw)
+                if advance.loop != loop:
+                    new_loop = advance.loop
+                    tx.set(self.keys.loop(run.loop_id), new_loop.to_json()).put("loops", new_loop.to_dict())
+                tx.note(advance.transition)
+            (
+                tx.set(self.keys.run(run_id), final.to_json())
+                .delete_key(self.keys.lease(run_id))
+                .delete_key(self.keys.cancel(run_id))
+                .srem(self.keys.running, run_id)
+                .srem(self.keys.loop_active(run.loop_id), run_id)
+                .put("loop_runs", final.to_dict())
+            )
+            result = self.committer.commit(tx)
+            if result.ok:
+                return final, new_loop
+            if result.failed_guard == 0:
+                return None
+        return None
+
+    def finalize(
+        self,
+        run_id: str,
+        token: str,
+        now: datetime,
+        *,
+        status: str,
+        exit_code: int | None,
+        duration_ms: int,
+        stdout: str,
+        stderr: str,
+        error: str | None,
+        pid: int | None,
+        rng: random.Random | None = None,
+    ) -> tuple[LoopRun, Loop | None] | None:
+        """Record a run's outcome and advance its loop, fenced by the lease. None: the lease was lost."""
+
+        def build(run: LoopRun) -> LoopRun:
+            return run.with_changes(
+                status=status, finished_at=to_iso(now), exit_code=exit_code, duration_ms=duration_ms,
+                stdout=stdout, stderr=stderr, error=error, pid=pid if pid is not None else run.pid,
+                lease_expires_at=None, updated_at=to_iso(now),
+            )
+
+        return self._finish(run_id, f"run_{status}", now, build, token=token, rng=rng)
+
+    def abandon(
+        self, run_id: str, now: datetime, *, error: str, seen_lease: str | None, change_type: str = "run_abandoned"
+    ) -> tuple[LoopRun, Loop | None] | None:
+        """Recovery: mark a run whose owner is gone ``abandoned`` and advance its loop (retry if attempts left).
+
+        ``seen_lease`` is the lease value recovery observed; if it changed meanwhile, nothing is written.
+        """
+
+        def build(run: LoopRun) -> LoopRun:
+            duration = None
+            if run.started_at:
+                from loopsq.timeutil import from_iso
+
+                duration = max(0, to_ms(now) - to_ms(from_iso(run.started_at)))
+            return run.with_changes(
+                status="abandoned", finished_at=to_iso(now), lease_expires_at=None, error=error,
+                duration_ms=duration, updated_at=to_iso(now),
+            )
+
+        return self._finish(run_id, change_type, now, build, token=None, expect_lease=seen_lease)
+
+    def skip(self, loop_id: str, slot: datetime, now: datetime, *, error: str = rules.SKIP_ERROR) -> LoopRun | None:
+        """Record an overlap skip of a regular slot and move the loop past it.
+
+        A slot that already has a row (for example a failed run awaiting its retry) is never overwritten: the
+        reference's skip could swallow a pending retry; loopsq leaves the row and only moves the loop.
+        """
+        slot_iso = to_iso(slot)
+        stamp = to_iso(now)
+        for _ in range(MAX_RETRIES):
+            loop_raw = _s(self.client.get(self.keys.loop(loop_id)))
+            if loop_raw is None:
+                return None
+            loop = Loop.from_json(loop_raw)
+            new_loop = rules.after_claim(loop, slot, now, is_retry=False)
+            if rules.advances_at_finish(loop):
+                new_loop = loop  # its next slot is set when the running run ends
+            existing_id = _s(self.client.get(self.keys.slot(loop_id, slot_iso)))
+            tx = Tx("run_skipped", stamp).expect(self.keys.slot(loop_id, slot_iso), existing_id)
+            tx.expect(self.keys.loop(loop_id), loop_raw)
+            run: LoopRun | None = None
+            if existing_id is None:
+                run = LoopRun(
+                    id=gen_id(), loop_id=loop.id, loop_name=loop.name, scheduled_for=slot_iso, attempt=1,
+                    status="skipped", created_at=stamp, updated_at=stamp, finished_at=stamp, error=error,
+                    source="scheduled",
+                )
+                created = to_ms(now)
+                (
+                    tx.set(self.keys.slot(loop_id, slot_iso), run.id)
+                    .set(self.keys.run(run.id), run.to_json())
+                    .zadd(self.keys.runs, created, run.id)
+                    .zadd(self.keys.loop_runs(loop_id), created, run.id)
+                    .put("loop_runs", run.to_dict())
+                )
+            if new_loop != loop:
+                tx.set(self.keys.loop(loop_id), new_loop.to_json()).put("loops", new_loop.to_dict())
+                tx.note("loop_advanced")
+            if self.committer.commit(tx).ok:
+                return run
+        return None
+
+    def advance_past(self, loop_id: str, slot: datetime, now: datetime) -> Loop | None:
+        """Move a loop past a due slot that is already settled (the reference's stuck-loop fix)."""
+        slot_iso = to_iso(slot)
+        for _ in range(MAX_RETRIES):
+            loop_raw = _s(self.client.get(self.keys.loop(loop_id)))
+            if loop_raw is None:
+                return None
+            loop = Loop.from_json(loop_raw)
+            new_loop = rules.after_claim(loop, slot, now, is_retry=loop.retry_scheduled_for == slot_iso)
+            if rules.advances_at_finish(loop) and new_loop.next_run_at is None and loop.retry_scheduled_for != slot_iso:
+                # Nothing runs for this settled slot, so schedule from now instead of from a run's end.
+                upcoming = compute_next_after(loop.schedule, slot, now, loop.timezone)
+                new_loop = new_loop.with_changes(
+                    next_run_at=to_iso(upcoming) if upcoming else None,
+                    status=loop.status if upcoming else "stopped",
+                )
+            if new_loop == loop:
+                return loop
+            tx = (
+                Tx("loop_advanced", to_iso(now))
+                .expect(self.keys.loop(loop_id), loop_raw)
+                .set(self.keys.loop(loop_id), new_loop.to_json())
+                .put("loops", new_loop.to_dict())
+            )
+            if self.committer.commit(tx).ok:
+                return new_loop
+        return None
+
+    def defer_retry(self, loop_id: str, until: datetime, now: datetime) -> None:
+        """Push a pending retry that cannot run yet (its loop has a run going and overlap is skip) to ``until``."""
+        for _ in range(MAX_RETRIES):
+            loop_raw = _s(self.client.get(self.keys.loop(loop_id)))
+            if loop_raw is None:
+                return
+            loop = Loop.from_json(loop_raw)
+            if loop.retry_scheduled_for is None:
+                return
+            new_loop = loop.with_changes(retry_at=to_iso(until), updated_at=to_iso(now))
+            tx = (
+                Tx("retry_deferred", to_iso(now))
+                .expect(self.keys.loop(loop_id), loop_raw)
+                .set(self.keys.loop(loop_id), new_loop.to_json())
+                .put("loops", new_loop.to_dict())
+            )
+            if self.committer.commit(tx).ok:
+                return

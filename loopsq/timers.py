@@ -1,0 +1,172 @@
+"""The one module that imports rq and rq-scheduler: timers, the queue, and the worker class.
+
+- A loop's timer is a one-shot rq-scheduler entry at the loop's next due time that enqueues
+  ``worker.jobs.fire(loop_id)``. rq-scheduler stores whole seconds (``calendar.timegm``); ``MsScheduler`` keeps
+  milliseconds, since slots are on the millisecond and a second of truncation is four times the lag budget.
+- rq-scheduler's own ``run()`` loop and lock are not used (its lock release does not check the owner, issue
+  #312); ``loopsq scheduler`` calls ``enqueue_jobs()`` under loopsq's owner-checked lock. Duplicated moves are
+  harmless anyway: every slot attempt is claimed with SET NX.
+- RQ wants a connection without ``decode_responses``; callers pass such a "raw" client.
+
+Switching the timer (for example to RQ's own scheduler) touches this file only.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from datetime import datetime
+from typing import Any
+
+import redis
+from rq import Queue, SimpleWorker
+from rq.job import Job
+from rq_scheduler import Scheduler
+
+from loopsq.keys import Keys
+from loopsq.timeutil import gen_id, to_ms
+
+QUEUE_NAME = "loopsq"
+FIRE = "worker.jobs.fire"
+#: Results of loopsq's jobs are of no use once the run is recorded; keep them briefly for debugging.
+RESULT_TTL = 60
+FAILURE_TTL = 7 * 24 * 3600
+
+
+class MsScheduler(Scheduler):  # type: ignore[misc]
+    """rq-scheduler with millisecond scores instead of whole seconds."""
+
+    def enqueue_at(self, scheduled_time: datetime, func: Any, *args: Any, **kwargs: Any) -> Job:
+        timeout = kwargs.pop("timeout", None)
+        job_id = kwargs.pop("job_id", None)
+        result_ttl = kwargs.pop("job_result_ttl", None)
+        queue_name = kwargs.pop("queue_name", None)
+        meta = kwargs.pop("meta", None)
+        job = self._create_job(
+            func, args=args, kwargs=kwargs, timeout=timeout, id=job_id, result_ttl=result_ttl,
+            queue_name=queue_name, meta=meta,
+        )
+        self.connection.zadd(self.scheduled_jobs_key, {job.id: to_ms(scheduled_time) / 1000.0})
+        created: Job = job
+        return created
+
+    def get_jobs_to_queue(self, with_times: bool = False) -> Any:
+        return self.get_jobs(time.time(), with_times=with_times)
+
+
+def raw_client(url: str) -> redis.Redis:
+    """A client for RQ (bytes responses)."""
+    return redis.Redis.from_url(url, socket_timeout=10, socket_connect_timeout=5, health_check_interval=30)
+
+
+def raw_from(client: redis.Redis) -> redis.Redis:
+    """A bytes-responses client on the same server as ``client``."""
+    kwargs = dict(client.connection_pool.connection_kwargs)
+    kwargs["decode_responses"] = False
+    pool = client.connection_pool.__class__(connection_class=client.connection_pool.connection_class, **kwargs)
+    return redis.Redis(connection_pool=pool)
+
+
+def scheduler(raw: redis.Redis) -> MsScheduler:
+    """The timer store (no loop of its own is run)."""
+    return MsScheduler(queue_name=QUEUE_NAME, connection=raw, interval=1)
+
+
+def queue(raw: redis.Redis) -> Queue:
+    """loopsq's RQ queue. Jobs never time out in RQ: loopsq enforces target timeouts itself."""
+    return Queue(QUEUE_NAME, connection=raw, default_timeout=-1)
+
+
+def arm(raw: redis.Redis, keys: Keys, loop_id: str, at: datetime) -> str:
+    """Arm the loop's single timer at ``at``, replacing any previous entry. Returns the timer's job id."""
+    sched = scheduler(raw)
+    job_id = f"loopsq-fire-{loop_id}-{to_ms(at)}-{gen_id()[:6]}"
+    sched.enqueue_at(at, FIRE, loop_id, job_id=job_id, timeout=-1, job_result_ttl=RESULT_TTL, queue_name=QUEUE_NAME)
+    previous = raw.getset(keys.timer(loop_id), job_id)
+    if previous:
+        _drop(raw, sched, _text(previous))
+    return job_id
+
+
+def disarm(raw: redis.Redis, keys: Keys, loop_id: str) -> None:
+    """Remove the loop's timer entry, if any."""
+    previous = raw.getdel(keys.timer(loop_id))
+    if previous:
+        _drop(raw, scheduler(raw), _text(previous))
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def _drop(raw: redis.Redis, sched: MsScheduler, job_id: str) -> None:
+    if raw.zrem(sched.scheduled_jobs_key, job_id):
+        raw.delete(Job.key_for(job_id))
+
+
+def armed_state(raw: redis.Redis, keys: Keys, loop_ids: list[str]) -> dict[str, tuple[float | None, str | None]]:
+    """For each loop: (armed time in epoch seconds or None, status of the timer's job once it fired or None).
+
+    A timer counts as present while it is scheduled, or fired and its job still queued or running.
+    """
+    sched_key = scheduler(raw).scheduled_jobs_key
+    pipe = raw.pipeline(transaction=False)
+    for loop_id in loop_ids:
+        pipe.get(keys.timer(loop_id))
+    job_ids = [v.decode() if v else None for v in pipe.execute()]
+    pipe = raw.pipeline(transaction=False)
+    for job_id in job_ids:
+        if job_id:
+            pipe.zscore(sched_key, job_id)
+            pipe.hget(Job.key_for(job_id), "status")
+    replies = pipe.execute()
+    out: dict[str, tuple[float | None, str | None]] = {}
+    it = iter(replies)
+    for loop_id, job_id in zip(loop_ids, job_ids, strict=True):
+        if not job_id:
+            out[loop_id] = (None, None)
+            continue
+        score, status = next(it), next(it)
+        out[loop_id] = (float(score) if score is not None else None, status.decode() if status else None)
+    return out
+
+
+def move_due(raw: redis.Redis) -> int:
+    """Move every due timer onto the queue (rq-scheduler's ``enqueue_jobs``). Returns how many moved."""
+    return len(list(scheduler(raw).enqueue_jobs()))
+
+
+def next_due_in(raw: redis.Redis) -> float | None:
+    """Seconds until the earliest armed timer (negative when overdue), None when nothing is armed."""
+    first = raw.zrange(scheduler(raw).scheduled_jobs_key, 0, 0, withscores=True)
+    if not first:
+        return None
+    return float(first[0][1]) - time.time()
+
+
+def enqueue(raw: redis.Redis, func: str, *args: Any, job_id: str | None = None, **kwargs: Any) -> str:
+    """Enqueue a loopsq job now; returns its id."""
+    job = queue(raw).enqueue(
+        func, *args, job_id=job_id, job_timeout=-1, result_ttl=RESULT_TTL, failure_ttl=FAILURE_TTL, **kwargs
+    )
+    return str(job.id)
+
+
+def queue_depth(raw: redis.Redis) -> int:
+    """Jobs waiting in loopsq's queue."""
+    return int(queue(raw).count)
+
+
+def scheduled_count(raw: redis.Redis) -> int:
+    """Timers armed."""
+    return int(raw.zcard(scheduler(raw).scheduled_jobs_key))
+
+
+def make_worker(raw: redis.Redis, name: str, exception_handler: Callable[..., Any] | None = None) -> SimpleWorker:
+    """An RQ worker on loopsq's queue that runs jobs in its own process (no fork per job).
+
+    loopsq's jobs start their targets as separate process groups already, and its leases, heartbeats and cancel
+    polling live in this process, so RQ's fork-per-job isolation would only add ~12 ms per job.
+    """
+    handlers = [exception_handler] if exception_handler else None
+    return SimpleWorker([queue(raw)], connection=raw, name=name, exception_handlers=handlers)

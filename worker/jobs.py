@@ -1,0 +1,64 @@
+"""RQ jobs with stable dotted paths: ``worker.jobs.fire``, ``worker.jobs.run_now``, ``worker.jobs.run_triggered``
+and ``worker.jobs.trigger`` (for other services enqueuing through RQ directly)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from loopsq.engine import runner
+from loopsq.engine.runtime import Runtime
+from loopsq.engine.worker_process import current_runtime, set_current_runtime
+
+
+def _runtime() -> Runtime:
+    rt = current_runtime()
+    if rt is None:
+        # Executed by a plain ``rq worker``: derive our client from the job's connection.
+        from rq import get_current_job
+
+        from loopsq.redis_conn import Redis
+
+        job = get_current_job()
+        if job is None:
+            raise RuntimeError("worker.jobs must run inside an RQ worker")
+        kwargs = dict(job.connection.connection_pool.connection_kwargs)
+        kwargs["decode_responses"] = True
+        rt = Runtime(client=Redis(**kwargs), role="worker").start()
+        set_current_runtime(rt)
+    return rt
+
+
+def fire(loop_id: str) -> dict[str, int]:
+    """A loop's timer fired: run its due slots."""
+    result = runner.fire(_runtime(), loop_id)
+    return {"claimed": result.claimed, "completed": result.completed, "skipped": result.skipped}
+
+
+def run_now(loop_id: str, request_id: str) -> str:
+    """Run a loop now on this worker; the run id is published under the request id for the waiting CLI."""
+    rt = _runtime()
+    from loopsq.timeutil import gen_id
+
+    run_id = gen_id()
+    rt.client.set(rt.keys.run_request(request_id), run_id, px=3_600_000)
+    final = runner.run_now(rt, loop_id, run_id=run_id)
+    if final.id != run_id:
+        rt.client.set(rt.keys.run_request(request_id), final.id, px=3_600_000)
+    return final.id
+
+
+def run_triggered(run_id: str) -> str | None:
+    """Execute a run reserved by ``LoopsClient.trigger``."""
+    final = runner.run_triggered(_runtime(), run_id)
+    return final.id if final else None
+
+
+def trigger(loop: str, idempotency_key: str | None = None, **_ignored: Any) -> str:
+    """Trigger a loop from another service by dotted path; returns the run id (the same for a repeated key)."""
+    from loopsq.sdk import trigger_with
+
+    rt = _runtime()
+    run_id, created = trigger_with(rt.client, rt.keys, loop, idempotency_key, enqueue=False)
+    if created:
+        runner.run_triggered(rt, run_id)
+    return run_id
