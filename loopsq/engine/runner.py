@@ -15,6 +15,7 @@ from datetime import datetime, timedelta
 
 from loopsq import runs as rules
 from loopsq import timers, timeutil
+from loopsq.engine.faults import crash_point
 from loopsq.engine.runtime import LEASE_LOST, Runtime
 from loopsq.executor import RunMetadata, SpawnInfo, execute_target
 from loopsq.models import Loop
@@ -54,6 +55,7 @@ def execute_claim(rt: Runtime, claim: Claim) -> LoopRun:
     log.info("run %s claimed loop=%s slot=%s attempt=%d source=%s", run.id, loop.name, run.scheduled_for,
              run.attempt, run.source)
     held = rt.hold(run.id, claim.token, loop.lease_ms)
+    crash_point("after_claim")
     try:
         if loop.target.get("type") == "workflow":
             status, exit_code, stdout, stderr, pid, duration = "failed", None, "", "", None, 0
@@ -63,6 +65,7 @@ def execute_claim(rt: Runtime, claim: Claim) -> LoopRun:
             def on_spawn(info: SpawnInfo) -> None:
                 rt.runs.mark_started(run.id, claim.token, timeutil.now(), pid=info.pid,
                                      pid_start_time=info.start_time, host=info.host)
+                crash_point("after_spawn")
 
             metadata = RunMetadata(loop_id=loop.id, loop_name=loop.name, run_id=run.id,
                                    scheduled_for=run.scheduled_for)
@@ -88,6 +91,7 @@ def execute_claim(rt: Runtime, claim: Claim) -> LoopRun:
         log.warning("run %s lease lost before finalize; nothing written", run.id)
         return rt.runs.get(run.id) or run
     final, new_loop = finished
+    crash_point("after_finalize")
     log.info("run %s %s loop=%s slot=%s attempt=%d%s", final.id, final.status, loop.name, final.scheduled_for,
              final.attempt, f" error={final.error}" if final.error and final.status != "succeeded" else "")
     if new_loop is not None:
