@@ -1,0 +1,153 @@
+"""Pure run rules: what is due, how a claim and a finished run move the loop, retry delays, run-now sources."""
+
+from __future__ import annotations
+
+import random
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from loopsq import runs as rules
+from loopsq.loop_spec import new_loop
+from loopsq.models import Loop
+from loopsq.runs import LoopRun
+from loopsq.timeutil import to_iso
+
+T0 = datetime(2026, 1, 1, tzinfo=UTC)
+
+
+def loop_at(schedule: dict[str, Any], **policies: Any) -> Loop:
+    body = {"name": "l", "timezone": "UTC", "schedule": schedule, "target": {"type": "command", "command": "true"},
+            **policies}
+    return new_loop(body, T0)
+
+
+EVERY_MIN = {"type": "interval", "everyMs": 60_000}
+
+
+def run_of(loop: Loop, slot: datetime, status: str, attempt: int = 1, source: str = "scheduled") -> LoopRun:
+    return LoopRun(id="r1", loop_id=loop.id, loop_name=loop.name, scheduled_for=to_iso(slot), attempt=attempt,
+                   status=status, created_at=to_iso(slot), updated_at=to_iso(slot), source=source,
+                   error=None if status == "succeeded" else "process exited with code 1")
+
+
+def at(minutes: float) -> datetime:
+    return T0 + timedelta(minutes=minutes)
+
+
+def test_reference_example_latest_catch_up_picks_the_latest_slot_not_after_now() -> None:
+    loop = loop_at(EVERY_MIN).with_changes(next_run_at="2026-01-01T00:00:00.000Z")
+    assert rules.due(loop, T0 + timedelta(minutes=4, seconds=30)) == [at(4)]
+
+
+def test_a_pending_retry_is_due_only_at_its_retry_time_and_alone() -> None:
+    loop = loop_at(EVERY_MIN).with_changes(next_run_at=to_iso(at(1)), retry_scheduled_for=to_iso(at(0)),
+                                            retry_at=to_iso(at(0.5)))
+    assert rules.due(loop, at(0.4)) == []
+    assert rules.due(loop, at(3)) == [at(0)]
+    assert rules.timer_at(loop) == at(0.5)
+
+
+def test_paused_and_expired_loops_have_nothing_due_and_no_timer() -> None:
+    loop = loop_at(EVERY_MIN)
+    assert rules.due(loop.with_changes(status="paused"), at(10)) == []
+    assert rules.timer_at(loop.with_changes(status="paused")) is None
+    assert rules.due(loop.with_changes(expires_at=to_iso(at(5))), at(10)) == []
+
+
+def test_a_fixed_rate_claim_moves_the_loop_to_the_next_slot_so_its_timer_can_be_armed() -> None:
+    loop = loop_at(EVERY_MIN)
+    claimed = rules.after_claim(loop, at(1), at(1), is_retry=False)
+    assert claimed.next_run_at == to_iso(at(2))
+
+
+def test_a_late_fixed_rate_claim_skips_missed_slots_unless_catch_up_is_all() -> None:
+    assert rules.after_claim(loop_at(EVERY_MIN), at(1), at(3.5), is_retry=False).next_run_at == to_iso(at(4))
+    backlog = loop_at(EVERY_MIN, catchUp="all")
+    assert rules.after_claim(backlog, at(1), at(3.5), is_retry=False).next_run_at == to_iso(at(2))
+
+
+def test_fixed_delay_loops_have_no_next_slot_while_a_run_goes_and_get_it_from_the_end_of_the_run() -> None:
+    loop = loop_at({"type": "interval", "everyMs": 60_000, "anchor": "fixed_delay"})
+    claimed = rules.after_claim(loop, at(1), at(1), is_retry=False)
+    assert claimed.next_run_at is None
+    advance = rules.after_finish(claimed, run_of(claimed, at(1), "succeeded"), at(1.5))
+    assert (advance.transition, advance.loop.next_run_at) == ("loop_advanced", to_iso(at(2.5)))
+
+
+def test_reference_retry_example_schedules_the_same_slot_after_the_delay() -> None:
+    loop = loop_at(EVERY_MIN, maxAttempts=2, retryDelayMs=5_000)
+    failed = run_of(loop, at(1), "failed")
+    advance = rules.after_finish(loop, failed, at(1) + timedelta(seconds=5))
+    assert advance.transition == "retry_scheduled"
+    assert advance.loop.retry_scheduled_for == to_iso(at(1))
+    assert advance.loop.retry_at == to_iso(at(1) + timedelta(seconds=10))
+
+
+def test_an_exhausted_failure_does_not_retry_and_counts_towards_the_streak() -> None:
+    loop = loop_at(EVERY_MIN, maxAttempts=2)
+    advance = rules.after_finish(loop, run_of(loop, at(1), "failed", attempt=2), at(1.1))
+    assert advance.transition == "loop_advanced"
+    assert advance.loop.retry_scheduled_for is None
+    assert advance.loop.failure_streak == 1
+
+
+def test_a_failure_streak_pauses_the_loop_and_records_why() -> None:
+    loop = loop_at(EVERY_MIN, pauseAfterFailures=2).with_changes(failure_streak=1)
+    advance = rules.after_finish(loop, run_of(loop, at(1), "timed_out"), at(1.1))
+    assert advance.transition == "paused_by_streak"
+    assert advance.loop.status == "paused"
+    assert advance.loop.status_reason == (
+        "paused after 2 consecutive unsuccessful runs (last: timed_out: process exited with code 1)"
+    )
+
+
+def test_a_success_resets_the_streak() -> None:
+    loop = loop_at(EVERY_MIN, pauseAfterFailures=3).with_changes(failure_streak=2)
+    assert rules.after_finish(loop, run_of(loop, at(1), "succeeded"), at(1.1)).loop.failure_streak == 0
+
+
+def test_ad_hoc_runs_never_move_the_loop() -> None:
+    loop = loop_at(EVERY_MIN, maxAttempts=3)
+    advance = rules.after_finish(loop, run_of(loop, at(0.3), "failed", source="ad_hoc"), at(0.4))
+    assert advance == rules.Advance(loop, "none")
+
+
+def test_a_loop_paused_during_its_run_is_not_moved() -> None:
+    loop = loop_at(EVERY_MIN, maxAttempts=3).with_changes(status="paused")
+    assert rules.after_finish(loop, run_of(loop, at(1), "failed"), at(1.1)).transition == "none"
+
+
+def test_a_once_loop_stops_after_its_run() -> None:
+    loop = loop_at({"type": "once", "at": to_iso(at(1))})
+    claimed = rules.after_claim(loop, at(1), at(1), is_retry=False)
+    advance = rules.after_finish(claimed, run_of(claimed, at(1), "succeeded"), at(1.1))
+    assert (advance.transition, advance.loop.status, advance.loop.next_run_at) == ("loop_stopped", "stopped", None)
+
+
+def test_exponential_backoff_doubles_caps_and_jitters_within_the_upper_half() -> None:
+    loop = loop_at(EVERY_MIN, retryDelayMs=1000, retryBackoff="exponential", retryMaxDelayMs=5000)
+    rng = random.Random(7)
+    for attempt, full in ((1, 1000), (2, 2000), (3, 4000), (4, 5000), (9, 5000)):
+        delays = {rules.retry_delay_ms(loop, attempt, rng) for _ in range(200)}
+        assert min(delays) >= full // 2 and max(delays) <= full
+        assert len(delays) > 1
+
+
+def test_fixed_backoff_is_exactly_the_retry_delay() -> None:
+    assert rules.retry_delay_ms(loop_at(EVERY_MIN, retryDelayMs=1234), 5) == 1234
+
+
+def test_run_now_sources_follow_the_reference() -> None:
+    loop = loop_at(EVERY_MIN)
+    assert rules.manual_slot(loop, at(0.5)) == (at(0.5), "ad_hoc")
+    assert rules.manual_slot(loop, at(1.5)) == (at(1), "due_slot")
+    retrying = loop.with_changes(retry_scheduled_for=to_iso(at(1)), retry_at=to_iso(at(1.2)))
+    assert rules.manual_slot(retrying, at(1.5)) == (at(1), "retry_slot")
+    assert rules.manual_slot(retrying, at(1.1)) == (at(1.1), "ad_hoc")
+    assert rules.manual_slot(loop.with_changes(status="paused"), at(5)) == (at(5), "ad_hoc")
+
+
+def test_loop_runs_round_trip_their_camel_case_json() -> None:
+    run = run_of(loop_at(EVERY_MIN), at(1), "failed").with_changes(pid=42, pid_start_time=12.5, worker_id="w")
+    assert LoopRun.from_json(run.to_json()) == run
+    assert run.to_dict()["pidStartTime"] == 12.5 and "stdout" not in run.to_dict()
