@@ -14,7 +14,7 @@ import click
 import redis
 
 from loopsq import __version__, config
-from loopsq.cli import create, loops_cmds, mirror_cmd, process_cmds, run_cmds, workflows_cmds
+from loopsq.cli import create, health_cmds, loops_cmds, mirror_cmd, process_cmds, run_cmds, workflows_cmds
 from loopsq.cli.app import App, echo_err
 from loopsq.errors import LoopsqError
 from loopsq.redis_conn import unavailable
@@ -86,7 +86,8 @@ def cli(ctx: click.Context, json_: bool, redis_url: str | None, data_dir: str | 
 cli.add_command(create.create)
 for _command in (loops_cmds.list_loops, loops_cmds.show, loops_cmds.pause, loops_cmds.resume, loops_cmds.stop,
                  loops_cmds.remove, workflows_cmds.workflows, mirror_cmd.mirror, run_cmds.run_now, run_cmds.tick,
-                 run_cmds.runs, run_cmds.trigger, process_cmds.scheduler, process_cmds.worker):
+                 run_cmds.runs, run_cmds.trigger, process_cmds.scheduler, process_cmds.worker,
+                 health_cmds.doctor, health_cmds.status):
     cli.add_command(_command)
 
 
