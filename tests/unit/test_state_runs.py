@@ -109,7 +109,7 @@ def test_a_failed_slot_is_retried_as_the_next_attempt_on_the_same_row(client: re
     loop_id = make_loop(client, maxAttempts=2, retryDelayMs=5_000)
     first = store.claim(loop_id, at(10), W1, at(10))
     assert isinstance(first, Claim)
-    final, loop = finish(store, first, "failed", at(11))  # type: ignore[misc]
+    _final, loop = finish(store, first, "failed", at(11))  # type: ignore[misc]
     assert loop.retry_scheduled_for == to_iso(at(10)) and loop.retry_at == to_iso(at(16))
     retry = store.claim(loop_id, at(10), W2, at(16))
     assert isinstance(retry, Claim)
