@@ -144,3 +144,33 @@ class Keys:
     def timer(self, loop_id: str) -> str:
         """String: the rq-scheduler job id armed for a loop."""
         return self._k("timer", loop_id)
+
+    # -- workflow runs ---------------------------------------------------------------------------------------
+    def wf_run(self, run_id: str) -> str:
+        """String: a workflow run's JSON."""
+        return self._k("wfrun", run_id)
+
+    def wf_steps(self, run_id: str) -> str:
+        """Hash: step id -> step run JSON, for one workflow run."""
+        return self._k("wfrun", run_id, "steps")
+
+    def wf_events(self, run_id: str) -> str:
+        """List: a workflow run's events in sequence order (sequence = position + 1, gap-free)."""
+        return self._k("wfrun", run_id, "events")
+
+    @property
+    def wf_runs(self) -> str:
+        """Sorted set: every workflow run id by creation time (ms)."""
+        return self._k("wfruns")
+
+    def wf_idempotency(self, workflow_id: str, key: str) -> str:
+        """String: the workflow run an idempotency key stands for (``<loopId>:<slot>:attempt:<n>`` for loops)."""
+        return self._k("wfidem", workflow_id, key)
+
+    def loop_run_workflows(self, loop_run_id: str) -> str:
+        """Set: workflow runs started for a loop run (what a parent-lease expiry fails)."""
+        return self._k("run", loop_run_id, "wfruns")
+
+    def live(self, run_id: str, step_id: str | None = None) -> str:
+        """Stream: live output chunks of a running run or workflow step (bounded; expires after the end)."""
+        return self._k("live", run_id, step_id or "-")

@@ -35,6 +35,8 @@ for i = 0, nops - 1 do
     elseif cur ~= a then return {0, i} end
   elseif op == 'absent' then
     if redis.call('EXISTS', key) == 1 then return {0, i} end
+  elseif op == 'llen' then
+    if redis.call('LLEN', key) ~= tonumber(a) then return {0, i} end
   elseif op == 'hfeq' then
     local cur = redis.call('HGET', key, a)
     if b == '' then
@@ -64,7 +66,7 @@ local id = redis.call('XADD', KEYS[1], 'MAXLEN', '~', ARGV[2], '*',
 return {1, id}
 """
 
-_GUARDS = frozenset({"eq", "absent", "hfeq"})
+_GUARDS = frozenset({"eq", "absent", "hfeq", "llen"})
 
 
 @dataclass
@@ -95,6 +97,11 @@ class Tx:
     def expect_field(self, key: str, name: str, value: str | None) -> Tx:
         """Guard: hash field ``name`` of ``key`` equals ``value`` (``None``: the field is absent)."""
         self.ops.append(("hfeq", key, name, value or ""))
+        return self
+
+    def expect_length(self, key: str, length: int) -> Tx:
+        """Guard: the list at ``key`` has exactly ``length`` items (gap-free sequences append at ``length+1``)."""
+        self.ops.append(("llen", key, str(length), ""))
         return self
 
     # -- writes ----------------------------------------------------------------------------------------------

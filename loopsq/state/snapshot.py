@@ -34,4 +34,27 @@ def snapshot_tables(client: redis.Redis, keys: Keys) -> dict[str, list[dict[str,
         "loops": _load_all(client, keys.loops, keys.loop),
         "workflow_specs": _load_all(client, keys.workflows, keys.workflow),
         "loop_runs": _load_all(client, keys.runs, keys.run),
+        **_workflow_runs(client, keys),
     }
+
+
+def _workflow_runs(client: redis.Redis, keys: Keys) -> dict[str, list[dict[str, Any]]]:
+    runs: list[dict[str, Any]] = []
+    steps: list[dict[str, Any]] = []
+    events: list[dict[str, Any]] = []
+    ids = _ids(client, keys.wf_runs)
+    for start in range(0, len(ids), 200):
+        pipe = client.pipeline(transaction=False)
+        for run_id in ids[start : start + 200]:
+            pipe.get(keys.wf_run(run_id))
+            pipe.hvals(keys.wf_steps(run_id))
+            pipe.lrange(keys.wf_events(run_id), 0, -1)
+        replies = pipe.execute()
+        for i in range(0, len(replies), 3):
+            raw, step_raws, event_raws = replies[i : i + 3]
+            if not raw:
+                continue
+            runs.append(json.loads(raw))
+            steps.extend(json.loads(v) for v in step_raws)
+            events.extend(json.loads(v) for v in event_raws)
+    return {"workflow_runs": runs, "workflow_step_runs": steps, "workflow_events": events}

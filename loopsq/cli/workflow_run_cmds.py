@@ -1,0 +1,212 @@
+"""Workflow run commands (§7.2): ``workflows run|runs|events|inspect|cancel|recover`` and ``logs``."""
+
+from __future__ import annotations
+
+import codecs
+import time
+from typing import Any
+
+import click
+
+from loopsq import timers, timeutil
+from loopsq.cli.app import App, get_app, json_flag
+from loopsq.cli.workflows_cmds import workflows
+from loopsq.errors import NotFoundError, ValidationError
+from loopsq.mirror import queries
+from loopsq.procs import hostname, is_process_alive
+from loopsq.redaction import public_event, public_step_run, public_workflow_run
+from loopsq.state.workflow_runs import WorkflowRunStore
+from loopsq.timeutil import gen_id
+
+
+def _store(app: App) -> WorkflowRunStore:
+    return WorkflowRunStore(app.client(), app.keys)
+
+
+def _step_lines(steps: list[dict[str, Any]]) -> list[str]:
+    return [f"  {int(s['sequence']):02d}  {s['status']:<10}  {s['stepId']}  {s.get('error') or ''}".rstrip()
+            for s in steps]
+
+
+@workflows.command("run")
+@click.argument("id_or_name")
+@click.option("--local", is_flag=True, help="Run in this process instead of on a worker.")
+@click.option("--show-output", is_flag=True, help="Include each step's stdout and stderr.")
+@click.option("--wait", "wait_s", default=30.0, show_default=True, metavar="SECONDS",
+              help="How long to wait for a worker to pick the run up.")
+@json_flag
+def run(id_or_name: str, local: bool, show_output: bool, wait_s: float) -> None:
+    """Run a workflow now and print the run it created (exit 1 unless it succeeds)."""
+    app = get_app()
+    spec = app.workflows().require(id_or_name)
+    run_id = gen_id()
+    if local:
+        from loopsq.engine.runtime import Runtime
+        from loopsq.engine.workflow_runner import execute_workflow
+
+        rt = Runtime(client=app.client(), keys=app.keys, role="manual").start()
+        try:
+            execute_workflow(rt, spec, run_id=run_id)
+        finally:
+            rt.stop()
+    else:
+        timers.enqueue(timers.raw_from(app.client()), "worker.jobs.run_workflow", spec["id"], run_id)
+        _wait_terminal(app, run_id, wait_s)
+    state = _store(app).require(run_id)
+    steps = state.ordered_steps()
+    result = {"status": state.run["status"], "error": state.run.get("error")}
+    payload = {"result": result, "workflowRun": public_workflow_run(state.run),
+               "steps": [public_step_run(s, show_output) for s in steps]}
+    lines = [f"{run_id} {state.run['status']}", *_step_lines(steps)]
+    if show_output:
+        for s in steps:
+            lines += [f"--- {s['stepId']} stdout:", (s.get("stdout") or "").rstrip("\n"),
+                      f"--- {s['stepId']} stderr:", (s.get("stderr") or "").rstrip("\n")]
+    app.emit(payload, "\n".join(lines))
+    if state.run["status"] != "succeeded":
+        raise click.exceptions.Exit(1)
+
+
+def _wait_terminal(app: App, run_id: str, wait_s: float) -> None:
+    store = _store(app)
+    deadline = time.monotonic() + wait_s
+    while True:
+        state = store.load(run_id)
+        if state is None and time.monotonic() > deadline:
+            from loopsq.errors import LoopsqError
+
+            raise LoopsqError(f"no worker picked up the workflow run within {wait_s:g}s; is `loopsq worker` "
+                              "running? (--local runs it here)")
+        if state is not None and state.terminal:
+            return
+        time.sleep(0.05)
+
+
+@workflows.command("runs")
+@click.argument("id_or_name", required=False)
+@click.option("--limit", default=50, show_default=True, metavar="N", help="At most N runs.")
+@json_flag
+def runs(id_or_name: str | None, limit: int) -> None:
+    """Workflow runs, newest first."""
+    if limit <= 0:
+        raise ValidationError(f"--limit must be a positive integer, got '{limit}'")
+    app = get_app()
+    conn = app.mirror()
+    workflow_id = None
+    if id_or_name is not None:
+        spec = queries.find_workflow(conn, id_or_name)
+        if spec is None:
+            raise NotFoundError(f"workflow not found: {id_or_name}")
+        workflow_id = spec["id"]
+    rows = queries.list_workflow_runs(conn, workflow_id=workflow_id, limit=limit)
+    app.emit([public_workflow_run(r) for r in rows], lambda: "\n".join(
+        f"{r['id']}  {r['status']:<10}  {r['workflowName']}  started={r.get('startedAt') or '-'}" for r in rows))
+
+
+@workflows.command("events")
+@click.argument("run_id")
+@click.option("--limit", default=200, show_default=True, metavar="N", help="At most N events.")
+@json_flag
+def events(run_id: str, limit: int) -> None:
+    """A workflow run's events in sequence order."""
+    app = get_app()
+    conn = app.mirror()
+    if queries.get_workflow_run(conn, run_id) is None:
+        raise NotFoundError(f"workflow run not found: {run_id}")
+    rows = queries.list_events(conn, run_id, limit=limit)
+    app.emit([public_event(e) for e in rows], lambda: "\n".join(
+        f"{int(e['sequence']):03d}  {e['eventType']:<14}  {e.get('stepId') or '-'}  {e['createdAt']}" for e in rows))
+
+
+@workflows.command("inspect")
+@click.argument("run_id")
+@json_flag
+def inspect(run_id: str) -> None:
+    """A workflow run with its steps and events (outputs redacted)."""
+    app = get_app()
+    conn = app.mirror()
+    run_row = queries.get_workflow_run(conn, run_id)
+    if run_row is None:
+        raise NotFoundError(f"workflow run not found: {run_id}")
+    steps = queries.list_step_runs(conn, run_id)
+    evts = queries.list_events(conn, run_id, limit=100_000)
+    payload = {"workflowRun": public_workflow_run(run_row), "steps": [public_step_run(s) for s in steps],
+               "events": [public_event(e) for e in evts]}
+    lines = [f"{run_id}  {run_row['status']}  {run_row['workflowName']}", *_step_lines(steps), f"  events={len(evts)}"]
+    app.emit(payload, "\n".join(lines))
+
+
+@workflows.command("cancel")
+@click.argument("run_id")
+@click.option("--reason", default="cancelled by user", show_default=True, help="Recorded on the run and steps.")
+@json_flag
+def cancel(run_id: str, reason: str) -> None:
+    """Cancel a running workflow run from any host; its running step is killed within a second."""
+    app = get_app()
+    state = _store(app).cancel(run_id, timeutil.now(), reason)
+    app.emit(public_workflow_run(state.run), f"{run_id} {state.run['status']}")
+
+
+def step_alive(app: App, state_run: dict[str, Any]) -> Any:
+    """A liveness test for a step's process that is right across hosts: on this host the pid with its start
+    time; on another host, whether the worker executing the run is still alive."""
+    client = app.client()
+    local = hostname()
+
+    def alive(step: dict[str, Any]) -> bool:
+        pid = step.get("pid")
+        if not pid:
+            return False
+        if step.get("host", local) == local:
+            return is_process_alive(int(pid), step.get("pidStartTime"))
+        worker = state_run.get("workerId")
+        return bool(worker and client.exists(app.keys.worker(worker)))
+
+    return alive
+
+
+@workflows.command("recover")
+@click.argument("run_id")
+@click.option("--reason", default="manual recovery", show_default=True, help="Recorded on the reset steps.")
+@json_flag
+def recover(run_id: str, reason: str) -> None:
+    """Reset the running steps of a run whose process died, so a re-execution resumes it."""
+    app = get_app()
+    store = _store(app)
+    state = store.require(run_id)
+    state, recovered = store.recover(run_id, timeutil.now(), reason, step_alive(app, state.run))
+    app.emit({"workflowRun": public_workflow_run(state.run), "recoveredSteps": recovered},
+             f"{run_id} recovered={len(recovered)}")
+
+
+@click.command("logs")
+@click.argument("run_id")
+@click.option("--step", "step_id", metavar="ID", help="The workflow step (for a workflow run).")
+@click.option("-f", "--follow", is_flag=True, help="Keep printing output until the run or step ends.")
+@json_flag
+def logs(run_id: str, step_id: str | None, follow: bool) -> None:
+    """Print the live output of a running run or workflow step (-f follows it until it ends)."""
+    app = get_app()
+    client = app.client()
+    key = app.keys.live(run_id, step_id)
+    if not client.exists(key):
+        state = _store(app).load(run_id)
+        if state is None and not client.exists(app.keys.run(run_id)):
+            raise NotFoundError(f"run not found: {run_id}")
+        if state is not None and step_id is not None and step_id not in state.steps:
+            raise NotFoundError(f"workflow step not found: {run_id}/{step_id}")
+    raw = timers.raw_from(client)
+    decoders = {name: codecs.getincrementaldecoder("utf-8")(errors="replace") for name in ("stdout", "stderr")}
+    last: bytes | str = "0-0"
+    while True:
+        reply: Any = raw.xread({key: last}, count=100, block=1000 if follow else None)
+        entries = reply[0][1] if reply else []
+        for entry_id, fields in entries:
+            last = entry_id
+            stream = fields.get(b"s", b"").decode()
+            if stream == "eof":
+                return
+            decoder = decoders.get(stream, decoders["stdout"])
+            click.echo(decoder.decode(fields.get(b"d", b"")), nl=False, err=stream == "stderr")
+        if not follow and not entries:
+            return

@@ -1,0 +1,271 @@
+"""Executing a workflow run (§5.4): steps in the reference's order, the dependency gate, continueOnFailure,
+cancel, the workflow timeout, idempotent replay and resume — and, beyond the reference, up to ``maxParallel``
+independent steps at once.
+
+With ``maxParallel`` 1 (the default) steps run one at a time in the deterministic execution order, exactly as
+the reference. With more, every step whose dependencies have ended may start while fewer than ``maxParallel``
+run; after a blocking failure no new step starts, and the running ones finish.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass
+from typing import Any
+
+from loopsq import timeutil
+from loopsq.engine import live
+from loopsq.engine.runtime import Runtime
+from loopsq.executor import ExecutorResult, RunMetadata, SpawnInfo, execute_target
+from loopsq.preflight import step_target
+from loopsq.state.workflow_runs import DONE_STEP, WorkflowRunState, WorkflowRunStore
+from loopsq.workflow_spec import execution_order
+
+log = logging.getLogger("loopsq.workflows")
+
+POLL_S = 0.05
+
+
+@dataclass(frozen=True)
+class WorkflowOutcome:
+    """What a workflow run means for the loop run that started it (an ExecutorResult's fields)."""
+
+    run_id: str
+    status: str  # succeeded | failed | timed_out (cancelled shows as failed, as the reference)
+    exit_code: int
+    stdout: str
+    error: str | None
+    duration_ms: int
+    replayed: bool = False
+
+
+def summary(state: WorkflowRunState) -> str:
+    """The loop run's stdout for a workflow: run id, status and each step's status and error.
+
+    The reference stored the whole ``{workflowRun, steps}`` with every step's full output, unbounded and
+    unredacted (defect §10.10); loopsq keeps the outputs in the step runs only.
+    """
+    steps = [{k: s[k] for k in ("stepId", "status", "exitCode", "error") if k in s} for s in state.ordered_steps()]
+    return json.dumps({"workflowRunId": state.run_id, "status": state.run.get("status"), "steps": steps}, indent=2)
+
+
+def outcome_of(state: WorkflowRunState, replayed: bool = False) -> WorkflowOutcome:
+    """The loop-run outcome of a terminal workflow run."""
+    status = str(state.run.get("status"))
+    started = state.run.get("startedAt")
+    duration = 0
+    if started:
+        duration = max(0, timeutil.to_ms(timeutil.now()) - timeutil.to_ms(timeutil.from_iso(started)))
+    duration = int(state.run.get("durationMs", duration))
+    mapped = status if status in ("succeeded", "timed_out") else "failed"
+    return WorkflowOutcome(state.run_id, mapped, 0 if status == "succeeded" else 1, summary(state),
+                           state.run.get("error"), duration, replayed)
+
+
+class _Execution:
+    """One execution of a workflow run by this process."""
+
+    def __init__(self, rt: Runtime, spec: Mapping[str, Any], state: WorkflowRunState, *, timeout_ms: int | None,
+                 cancel: threading.Event | None, on_spawn: Callable[[SpawnInfo], None] | None,
+                 loop: Mapping[str, Any] | None) -> None:
+        self.rt, self.spec, self.state = rt, spec, state
+        self.store = WorkflowRunStore(rt.client, rt.keys, rt.committer)
+        self.steps = {str(s["id"]): s for s in spec["steps"]}
+        self.order = execution_order(list(spec["steps"]))
+        self.max_parallel = max(1, int(spec.get("maxParallel") or 1))
+        self.deadline = time.monotonic() + timeout_ms / 1000 if timeout_ms else None
+        self.timeout_ms = timeout_ms
+        self.outer_cancel = cancel
+        self.on_spawn = on_spawn
+        self.loop = loop or {}
+        self.lock = threading.RLock()  # guards self.state: steps finish on pool threads
+        self.watch = rt.watch(state.run_id)
+        self.step_cancels: dict[str, threading.Event] = {}
+        self.attempted: set[str] = set()
+        self.terminal = "succeeded"
+        self.blocking: str | None = None
+        self.halted = False
+        self.timed_out = False
+        self.cancelled = False
+        self.done = threading.Event()
+
+    # -- the monitor: cancel requests and the workflow timeout reach the running steps ---------------------------
+    def _monitor(self) -> None:
+        while not self.done.wait(POLL_S):
+            if not self.cancelled and (self.watch.cancel.is_set() or (self.outer_cancel and self.outer_cancel.is_set())):
+                self.cancelled = True
+                self._stop_running()
+            if not self.timed_out and self.deadline is not None and time.monotonic() >= self.deadline:
+                self.timed_out = True
+                self._stop_running()
+
+    def _stop_running(self) -> None:
+        for event in list(self.step_cancels.values()):
+            event.set()
+
+    # -- one step -------------------------------------------------------------------------------------------
+    def _run_step(self, step_id: str, cancel: threading.Event) -> ExecutorResult:
+        step = self.steps[step_id]
+        target = step_target(step)
+        metadata = RunMetadata(
+            loop_id=self.loop.get("id"), loop_name=self.loop.get("name"), run_id=self.state.run.get("loopRunId"),
+            scheduled_for=self.state.run.get("scheduledFor"), workflow_id=str(self.spec["id"]),
+            workflow_name=str(self.spec["name"]), workflow_run_id=self.state.run_id, workflow_step_id=step_id,
+        )
+
+        def spawned(info: SpawnInfo) -> None:
+            with self.lock:
+                self.store.mark_step_pid(self.state, step_id, timeutil.now(), pid=info.pid,
+                                         start_time=info.start_time, host=info.host)
+            if self.on_spawn is not None:
+                self.on_spawn(info)
+
+        on_output = live.LiveWriter(self.rt.client, self.rt.keys, self.state.run_id, step_id)
+        try:
+            result = execute_target(target, metadata, cancel=cancel, on_spawn=spawned, on_output=on_output)
+        except Exception as exc:  # the reference turns any executor exception into a failed step
+            now = timeutil.to_iso(timeutil.now())
+            result = ExecutorResult("failed", None, "", "", str(exc), None, now, now, 0)
+        on_output.close(result.status)
+        return result
+
+    def _finish_step(self, step_id: str, result: ExecutorResult) -> None:
+        status, error = result.status, result.error
+        if status == "cancelled":
+            if self.timed_out:
+                status, error = "timed_out", f"workflow timed out after {self.timeout_ms}ms"
+            else:
+                status = "failed"
+        with self.lock:
+            self.step_cancels.pop(step_id, None)
+            finished = self.store.finish_step(
+                self.state, step_id, timeutil.now(), status=status, exit_code=result.exit_code,
+                duration_ms=result.duration_ms, stdout=result.stdout, stderr=result.stderr, error=error,
+            )
+            if not finished:
+                return  # cancelled meanwhile: the cancel set the step's status
+            if status != "succeeded" and not self.steps[step_id].get("continueOnFailure") and not self.halted:
+                self.halted = True
+                self.terminal = status
+                self.blocking = f"step {step_id} {status}" + (f": {error}" if error else "")
+
+    # -- scheduling -----------------------------------------------------------------------------------------
+    def _ready(self, step_id: str) -> tuple[bool, str | None]:
+        """(ready, blocking dependency): not ready while a dependency may still run in this execution."""
+        blocked = None
+        for dep in self.steps[step_id].get("dependsOn") or []:
+            dep_status = self.state.steps[dep]["status"]
+            if dep_status in ("pending", "running") or (
+                dep_status in ("failed", "timed_out") and dep not in self.attempted
+            ):
+                return False, None
+            if dep_status != "succeeded" and not self.steps[dep].get("continueOnFailure") and blocked is None:
+                blocked = dep
+        return True, blocked
+
+    def _start_ready(self, futures: dict[Future[ExecutorResult], str], pool: ThreadPoolExecutor | None) -> bool:
+        """Start (or gate-skip) the steps that can go now, in execution order; True when anything happened."""
+        changed = False
+        for step_id in self.order:
+            if self.halted or self.cancelled or self.timed_out or len(futures) >= self.max_parallel:
+                break
+            if step_id in self.attempted or self.state.steps[step_id]["status"] in DONE_STEP:
+                continue  # done here, or succeeded/skipped/cancelled before (a resumed run)
+            ready, blocked = self._ready(step_id)
+            if not ready:
+                continue
+            self.attempted.add(step_id)
+            changed = True
+            if blocked is not None:
+                # The dependency gate skips the step and fails the run, but does not stop the others.
+                with self.lock:
+                    self.store.skip_steps(self.state, [step_id], f"dependency did not succeed: {blocked}",
+                                          timeutil.now())
+                    self.blocking = self.blocking or f"step {step_id} blocked by dependency {blocked}"
+                    self.terminal = "failed"
+                continue
+            with self.lock:
+                if not self.store.start_step(self.state, step_id, timeutil.now()):
+                    self.halted = True
+                    return changed
+                cancel = threading.Event()
+                self.step_cancels[step_id] = cancel
+            if pool is None:
+                self._finish_step(step_id, self._run_step(step_id, cancel))
+                return True
+            futures[pool.submit(self._run_step, step_id, cancel)] = step_id
+        return changed
+
+    def run(self) -> WorkflowOutcome:
+        futures: dict[Future[ExecutorResult], str] = {}
+        pool = ThreadPoolExecutor(max_workers=self.max_parallel) if self.max_parallel > 1 else None
+        monitor = threading.Thread(target=self._monitor, name="loopsq-wf-monitor", daemon=True)
+        monitor.start()
+        try:
+            while True:
+                started = self._start_ready(futures, pool)
+                if not futures:
+                    if started and not (self.halted or self.cancelled or self.timed_out):
+                        continue
+                    break
+                done, _ = wait(list(futures), timeout=POLL_S, return_when=FIRST_COMPLETED)
+                for future in done:
+                    self._finish_step(futures.pop(future), future.result())
+        finally:
+            self.done.set()
+            if pool is not None:
+                pool.shutdown(wait=True)
+            self.rt.release(self.state.run_id)
+        return self._conclude()
+
+    def _conclude(self) -> WorkflowOutcome:
+        now = timeutil.now()
+        with self.lock:
+            fresh = self.store.load(self.state.run_id)
+            if fresh is not None and fresh.terminal:  # cancelled (from any host) while it ran
+                self.state.run_raw, self.state.run = fresh.run_raw, fresh.run
+                self.state.steps_raw, self.state.steps, self.state.events = fresh.steps_raw, fresh.steps, fresh.events
+                return outcome_of(self.state)
+            if self.timed_out and not self.halted:
+                self.terminal, self.blocking = "timed_out", f"workflow timed out after {self.timeout_ms}ms"
+            elif self.cancelled and not self.halted:
+                self.terminal, self.blocking = "failed", self.blocking or "cancelled"
+            if self.terminal != "succeeded":
+                open_steps = [s["stepId"] for s in self.state.ordered_steps() if s["status"] in ("pending", "running")]
+                self.store.skip_steps(self.state, open_steps, self.blocking or "workflow stopped before step could run",
+                                      now)
+            self.store.finish_run(self.state, self.terminal, now, error=self.blocking)
+        return outcome_of(self.state)
+
+
+def execute_workflow(
+    rt: Runtime,
+    spec: Mapping[str, Any],
+    *,
+    run_id: str | None = None,
+    loop: Mapping[str, Any] | None = None,
+    loop_run: Mapping[str, Any] | None = None,
+    idempotency_key: str | None = None,
+    timeout_ms: int | None = None,
+    cancel: threading.Event | None = None,
+    on_spawn: Callable[[SpawnInfo], None] | None = None,
+) -> WorkflowOutcome:
+    """Create (or find, by idempotency key) a workflow run and execute it to its end.
+
+    A run found by key that is already terminal is returned without executing anything (the idempotent replay);
+    one still running resumes, skipping the steps that succeeded (after ``recover`` reset its running steps).
+    """
+    store = WorkflowRunStore(rt.client, rt.keys, rt.committer)
+    state, _created = store.create(spec, timeutil.now(), run_id=run_id, loop=loop, loop_run=loop_run,
+                                   idempotency_key=idempotency_key, owner=rt.owner.worker_id)
+    if state.terminal:
+        return outcome_of(state, replayed=True)
+    log.info("workflow run %s started workflow=%s", state.run_id, spec["name"])
+    outcome = _Execution(rt, spec, state, timeout_ms=timeout_ms, cancel=cancel, on_spawn=on_spawn, loop=loop).run()
+    log.info("workflow run %s %s workflow=%s", state.run_id, state.run.get("status"), spec["name"])
+    return outcome

@@ -1,0 +1,380 @@
+"""Workflow runs in Redis: creation (idempotent by key), step transitions, events with a gap-free sequence,
+cancel, recover and the parent-lease failure — each one atomic transition with its change.
+
+Events are a Redis list per run; an event's sequence is its position + 1, and every transition that appends one
+guards the list's length, so two writers can never number two events alike or leave a gap.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+import redis
+
+from loopsq.errors import ConflictError, NotFoundError
+from loopsq.keys import Keys
+from loopsq.state.commit import Committer, Tx
+from loopsq.timeutil import gen_id, to_iso, to_ms
+
+TERMINAL_RUN = frozenset({"succeeded", "failed", "timed_out", "cancelled"})
+DONE_STEP = frozenset({"succeeded", "skipped", "cancelled"})
+CLAIMABLE_STEP = frozenset({"pending", "failed", "timed_out"})
+MAX_RETRIES = 50
+
+
+def _s(value: object) -> str | None:
+    if value is None:
+        return None
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _dumps(value: Mapping[str, Any]) -> str:
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+
+
+def _clean(d: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in d.items() if v is not None}
+
+
+@dataclass
+class WorkflowRunState:
+    """A workflow run as last read or written: raw JSON of the run and of each step, and the event count."""
+
+    run_id: str
+    run_raw: str
+    steps_raw: dict[str, str]
+    events: int
+    run: dict[str, Any] = field(init=False)
+    steps: dict[str, dict[str, Any]] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.run = json.loads(self.run_raw)
+        self.steps = {k: json.loads(v) for k, v in self.steps_raw.items()}
+
+    @property
+    def terminal(self) -> bool:
+        """True once the run ended (succeeded, failed, timed_out or cancelled)."""
+        return self.run.get("status") in TERMINAL_RUN
+
+    def ordered_steps(self) -> list[dict[str, Any]]:
+        """Step runs by their ``sequence`` (spec order)."""
+        return sorted(self.steps.values(), key=lambda s: int(s["sequence"]))
+
+
+class WorkflowRunStore:
+    """Workflow runs, step runs and events in Redis."""
+
+    def __init__(self, client: redis.Redis, keys: Keys | None = None, committer: Committer | None = None) -> None:
+        self.client = client
+        self.keys = keys or Keys()
+        self.committer = committer or Committer(client, self.keys)
+
+    # -- reads ----------------------------------------------------------------------------------------------
+    def load(self, run_id: str) -> WorkflowRunState | None:
+        """The run with its steps and event count, or None."""
+        pipe = self.client.pipeline(transaction=True)
+        pipe.get(self.keys.wf_run(run_id))
+        pipe.hgetall(self.keys.wf_steps(run_id))
+        pipe.llen(self.keys.wf_events(run_id))
+        raw, steps, events = pipe.execute()
+        if not raw:
+            return None
+        return WorkflowRunState(run_id, str(_s(raw)), {str(_s(k)): str(_s(v)) for k, v in steps.items()}, int(events))
+
+    def require(self, run_id: str) -> WorkflowRunState:
+        """Like ``load``; raises ``NotFoundError('workflow run not found: <id>')``."""
+        state = self.load(run_id)
+        if state is None:
+            raise NotFoundError(f"workflow run not found: {run_id}")
+        return state
+
+    def events(self, run_id: str, limit: int = 200) -> list[dict[str, Any]]:
+        """The first ``limit`` events of a run, by sequence."""
+        return [json.loads(str(_s(e))) for e in self.client.lrange(self.keys.wf_events(run_id), 0, limit - 1)]
+
+    def by_idempotency(self, workflow_id: str, key: str) -> str | None:
+        """The run id an idempotency key stands for."""
+        return _s(self.client.get(self.keys.wf_idempotency(workflow_id, key)))
+
+    def ids(self, limit: int = 100) -> list[str]:
+        """Newest workflow run ids first."""
+        return [str(_s(i)) for i in self.client.zrevrange(self.keys.wf_runs, 0, limit - 1)]
+
+    def for_loop_run(self, loop_run_id: str) -> list[str]:
+        """Workflow runs started for a loop run."""
+        return sorted(str(_s(i)) for i in self.client.smembers(self.keys.loop_run_workflows(loop_run_id)))
+
+    # -- helpers --------------------------------------------------------------------------------------------
+    def _event(self, state: WorkflowRunState, tx: Tx, event_type: str, now: datetime, *, step_id: str | None = None,
+               payload: Any = None, offset: int = 0) -> dict[str, Any]:
+        event = _clean({
+            "id": gen_id(), "workflowRunId": state.run_id, "sequence": state.events + offset + 1,
+            "eventType": event_type, "stepId": step_id, "payload": payload, "createdAt": to_iso(now),
+        })
+        tx.rpush(self.keys.wf_events(state.run_id), _dumps(event)).put("workflow_events", event)
+        return event
+
+    def _commit(self, tx: Tx) -> bool:
+        return self.committer.commit(tx).ok
+
+    # -- create ---------------------------------------------------------------------------------------------
+    def create(
+        self,
+        spec: Mapping[str, Any],
+        now: datetime,
+        *,
+        run_id: str | None = None,
+        loop: Mapping[str, Any] | None = None,
+        loop_run: Mapping[str, Any] | None = None,
+        scheduled_for: str | None = None,
+        idempotency_key: str | None = None,
+        owner: str | None = None,
+    ) -> tuple[WorkflowRunState, bool]:
+        """Create a run (status running, one pending step run per spec step, event #1 ``created``).
+
+        With an idempotency key, an existing run for (workflow, key) is returned unchanged, whatever its status
+        (the idempotent replay); ``created`` tells which happened.
+        """
+        wf_id = str(spec["id"])
+        for _ in range(MAX_RETRIES):
+            if idempotency_key is not None:
+                existing = self.by_idempotency(wf_id, idempotency_key)
+                if existing:
+                    state = self.load(existing)
+                    if state is not None:
+                        return state, False
+            rid = run_id or gen_id()
+            stamp = to_iso(now)
+            run = _clean({
+                "id": rid, "workflowId": wf_id, "workflowName": spec["name"],
+                "loopId": (loop or {}).get("id"), "loopRunId": (loop_run or {}).get("id"),
+                "scheduledFor": scheduled_for or (loop_run or {}).get("scheduledFor"),
+                "idempotencyKey": idempotency_key, "status": "running", "startedAt": stamp,
+                "createdAt": stamp, "updatedAt": stamp, "workerId": owner,
+            })
+            steps: dict[str, dict[str, Any]] = {}
+            for index, step in enumerate(spec["steps"]):
+                account = step.get("account") or step["target"].get("account") or {}
+                steps[step["id"]] = _clean({
+                    "id": gen_id(), "workflowRunId": rid, "stepId": step["id"], "sequence": index,
+                    "status": "pending", "accountProfile": account.get("profile"), "accountTool": account.get("tool"),
+                    "createdAt": stamp, "updatedAt": stamp,
+                })
+            state = WorkflowRunState(rid, _dumps(run), {k: _dumps(v) for k, v in steps.items()}, 0)
+            tx = Tx("workflow_run_created", stamp).expect(self.keys.wf_run(rid), None)
+            if idempotency_key is not None:
+                idem = self.keys.wf_idempotency(wf_id, idempotency_key)
+                tx.expect(idem, None).set(idem, rid)
+            tx.set(self.keys.wf_run(rid), state.run_raw).put("workflow_runs", run)
+            for step_id, raw in state.steps_raw.items():
+                tx.hset(self.keys.wf_steps(rid), step_id, raw).put("workflow_step_runs", steps[step_id])
+            tx.zadd(self.keys.wf_runs, to_ms(now), rid)
+            if loop_run is not None:
+                tx.sadd(self.keys.loop_run_workflows(str(loop_run["id"])), rid)
+            payload = _clean({"workflowId": wf_id, "workflowName": spec["name"], "stepCount": len(steps),
+                              "loopId": run.get("loopId"), "loopRunId": run.get("loopRunId")})
+            self._event(state, tx, "created", now, payload=payload)
+            if self._commit(tx):
+                state.events = 1
+                return state, True
+            if run_id is not None and self.client.exists(self.keys.wf_run(run_id)):
+                return self.require(run_id), False
+        raise ConflictError("workflow run could not be created (too much contention); try again")
+
+    # -- steps ----------------------------------------------------------------------------------------------
+    def _step_tx(self, state: WorkflowRunState, step_id: str, new_step: dict[str, Any], change: str, now: datetime,
+                 *, guard_run: bool = True) -> Tx:
+        tx = Tx(change, to_iso(now))
+        if guard_run:
+            tx.expect(self.keys.wf_run(state.run_id), state.run_raw)
+        tx.expect_field(self.keys.wf_steps(state.run_id), step_id, state.steps_raw[step_id])
+        tx.expect_length(self.keys.wf_events(state.run_id), state.events)
+        tx.hset(self.keys.wf_steps(state.run_id), step_id, _dumps(new_step)).put("workflow_step_runs", new_step)
+        return tx
+
+    def _apply_step(self, state: WorkflowRunState, step_id: str, new_step: dict[str, Any], events: int) -> None:
+        state.steps_raw[step_id] = _dumps(new_step)
+        state.steps[step_id] = new_step
+        state.events += events
+
+    def start_step(self, state: WorkflowRunState, step_id: str, now: datetime) -> bool:
+        """pending|failed|timed_out -> running while the run is running; event ``step_started``.
+
+        Returns False when the run is no longer running (re-read ``state``). Raises ``ConflictError`` with the
+        reference's text when the step itself is not claimable.
+        """
+        status = state.steps[step_id]["status"]
+        if state.terminal:
+            return False
+        if status not in CLAIMABLE_STEP:
+            raise ConflictError(f"workflow step is not claimable: {state.run_id}/{step_id} status={status}")
+        stamp = to_iso(now)
+        step = {k: v for k, v in state.steps[step_id].items()
+                if k not in ("startedAt", "finishedAt", "exitCode", "pid", "durationMs", "stdout", "stderr", "error",
+                             "host", "pidStartTime")}
+        step.update(status="running", startedAt=stamp, updatedAt=stamp)
+        tx = self._step_tx(state, step_id, step, "workflow_step_started", now)
+        self._event(state, tx, "step_started", now, step_id=step_id)
+        if self._commit(tx):
+            self._apply_step(state, step_id, step, 1)
+            return True
+        self._reload(state)
+        return self.start_step(state, step_id, now) if not state.terminal else False
+
+    def mark_step_pid(self, state: WorkflowRunState, step_id: str, now: datetime, *, pid: int,
+                      start_time: float | None, host: str) -> bool:
+        """Record a running step's pid, process start time and host (no event, as the reference)."""
+        for _ in range(MAX_RETRIES):
+            if state.steps[step_id]["status"] != "running":
+                return False
+            step = {**state.steps[step_id], "pid": pid, "pidStartTime": start_time, "host": host,
+                    "updatedAt": to_iso(now)}
+            tx = Tx("workflow_step_pid", to_iso(now))
+            tx.expect_field(self.keys.wf_steps(state.run_id), step_id, state.steps_raw[step_id])
+            tx.hset(self.keys.wf_steps(state.run_id), step_id, _dumps(step)).put("workflow_step_runs", step)
+            if self._commit(tx):
+                self._apply_step(state, step_id, step, 0)
+                return True
+            self._reload(state)
+        return False
+
+    def finish_step(self, state: WorkflowRunState, step_id: str, now: datetime, *, status: str,
+                    exit_code: int | None, duration_ms: int, stdout: str, stderr: str, error: str | None) -> bool:
+        """running -> succeeded|failed|timed_out; event ``step_<status>`` with ``{exitCode, error}``.
+
+        False when the step is no longer running (the run was cancelled meanwhile).
+        """
+        for _ in range(MAX_RETRIES):
+            if state.steps[step_id]["status"] != "running":
+                return False
+            step = _clean({**state.steps[step_id], "status": status, "finishedAt": to_iso(now),
+                           "exitCode": exit_code, "durationMs": duration_ms, "stdout": stdout, "stderr": stderr,
+                           "error": error, "pid": None, "updatedAt": to_iso(now)})
+            tx = self._step_tx(state, step_id, step, f"workflow_step_{status}", now, guard_run=False)
+            self._event(state, tx, f"step_{status}", now, step_id=step_id,
+                        payload=_clean({"exitCode": exit_code, "error": error}))
+            if self._commit(tx):
+                self._apply_step(state, step_id, step, 1)
+                return True
+            self._reload(state)
+        return False
+
+    def skip_steps(self, state: WorkflowRunState, step_ids: Sequence[str], reason: str, now: datetime) -> None:
+        """pending|running -> skipped with ``reason``; one ``step_skipped`` event each (one transition each)."""
+        for step_id in step_ids:
+            for _ in range(MAX_RETRIES):
+                if state.steps[step_id]["status"] not in ("pending", "running"):
+                    break
+                step = _clean({**state.steps[step_id], "status": "skipped", "error": reason, "pid": None,
+                               "finishedAt": to_iso(now), "updatedAt": to_iso(now)})
+                tx = self._step_tx(state, step_id, step, "workflow_step_skipped", now, guard_run=False)
+                self._event(state, tx, "step_skipped", now, step_id=step_id, payload={"reason": reason})
+                if self._commit(tx):
+                    self._apply_step(state, step_id, step, 1)
+                    break
+                self._reload(state)
+
+    # -- the run --------------------------------------------------------------------------------------------
+    def finish_run(self, state: WorkflowRunState, status: str, now: datetime, *, error: str | None) -> bool:
+        """running -> succeeded|failed|timed_out; event named after the status with ``{error}``. Never
+        overwrites a terminal run (a cancel wins)."""
+        for _ in range(MAX_RETRIES):
+            if state.terminal:
+                return False
+            started = state.run.get("startedAt")
+            duration = None
+            if started:
+                from loopsq.timeutil import from_iso
+
+                duration = max(0, to_ms(now) - to_ms(from_iso(started)))
+            run = _clean({**state.run, "status": status, "finishedAt": to_iso(now), "durationMs": duration,
+                          "error": error, "updatedAt": to_iso(now)})
+            tx = (
+                Tx(f"workflow_run_{status}", to_iso(now))
+                .expect(self.keys.wf_run(state.run_id), state.run_raw)
+                .expect_length(self.keys.wf_events(state.run_id), state.events)
+                .set(self.keys.wf_run(state.run_id), _dumps(run))
+                .put("workflow_runs", run)
+            )
+            self._event(state, tx, status, now, payload=_clean({"error": error}) or None)
+            if self._commit(tx):
+                state.run_raw, state.run = _dumps(run), run
+                state.events += 1
+                return True
+            self._reload(state)
+        return False
+
+    def _end_run(self, run_id: str, now: datetime, *, status: str, error: str, step_status: str, change: str,
+                 event_type: str, payload: dict[str, Any]) -> WorkflowRunState:
+        """A run and its pending|running steps end together (cancel, parent-lease failure)."""
+        for _ in range(MAX_RETRIES):
+            state = self.require(run_id)
+            if state.terminal:
+                return state
+            stamp = to_iso(now)
+            run = {**state.run, "status": status, "finishedAt": stamp, "error": error, "updatedAt": stamp}
+            tx = (
+                Tx(change, stamp)
+                .expect(self.keys.wf_run(run_id), state.run_raw)
+                .expect_length(self.keys.wf_events(run_id), state.events)
+                .set(self.keys.wf_run(run_id), _dumps(run))
+                .put("workflow_runs", run)
+            )
+            for step_id, step in state.steps.items():
+                if step["status"] in ("pending", "running"):
+                    new = _clean({**step, "status": step_status, "error": error, "pid": None, "updatedAt": stamp})
+                    tx.expect_field(self.keys.wf_steps(run_id), step_id, state.steps_raw[step_id])
+                    tx.hset(self.keys.wf_steps(run_id), step_id, _dumps(new)).put("workflow_step_runs", new)
+            self._event(state, tx, event_type, now, payload=payload)
+            tx.set(self.keys.cancel(run_id), error, px=3_600_000)
+            if self._commit(tx):
+                return self.require(run_id)
+        raise ConflictError(f"workflow run {run_id} kept changing; try again")
+
+    def cancel(self, run_id: str, now: datetime, reason: str = "cancelled by user") -> WorkflowRunState:
+        """Cancel a running workflow run (§5.6); a terminal run is returned unchanged. The executing process
+        sees the cancel key within its beat and kills the running step's process group."""
+        return self._end_run(run_id, now, status="cancelled", error=reason, step_status="cancelled",
+                             change="workflow_run_cancelled", event_type="cancelled", payload={"reason": reason})
+
+    def fail_for_parent(self, run_id: str, loop_run_id: str, now: datetime, error: str) -> WorkflowRunState:
+        """The parent loop run was abandoned: fail the run, skip its open steps (§3.8)."""
+        return self._end_run(run_id, now, status="failed", error=error, step_status="skipped",
+                             change="workflow_run_failed", event_type="failed",
+                             payload={"error": error, "loopRunId": loop_run_id})
+
+    def recover(self, run_id: str, now: datetime, reason: str, alive: Any) -> tuple[WorkflowRunState, list[str]]:
+        """Reset running steps to pending so a re-execution resumes (§5.7). ``alive(step) -> bool`` tells whether
+        a step's process still lives (host, pid and start time); any live one refuses with the reference's text."""
+        for _ in range(MAX_RETRIES):
+            state = self.require(run_id)
+            running = [s for s in state.ordered_steps() if s["status"] == "running"]
+            live = [s for s in running if alive(s)]
+            if live:
+                detail = ", ".join(f"{s['stepId']} pid={s.get('pid')}" for s in live)
+                raise ConflictError(f"cannot recover workflow run while step processes are still alive: {detail}")
+            if not running:
+                return state, []
+            stamp = to_iso(now)
+            tx = Tx("workflow_run_recovered", stamp).expect_length(self.keys.wf_events(run_id), state.events)
+            for step in running:
+                new = {k: v for k, v in step.items()
+                       if k not in ("startedAt", "finishedAt", "exitCode", "pid", "durationMs", "stdout", "stderr",
+                                    "host", "pidStartTime")}
+                new.update(status="pending", error=reason, updatedAt=stamp)
+                tx.expect_field(self.keys.wf_steps(run_id), step["stepId"], state.steps_raw[step["stepId"]])
+                tx.hset(self.keys.wf_steps(run_id), step["stepId"], _dumps(new)).put("workflow_step_runs", new)
+            ids = [s["stepId"] for s in running]
+            self._event(state, tx, "recovered", now, payload={"reason": reason, "recoveredSteps": ids})
+            if self._commit(tx):
+                return self.require(run_id), ids
+        raise ConflictError(f"workflow run {run_id} kept changing; try again")
+
+    def _reload(self, state: WorkflowRunState) -> None:
+        fresh = self.require(state.run_id)
+        state.run_raw, state.run = fresh.run_raw, fresh.run
+        state.steps_raw, state.steps, state.events = fresh.steps_raw, fresh.steps, fresh.events
