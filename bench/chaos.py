@@ -1,0 +1,278 @@
+"""Chaos run: a real deployment (Redis with AOF, 2 schedulers, 3 workers, a mirror) under SIGKILLs, then the
+invariants checked. Prints one summary line; exits 1 on any violation.
+
+    .venv/bin/python bench/chaos.py                 # 3 minutes, a kill every ~20 s
+    .venv/bin/python bench/chaos.py --duration 30   # the short mode .ci/run uses
+
+Checks, after the faults stop:
+  1. no (loop, slot, attempt[, step]) executed twice — from a ledger every command appends to;
+  2. no active loop without a future timer (an armed or in-flight timer, or a run going);
+  3. every run terminal or owned by a live lease (then, after pausing every loop, every run terminal);
+  4. the SQLite mirror equal to Redis, row for row.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import signal
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from datetime import timedelta
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import redis  # noqa: E402
+
+from loopsq import runs as rules  # noqa: E402
+from loopsq import timers, timeutil  # noqa: E402
+from loopsq.keys import Keys  # noqa: E402
+from loopsq.loop_spec import new_loop  # noqa: E402
+from loopsq.mirror.apply import row_to_entity  # noqa: E402
+from loopsq.mirror.follow import mirror_lag  # noqa: E402
+from loopsq.mirror.schema import MIRRORED_COLUMNS, open_db  # noqa: E402
+from loopsq.state.loops import LoopStore  # noqa: E402
+from loopsq.state.runs import RunStore  # noqa: E402
+from loopsq.state.snapshot import snapshot_tables  # noqa: E402
+from loopsq.state.workflows import WorkflowStore  # noqa: E402
+from loopsq.workflow_spec import workflow_body_from_json  # noqa: E402
+from tests.redis_server import RedisServer  # noqa: E402
+
+KEYS = Keys()
+
+
+class Fleet:
+    """The processes of the deployment, restartable by name."""
+
+    def __init__(self, url: str, data: Path, logs: Path) -> None:
+        self.url, self.data, self.logs = url, data, logs
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        self.env = {**os.environ, "LOOPSQ_REDIS_URL": url, "LOOPSQ_DATA_DIR": str(data), "PYTHONUNBUFFERED": "1"}
+
+    def start(self, name: str) -> None:
+        role = name.split(".")[0]
+        log = open(self.logs / f"{name}.log", "ab")  # noqa: SIM115 - the child owns it
+        self.procs[name] = subprocess.Popen([sys.executable, "-m", "loopsq", role], env=self.env, stdout=log,
+                                            stderr=log, stdin=subprocess.DEVNULL, cwd=ROOT, start_new_session=True)
+
+    def kill(self, name: str) -> None:
+        proc = self.procs[name]
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+    def stop_all(self) -> None:
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + 20
+        for proc in self.procs.values():
+            try:
+                proc.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+
+
+def ledger_cmd(ledger: Path, fail_every: int = 0, sleep: float = 0.0) -> str:
+    line = f'echo "$LOOPS_LOOP_ID $LOOPS_SCHEDULED_FOR $LOOPS_ATTEMPT $LOOPS_WORKFLOW_STEP_ID" >> {ledger}'
+    cmd = line
+    if sleep:
+        cmd += f"; sleep {sleep}"
+    if fail_every:
+        # Fail deterministically on some slots (by the slot's seconds), so retries happen.
+        cmd += f'; s=$(echo "$LOOPS_SCHEDULED_FOR" | cut -c18-19); [ $((10#$s % {fail_every})) -ne 0 ]'
+    return cmd
+
+
+def create_loops(client: redis.Redis, ledger: Path, count: int, rng: random.Random) -> None:
+    loops, workflows = LoopStore(client, KEYS), WorkflowStore(client, KEYS)
+    now = timeutil.now()
+    specs = []
+    for i in range(3):
+        body = {"name": f"chaos-wf-{i}", "maxParallel": 1 + i % 2, "steps": [
+            {"id": "a", "target": {"type": "command", "command": ledger_cmd(ledger), "shell": True}},
+            {"id": "b", "dependsOn": ["a"], "target": {"type": "command", "command": ledger_cmd(ledger), "shell": True}},
+            {"id": "c", "dependsOn": ["a"], "continueOnFailure": True,
+             "target": {"type": "command", "command": ledger_cmd(ledger, fail_every=3), "shell": True}},
+        ]}
+        specs.append(workflows.create(workflow_body_from_json(body), now))
+    for i in range(count):
+        every = rng.choice([1000, 2000, 3000, 4000, 5000])
+        kind = i % 10
+        body: dict[str, object] = {"name": f"chaos-{i:03d}", "timezone": "UTC",
+                                   "schedule": {"type": "interval", "everyMs": every}, "leaseMs": 60_000}
+        if kind < 2:  # small workflows
+            body["target"] = {"type": "workflow", "workflowId": specs[i % 3]["id"]}
+            body["maxAttempts"] = 2
+        elif kind < 4:  # failing, retrying
+            body["target"] = {"type": "command", "command": ledger_cmd(ledger, fail_every=2), "shell": True}
+            body.update(maxAttempts=3, retryDelayMs=300)
+        elif kind < 6:  # overlapping
+            body["target"] = {"type": "command", "command": ledger_cmd(ledger, sleep=every / 1000 * 1.5),
+                              "shell": True}
+            body["overlap"] = rng.choice(["skip", "allow", "replace"])
+            body["maxAttempts"] = 2
+        else:
+            body["target"] = {"type": "command", "command": ledger_cmd(ledger), "shell": True}
+            body["maxAttempts"] = rng.choice([1, 2])
+        loops.create(new_loop(body, now + timedelta(milliseconds=rng.randint(0, 2000))))
+
+
+def wait_until(predicate, timeout: float, step: float = 0.25) -> bool:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(step)
+    return False
+
+
+def check_ledger(ledger: Path) -> tuple[int, list[str]]:
+    counts = Counter(line.strip() for line in ledger.read_text().splitlines() if line.strip())
+    dupes = [f"executed {n} times: {key}" for key, n in counts.items() if n > 1]
+    return sum(counts.values()), dupes
+
+
+def check_timers(client: redis.Redis) -> list[str]:
+    raw = timers.raw_from(client)
+    loops = [loop for loop in LoopStore(client, KEYS).all() if loop.status == "active"]
+    states = timers.armed_state(raw, KEYS, [loop.id for loop in loops])
+    running = {r.loop_id for r in RunStore(client, KEYS).get_many(RunStore(client, KEYS).running_ids())}
+    bad = []
+    for loop in loops:
+        score, status = states[loop.id]
+        if rules.timer_at(loop) is None and loop.id in running:
+            continue
+        if score is None and status not in ("queued", "started"):
+            bad.append(f"active loop {loop.name} has no timer (status={status})")
+    return bad
+
+
+def check_leases(client: redis.Redis) -> list[str]:
+    store = RunStore(client, KEYS)
+    bad = []
+    for run in store.get_many(store.running_ids()):
+        if not client.exists(KEYS.lease(run.id)) or not client.exists(KEYS.worker(run.worker_id or "-")):
+            bad.append(f"running run {run.id} of {run.loop_name} has no live owner")
+    return bad
+
+
+def check_mirror(client: redis.Redis, db: Path) -> list[str]:
+    conn = open_db(db)
+    expected = snapshot_tables(client, KEYS)
+    bad = []
+    for table in MIRRORED_COLUMNS:
+        rows = {r["id"]: row_to_entity(table, r) for r in conn.execute(f"SELECT * FROM {table}")}
+        want = {e["id"]: row_to_entity(table, _roundtrip(conn, table, e)) for e in expected.get(table, [])}
+        if set(rows) != set(want):
+            bad.append(f"{table}: mirror has {len(rows)} rows, redis {len(want)} "
+                       f"(missing {len(set(want) - set(rows))}, extra {len(set(rows) - set(want))})")
+            continue
+        differing = [i for i in want if rows[i] != want[i]]
+        if differing:
+            bad.append(f"{table}: {len(differing)} row(s) differ, e.g. {differing[0]}")
+    conn.close()
+    return bad
+
+
+def _roundtrip(conn: sqlite3.Connection, table: str, entity: dict) -> dict:  # type: ignore[type-arg]
+    """An entity as the mirror stores it (through a scratch in-memory table with the same schema)."""
+    from loopsq.mirror.apply import entity_to_params
+
+    params = entity_to_params(table, entity)
+    return {k: params.get(k) for k in MIRRORED_COLUMNS[table]}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--duration", type=float, default=180.0, help="seconds of faults (default 180)")
+    parser.add_argument("--kill-every", type=float, default=None, help="seconds between kills (default ~20, "
+                        "or duration/4 for short runs)")
+    parser.add_argument("--loops", type=int, default=200)
+    parser.add_argument("--seed", type=int, default=None)
+    args = parser.parse_args()
+    seed = args.seed if args.seed is not None else random.randrange(1 << 30)
+    rng = random.Random(seed)
+    kill_every = args.kill_every or min(20.0, max(5.0, args.duration / 4))
+    work = Path(tempfile.mkdtemp(prefix="loopsq-chaos-"))
+    server = RedisServer(appendonly=True).start()
+    fleet = Fleet(server.url, work / "data", work)
+    client = server.client()
+    ledger = work / "ledger"
+    ledger.touch()
+    violations: list[str] = []
+    kills: list[tuple[str, float]] = []
+    try:
+        create_loops(client, ledger, args.loops, rng)
+        names = ["scheduler.1", "scheduler.2", "worker.1", "worker.2", "worker.3", "mirror.1"]
+        for name in names:
+            fleet.start(name)
+        started = time.monotonic()
+        next_kill = started + kill_every * rng.uniform(0.7, 1.3)
+        while time.monotonic() - started < args.duration:
+            if time.monotonic() >= next_kill:
+                victim = rng.choice(names[:5])
+                fleet.kill(victim)
+                kills.append((victim, time.time()))
+                time.sleep(rng.uniform(0.5, 2.0))
+                fleet.start(victim)
+                next_kill = time.monotonic() + kill_every * rng.uniform(0.7, 1.3)
+            time.sleep(0.2)
+        # Faults stop. Let maintenance settle (liveness TTL 5 s + a pass), then check timers and owners.
+        time.sleep(8)
+        violations += check_timers(client)
+        violations += check_leases(client)
+        # Quiesce: pause every loop, wait for every run to end and the mirror to catch up.
+        store = LoopStore(client, KEYS)
+        for loop in store.all():
+            if loop.status == "active":
+                store.pause(loop.id, timeutil.now())
+        runs = RunStore(client, KEYS)
+        if not wait_until(lambda: not runs.running_ids(), 60):
+            violations.append(f"{len(runs.running_ids())} run(s) still running 60 s after pausing every loop")
+        db = work / "data" / "loops.db"
+        conn = open_db(db)
+        if not wait_until(lambda: mirror_lag(client, KEYS, conn) == 0, 30):
+            violations.append(f"mirror still {mirror_lag(client, KEYS, conn)} change(s) behind after 30 s")
+        conn.close()
+        violations += check_mirror(client, db)
+        executed, dupes = check_ledger(ledger)
+        violations += dupes
+        all_runs = runs.get_many([i.decode() if isinstance(i, bytes) else i for i in client.zrange(KEYS.runs, 0, -1)])
+        by_status = Counter(r.status for r in all_runs)
+        recoveries = []
+        for run in all_runs:
+            if run.status == "abandoned" and run.finished_at and run.worker_id:
+                died = [t for name, t in kills if name.startswith("worker")]
+                fin = timeutil.from_iso(run.finished_at).timestamp()
+                before = [t for t in died if t <= fin]
+                if before:
+                    recoveries.append(fin - max(before))
+        wf_runs = client.zcard(KEYS.wf_runs)
+        statuses = " ".join(f"{k}={v}" for k, v in sorted(by_status.items()))
+        rec = f" recovery_max={max(recoveries):.1f}s recovery_median={sorted(recoveries)[len(recoveries) // 2]:.1f}s" \
+            if recoveries else ""
+        print(f"chaos: seed={seed} duration={args.duration:.0f}s loops={args.loops} kills={len(kills)} "
+              f"runs={len(all_runs)} ({statuses}) workflow_runs={wf_runs} executions={executed}{rec} "
+              f"violations={len(violations)}")
+        for violation in violations[:20]:
+            print(f"  violation: {violation}")
+        if violations:
+            print(f"  logs and ledger kept in {work}")
+        return 1 if violations else 0
+    finally:
+        fleet.stop_all()
+        client.close()
+        server.cleanup()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
