@@ -14,7 +14,6 @@ Checks, after the faults stop:
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import random
 import signal
