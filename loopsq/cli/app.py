@@ -101,7 +101,12 @@ def json_flag(fn: Callable[..., Any]) -> Callable[..., Any]:
     )(fn)
 
 
+def one_line(text: str) -> str:
+    """``text`` with line breaks and other control characters escaped, so an error is always one line."""
+    return "".join(ch if ch.isprintable() or ch == "\t" else repr(ch)[1:-1] for ch in text)
+
+
 def echo_err(message: str) -> None:
-    """One line on stderr."""
-    click.echo(message, err=True)
+    """One line on stderr (control characters in quoted user values are escaped)."""
+    click.echo(one_line(message), err=True)
     sys.stderr.flush()

@@ -130,3 +130,8 @@ def test_json_error_output_is_still_one_line_on_stderr(cli: Cli) -> None:
     result = cli.run("--json", "show", "nope")
     assert (result.exit_code, result.stderr, result.stdout) == (1, "error: loop not found: nope\n", "")
     assert json  # the module is used for parity with other CLI tests
+
+
+def test_a_value_with_a_line_break_still_gives_one_error_line(cli: Cli) -> None:
+    result = cli.run(*BASE, "--every", "1\ns")
+    assert (result.exit_code, result.stderr) == (2, "error: --every: invalid duration: 1\\ns\n")
