@@ -1,0 +1,117 @@
+"""``loopsq up`` (everything on one machine, supervised) and ``loopsq install`` (systemd or launchd services)."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import signal
+import threading
+from pathlib import Path
+from types import FrameType
+
+import click
+
+from loopsq import config, install
+from loopsq.cli.app import get_app, json_flag
+from loopsq.cli.options import duration_flag, positive_int_flag
+from loopsq.errors import LoopsqError, ValidationError
+from loopsq.up import API_TOKEN_ENV, API_TOKEN_FILENAME, UpConfig, api_token, run_up
+
+
+def _root_param(name: str) -> str | None:
+    value = click.get_current_context().find_root().params.get(name)
+    return str(value) if value else None
+
+
+@click.command("up")
+@click.option("--workers", default="2", show_default=True, metavar="N", help="How many workers to run.")
+@click.option("--demo", is_flag=True,
+              help="Create demo-hello (every 10s), demo-workflow and demo-workflow-loop (every 30s) if absent.")
+@click.option("--stop-timeout", default="10s", show_default=True, metavar="DURATION",
+              help="On stop, how long each process has after SIGTERM before SIGKILL.")
+@click.option("--web-port", default="8080", show_default=True, metavar="PORT", help="The web app's port (loopback).")
+@click.option("--no-web", is_flag=True, help="Do not run the web app.")
+def up(workers: str, demo: bool, stop_timeout: str, web_port: str, no_web: bool) -> None:
+    """Run everything on this machine: Redis, a scheduler, workers, a mirror and the web app, restarted if they crash.
+
+    With no Redis configured (--redis-url, LOOPSQ_REDIS_URL, REDIS_URL), an embedded redis-server keeps its
+    data in <data-dir>/redis (AOF) and its URL in <data-dir>/redis.url, where other loopsq commands find it.
+    Ctrl-C or SIGTERM stops everything.
+    """
+    count = positive_int_flag("--workers", workers)
+    grace_ms = duration_flag("--stop-timeout", stop_timeout)
+    port = positive_int_flag("--web-port", web_port)
+    if port > 65535:
+        raise ValidationError(f"--web-port must be a TCP port (1-65535), got '{web_port}'")
+    app = get_app()
+    root = click.get_current_context().find_root().command
+    has_web = isinstance(root, click.Group) and "web" in root.commands
+    cfg = UpConfig(
+        data_dir=app.data_dir,
+        redis_url=config.configured_redis_url(_root_param("redis_url")),
+        workers=count,
+        demo=demo,
+        web=has_web and not no_web,
+        web_port=port,
+        stop_grace_s=(grace_ms or 0) / 1000.0,
+    )
+    stop, force = threading.Event(), threading.Event()
+
+    def _on_signal(_signum: int, _frame: FrameType | None) -> None:
+        # Only set flags here: the printer's lock may be held by the interrupted code.
+        (force if stop.is_set() else stop).set()
+
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        if sig == signal.SIGHUP and signal.getsignal(sig) == signal.SIG_IGN:
+            continue  # under nohup: keep running when the terminal goes
+        signal.signal(sig, _on_signal)
+    run_up(cfg, stop, force)
+
+
+@click.command("install")
+@click.argument("target", metavar="systemd|launchd")
+@click.option("--enable", is_flag=True, help="Also run the commands that enable and start the services.")
+@click.option("--dir", "directory", metavar="DIR",
+              help="Write the files here [~/.config/systemd/user or ~/Library/LaunchAgents].")
+@json_flag
+def install_services(target: str, enable: bool, directory: str | None) -> None:
+    """Write service files for the scheduler, a worker and the web app, and print how to enable them."""
+    install.validate_target(target)
+    app = get_app()
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}
+    redis_url = config.configured_redis_url(_root_param("redis_url"))
+    if redis_url:
+        env["LOOPSQ_REDIS_URL"] = redis_url
+    if _root_param("data_dir") or os.environ.get("LOOPSQ_DATA_DIR"):
+        env["LOOPSQ_DATA_DIR"] = str(app.data_dir)
+    default = install.default_dir(target)
+    where = Path(directory).expanduser().absolute() if directory else default
+    token_from_env = bool(os.environ.get(API_TOKEN_ENV, "").strip())
+    app.data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    web_env = {"web": {API_TOKEN_ENV: api_token(app.data_dir)}}
+    done = install.write_services(target, where, env, app.data_dir / "logs", default_location=where == default,
+                                  service_env=web_env)
+    warnings = [] if redis_url else [
+        f"no Redis URL configured: the services will use {config.DEFAULT_REDIS_URL} "
+        "(pass --redis-url or set LOOPSQ_REDIS_URL, then install again)"
+    ]
+    results = install.run_commands(done.commands) if enable else []
+    payload = {
+        "target": target,
+        "files": [str(p) for p in done.files],
+        "commands": [*(shlex.join(c) for c in done.commands), *done.notes],
+        "warnings": warnings,
+        "tokenFile": None if token_from_env else str(app.data_dir / API_TOKEN_FILENAME),
+        "enabled": [{"command": r.command, "status": r.status, "stdout": r.stdout, "stderr": r.stderr}
+                    for r in results],
+    }
+    token_note = (f"web API token: {API_TOKEN_ENV} from the environment" if token_from_env
+                  else f"web API token: in {app.data_dir / API_TOKEN_FILENAME}")
+    lines = [f"wrote {p}" for p in done.files] + [token_note]
+    lines += [f"warning: {w}" for w in warnings]
+    lines += [shlex.join(c) for c in done.commands] + done.notes
+    lines += [r.line for r in results]
+    app.emit(payload, "\n".join(lines))
+    failed = [r for r in results if r.status != 0]
+    if failed:
+        raise LoopsqError(f"{len(failed)} of {len(results)} enable commands failed: {failed[0].line}")

@@ -1,0 +1,199 @@
+"""The Procfile and docker-compose.yml name the same processes, every command they run is a real ``loopsq``
+command, and the Procfile runs a loop under honcho against a private redis-server."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import click
+import psutil
+import pytest
+import yaml
+
+from loopsq.cli import cli
+from tests.redis_server import RedisServer
+
+ROOT = Path(__file__).parents[2]
+PROCFILE = ROOT / "Procfile"
+COMPOSE = ROOT / "docker-compose.yml"
+DOCKERFILE = ROOT / "Dockerfile"
+#: Commands the files may name before they exist (``loopsq web`` is being built); checked once registered.
+PENDING = {"web"}
+
+
+def resolve(argv: list[str]) -> list[str]:
+    """Parse ``argv`` as the ``loopsq`` CLI would, running nothing; returns the command path.
+
+    Raises click's UsageError for an unknown command or option, or a missing argument.
+    """
+    assert argv[0] == "loopsq", f"not a loopsq command: {argv}"
+    tokens = argv[1:]
+    group: click.Group = cli
+    ctx = click.Context(cli, info_name="loopsq")
+    path: list[str] = []
+    while True:
+        name, command, tokens = group.resolve_command(ctx, tokens)
+        assert name is not None and command is not None
+        path.append(name)
+        if isinstance(command, click.Group):
+            group, ctx = command, click.Context(command, parent=ctx, info_name=name)
+            continue
+        command.make_context(name, list(tokens), parent=ctx)
+        return path
+
+
+def check_loopsq_command(argv: list[str]) -> list[str]:
+    """``resolve``, except that a pending command counts as real while it is not registered yet."""
+    if len(argv) > 1 and argv[1] in PENDING and argv[1] not in cli.commands:
+        return argv[1:]
+    return resolve(argv)
+
+
+def procfile() -> dict[str, str]:
+    entries = {}
+    for line in PROCFILE.read_text().splitlines():
+        if line.strip() and not line.startswith("#"):
+            name, command = line.split(":", 1)
+            entries[name.strip()] = command.strip()
+    return entries
+
+
+def compose() -> dict[str, Any]:
+    return dict(yaml.safe_load(COMPOSE.read_text()))
+
+
+# -- structure ----------------------------------------------------------------------------------------------------
+
+
+def test_the_command_resolver_rejects_unknown_commands_and_options() -> None:
+    assert resolve(["loopsq", "scheduler", "--poll-ms", "5"]) == ["scheduler"]
+    assert resolve(["loopsq", "workflows", "list"]) == ["workflows", "list"]
+    with pytest.raises(click.UsageError, match="No such command 'frobnicate'"):
+        resolve(["loopsq", "frobnicate"])
+    with pytest.raises(click.UsageError, match="No such option '--bogus'"):
+        resolve(["loopsq", "worker", "--bogus"])
+
+
+def test_the_procfile_runs_the_scheduler_a_worker_and_the_web_app_as_real_commands() -> None:
+    entries = procfile()
+    assert entries == {"scheduler": "loopsq scheduler", "worker": "loopsq worker", "web": "loopsq web"}
+    for command in entries.values():
+        check_loopsq_command(shlex.split(command))
+
+
+def test_compose_runs_redis_with_aof_on_a_named_volume() -> None:
+    spec = compose()
+    redis = spec["services"]["redis"]
+    assert redis["image"].startswith("redis:")
+    command = redis["command"]
+    assert command[0] == "redis-server"
+    assert command[command.index("--appendonly") + 1] == "yes"
+    assert command[command.index("--appendfsync") + 1] == "everysec"
+    volume, mount = redis["volumes"][0].split(":")
+    assert mount == "/data"
+    assert volume in spec["volumes"]
+
+
+def test_compose_runs_the_scheduler_workers_and_web_on_that_redis_as_real_loopsq_commands() -> None:
+    services = compose()["services"]
+    assert set(services) == {"redis", "scheduler", "worker", "web"}
+    for name in ("scheduler", "worker", "web"):
+        service = services[name]
+        assert service["command"][:2] == ["loopsq", name]
+        check_loopsq_command(service["command"])
+        assert service["environment"]["LOOPSQ_REDIS_URL"].startswith("redis://redis:6379/")
+        assert "redis" in service["depends_on"]
+        assert service["build"] == "."
+
+
+def test_the_web_service_listens_beyond_its_container_and_needs_a_token() -> None:
+    web = compose()["services"]["web"]
+    command = web["command"]
+    assert command[command.index("--host") + 1] == "0.0.0.0"
+    assert web["ports"] == [f"127.0.0.1:8080:{command[command.index('--port') + 1]}"]
+    assert web["environment"]["LOOPSQ_API_TOKEN"].startswith("${LOOPSQ_API_TOKEN:?")
+
+
+def test_the_worker_service_can_be_scaled() -> None:
+    worker = compose()["services"]["worker"]
+    # --scale worker=N needs containers without a fixed name and without a fixed host port.
+    assert "container_name" not in worker
+    assert "ports" not in worker
+
+
+def test_the_dockerfile_installs_the_package_and_its_default_command_is_a_real_one() -> None:
+    text = DOCKERFILE.read_text()
+    assert "RUN pip install ." in text
+    cmd = next(line for line in text.splitlines() if line.startswith("CMD "))
+    argv = json.loads(cmd.removeprefix("CMD "))
+    assert argv == ["loopsq", "up"]
+    check_loopsq_command(argv)
+
+
+# -- honcho ---------------------------------------------------------------------------------------------------------
+
+
+def _kill_tree(proc: subprocess.Popen[bytes]) -> None:
+    """SIGTERM a process and everything under it, then SIGKILL what is left."""
+    try:
+        family = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
+    except psutil.NoSuchProcess:
+        family = []
+    for member in family:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            member.terminate()
+    _, alive = psutil.wait_procs(family, timeout=10)
+    for member in alive:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            member.kill()
+    proc.wait(timeout=10)
+
+
+@pytest.mark.integration
+def test_honcho_starts_the_procfile_s_scheduler_and_worker_and_a_loop_runs(redis_server: RedisServer,
+                                                                            tmp_path: Path) -> None:
+    client = redis_server.client()
+    client.flushall()
+    client.close()
+    env = {k: v for k, v in os.environ.items() if k not in ("LOOPSQ_REDIS_URL", "REDIS_URL", "LOOPSQ_DATA_DIR")}
+    env.update(REDIS_URL=redis_server.url, LOOPSQ_DATA_DIR=str(tmp_path / "data"), PYTHONUNBUFFERED="1",
+               PATH=f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}")
+
+    def loopsq(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "loopsq", *args], env=env, capture_output=True, text=True,
+                              timeout=60, stdin=subprocess.DEVNULL)
+
+    created = loopsq("create", "command", "from-procfile", "--every", "1s", "--cmd", "echo hi")
+    assert created.returncode == 0, created.stderr
+    log = tmp_path / "honcho.log"
+    honcho = Path(sys.executable).parent / "honcho"
+    with log.open("wb") as out:
+        proc = subprocess.Popen([str(honcho), "-f", str(PROCFILE), "-d", str(tmp_path), "start", "scheduler", "worker"],
+                                env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                start_new_session=True)
+    try:
+        deadline = time.monotonic() + 30
+        statuses: list[str] = []
+        while time.monotonic() < deadline and "succeeded" not in statuses:
+            time.sleep(0.5)
+            listed = loopsq("--json", "runs", "from-procfile")
+            assert listed.returncode == 0, listed.stderr
+            statuses = [run["status"] for run in json.loads(listed.stdout)]
+        output = log.read_text(errors="replace")
+        assert "succeeded" in statuses, output
+        assert "scheduler.1 | [loopsq-scheduler] started id=" in output
+        assert "worker.1    | [loopsq-worker] started id=" in output
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=30)
+        assert "worker.1    | [loopsq-worker] stopped" in log.read_text(errors="replace")
+    finally:
+        _kill_tree(proc)
