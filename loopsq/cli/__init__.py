@@ -14,7 +14,18 @@ import click
 import redis
 
 from loopsq import __version__, config
-from loopsq.cli import create, health_cmds, loops_cmds, mirror_cmd, process_cmds, run_cmds, workflows_cmds
+from loopsq.cli import (
+    create,
+    health_cmds,
+    loops_cmds,
+    mirror_cmd,
+    process_cmds,
+    run_cmds,
+    up_cmds,
+    web_cmd,
+    workflow_run_cmds,
+    workflows_cmds,
+)
 from loopsq.cli.app import App, echo_err
 from loopsq.errors import LoopsqError
 from loopsq.redis_conn import unavailable
@@ -78,7 +89,8 @@ class RootGroup(workflows_cmds.AliasGroup):
 @click.pass_context
 def cli(ctx: click.Context, json_: bool, redis_url: str | None, data_dir: str | None) -> None:
     """loopsq: recurring commands, coding agents and workflows on Redis workers."""
-    app = App(redis_url=config.resolve_redis_url(redis_url), data_dir=config.resolve_data_dir(data_dir), json=json_)
+    resolved_dir = config.resolve_data_dir(data_dir)
+    app = App(redis_url=config.resolve_redis_url(redis_url, resolved_dir), data_dir=resolved_dir, json=json_)
     ctx.obj = app
     ctx.call_on_close(app.close)
 
@@ -87,7 +99,8 @@ cli.add_command(create.create)
 for _command in (loops_cmds.list_loops, loops_cmds.show, loops_cmds.pause, loops_cmds.resume, loops_cmds.stop,
                  loops_cmds.remove, workflows_cmds.workflows, mirror_cmd.mirror, run_cmds.run_now, run_cmds.tick,
                  run_cmds.runs, run_cmds.trigger, process_cmds.scheduler, process_cmds.worker,
-                 health_cmds.doctor, health_cmds.status):
+                 health_cmds.doctor, health_cmds.status, up_cmds.up, up_cmds.install_services, workflow_run_cmds.logs,
+                 web_cmd.web):
     cli.add_command(_command)
 
 

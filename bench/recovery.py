@@ -1,0 +1,198 @@
+"""Crash recovery: time from a worker's ``kill -9`` to the retry of the run it was executing.
+
+Run: ``.venv/bin/python bench/recovery.py [--quick] [--reps R] [--retry-delay-ms MS]``.
+
+One private redis-server and ``python -m loopsq scheduler``. Each repetition: worker A starts; a loop (command
+``bash -c 'echo $EPOCHREALTIME … >> ledger; exec sleep 30'``, ``maxAttempts 2``, ``retryDelayMs`` 1 by default so
+that the figure is loopsq's detection, not a configured wait) gets a due slot; once A's run has its process,
+an idle worker B starts; then A is killed with SIGKILL (its process only: the ``sleep`` is left as the orphan a
+real crash leaves). Measured from the kill: A's liveness key gone, the run recorded ``abandoned`` (the change
+stream's ``run_abandoned`` time), attempt 2 claimed (``run_claimed``), attempt 2's process started (its own
+clock, from the ledger). Prints per-repetition figures, median and max, and ``recovery max = … (goal <= 15 s)``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import signal
+import statistics
+import sys
+import time
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import _harness as hx
+
+GOAL_S = 15.0
+
+
+def worker_id_of(client: Any, keys: Any, pid: int) -> str | None:
+    """The loopsq worker id registered by process ``pid`` while its liveness key exists."""
+    for wid in client.smembers(keys.workers):
+        if wid.rsplit(":", 2)[-2] == str(pid) and client.exists(keys.worker(wid)):
+            return str(wid)
+    return None
+
+
+def changes_since(client: Any, keys: Any, since: float, run_id: str) -> dict[str, list[dict[str, Any]]]:
+    """Change entries about ``run_id`` after epoch ``since``: type -> [{"at": epoch, "attempt": n}, …]."""
+    out: dict[str, list[dict[str, Any]]] = {}
+    for _id, fields in client.xrange(keys.changes, min=f"{int(since * 1000)}-0", max="+"):
+        data = json.loads(fields["data"])
+        for run in data.get("upsert", {}).get("loop_runs", []):
+            if run.get("id") == run_id:
+                out.setdefault(fields["type"], []).append(
+                    {"at": hx.iso_to_epoch(fields["at"]), "attempt": run.get("attempt")})
+    return out
+
+
+def pid_alive(pid: int) -> bool:
+    """True while ``pid`` exists and is not a zombie (an orphan killed but not yet reaped by init)."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (FileNotFoundError, ProcessLookupError, IndexError):
+        return False
+
+
+def one_repetition(h: hx.Harness, url: str, i: int, retry_delay_ms: int) -> dict[str, Any]:
+    """Run one kill/recover cycle; return its figures (seconds after the kill)."""
+    from loopsq import timers
+    from loopsq.keys import Keys
+    from loopsq.loop_spec import new_loop
+    from loopsq.redis_conn import connect
+    from loopsq.state.loops import LoopStore
+    from loopsq.state.runs import RunStore
+    from loopsq.timeutil import from_iso
+
+    client = connect(url)
+    raw = timers.raw_from(client)
+    keys = Keys()
+    loops, runs = LoopStore(client, keys), RunStore(client, keys)
+    ledger = h.dir / "ledger.txt"
+    a = h.loopsq("worker", url, f"worker-a-{i}")
+    hx.wait_for(lambda: worker_id_of(client, keys, a.pid) is not None, 30, what="worker A")
+    a_id = str(worker_id_of(client, keys, a.pid))
+    script = hx.LEDGER_SCRIPT.format(ledger=ledger) + "; exec sleep 30"
+    body = {"name": f"recovery-{i}", "schedule": {"type": "interval", "everyMs": 3_600_000},
+            "target": {"type": "command", "command": "bash", "args": ["-c", script]}, "timezone": "UTC",
+            "maxAttempts": 2, "retryDelayMs": retry_delay_ms}
+    loop = loops.create(new_loop(body, datetime.now(UTC) - timedelta(hours=1) + timedelta(milliseconds=200)))
+    assert loop.next_run_at is not None
+    timers.arm(raw, keys, loop.id, from_iso(loop.next_run_at))
+
+    def first_run() -> Any:
+        ids = client.zrange(keys.loop_runs(loop.id), 0, -1)
+        run = runs.get(str(ids[0])) if ids else None
+        return run if run is not None and run.status == "running" and run.pid else None
+
+    hx.wait_for(lambda: first_run() is not None, 30, what="attempt 1 to start on worker A")
+    run = first_run()
+    if run.worker_id != a_id:
+        raise RuntimeError(f"attempt 1 ran on {run.worker_id}, not worker A {a_id}")
+    orphan = int(run.pid)
+    h.extra_groups[orphan] = "sleep"  # the sleep leads its own group; killed at exit if recovery did not
+    b = h.loopsq("worker", url, f"worker-b-{i}")
+    hx.wait_for(lambda: worker_id_of(client, keys, b.pid) is not None, 30, what="worker B")
+    b_id = worker_id_of(client, keys, b.pid)
+    time.sleep(1.0)
+
+    t_kill = time.time()
+    os.kill(a.pid, signal.SIGKILL)
+    a.wait(timeout=10)
+    t_liveness = None
+    t_orphan_gone = None
+    retry_start = None
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        now = time.time()
+        if t_liveness is None and not client.exists(keys.worker(a_id)):
+            t_liveness = now
+        if t_orphan_gone is None and not pid_alive(orphan):
+            t_orphan_gone = now
+        for parts in hx.read_ledger(ledger):
+            if len(parts) >= 4 and parts[3] == run.id and float(parts[0].replace(",", ".")) > t_kill:
+                retry_start = float(parts[0].replace(",", "."))
+        if retry_start is not None and t_liveness is not None and (
+            t_orphan_gone is not None or time.time() > retry_start + 5
+        ):
+            break
+        time.sleep(0.01)
+    changes = changes_since(client, keys, t_kill - 1, run.id)
+    abandoned = next((c["at"] for c in changes.get("run_abandoned", []) if c["attempt"] == 1), None)
+    claimed = next((c["at"] for c in changes.get("run_claimed", []) if c["attempt"] == 2), None)
+    final = runs.get(run.id)
+    retried_by = final.worker_id if final is not None else None
+
+    # Leave nothing running: cancel attempt 2, stop the loop, stop worker B.
+    runs.request_cancel(run.id, "benchmark done")
+    loops.stop(loop.id, datetime.now(UTC))
+    with contextlib.suppress(TimeoutError):
+        hx.wait_for(lambda: (r := runs.get(run.id)) is None or r.status != "running", 10, what="cancel")
+    h.stop(b)
+    if final is not None and final.pid:
+        h.extra_groups[int(final.pid)] = "sleep"
+    client.close()
+    raw.close()
+
+    def rel(t: float | None) -> float | None:
+        return None if t is None else t - t_kill
+
+    return {
+        "liveness": rel(t_liveness), "abandoned": rel(abandoned), "claimed": rel(claimed), "started": rel(retry_start),
+        "orphan_killed": rel(t_orphan_gone), "on_b": retried_by == b_id,
+    }
+
+
+def fmt(value: float | None) -> str:
+    return "   -  " if value is None else f"{value:6.2f}"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser.add_argument("--quick", action="store_true", help="2 repetitions")
+    parser.add_argument("--reps", type=int, help="repetitions (5)")
+    parser.add_argument("--retry-delay-ms", type=int, default=1, help="the loop's retryDelayMs (1)")
+    args = parser.parse_args()
+    reps = args.reps or (2 if args.quick else 5)
+    h = hx.Harness("recovery", 60 + reps * 90)
+    print(__doc__.split("\n", 1)[0])
+    print(f"{reps} repetitions; retryDelayMs {args.retry_delay_ms}; 1 scheduler, worker A (killed) and idle worker B; "
+          f"load average {hx.load_average()}; logs in {h.dir}")
+    results: list[dict[str, Any]] = []
+    try:
+        server = h.redis()
+        h.loopsq("scheduler", server.url, "scheduler")
+        print("\n  rep   seconds after kill -9:  liveness gone  abandoned  attempt-2 claimed  attempt-2 process start"
+              "  orphan killed  retried on B")
+        for i in range(reps):
+            r = one_repetition(h, server.url, i, args.retry_delay_ms)
+            results.append(r)
+            print(f"  {i + 1:3d}                           {fmt(r['liveness'])}      {fmt(r['abandoned'])}"
+                  f"          {fmt(r['claimed'])}                 {fmt(r['started'])}        "
+                  f"{fmt(r['orphan_killed'])}  {'yes' if r['on_b'] else 'no'}", flush=True)
+    except KeyboardInterrupt:
+        print("interrupted; cleaning up", file=sys.stderr)
+        raise SystemExit(130) from None
+    finally:
+        h.close()
+    started = [r["started"] for r in results if r["started"] is not None]
+    abandoned = [r["abandoned"] for r in results if r["abandoned"] is not None]
+    print()
+    if abandoned:
+        print(f"kill -> abandoned recorded:      median {statistics.median(abandoned):.2f} s, max {max(abandoned):.2f} s")
+    if started:
+        print(f"kill -> attempt 2 process start: median {statistics.median(started):.2f} s, max {max(started):.2f} s")
+    missing = len(results) - len(started)
+    worst = max(started) if started else float("nan")
+    ok = started and missing == 0 and worst <= GOAL_S
+    print(f"recovery max = {worst:.1f} s (median {statistics.median(started) if started else float('nan'):.1f} s; "
+          f"goal <= {GOAL_S:.0f} s){f', {missing} retry(ies) never started' if missing else ''}: "
+          f"{'ok' if ok else 'NOT MET'}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,276 @@
+"""Per-run overhead: a loopsq run of ``true`` against a bare RQ job running ``subprocess.run(['true'])``, both
+executed by an RQ ``SimpleWorker`` in burst mode in this process, interleaved, in the same run.
+
+Run: ``.venv/bin/python bench/run_overhead.py [--quick] [--runs K] [--reps R]``.
+
+Each repetition: K loops with a due slot (interval 1 h, command ``true``) get K ``worker.jobs.fire`` jobs on
+loopsq's queue, and K ``subprocess.run(['true'])`` jobs go on a second queue; the time of
+``worker.work(burst=True)`` over each queue, divided by K, is the per-run cost (enqueueing is not timed, on
+either side; nor is moving a timer to the queue, which the scheduler does). Prints the medians over the
+repetitions, their ratio (the issue's goal is <= 1.0x), Redis round trips per run (client writes, a pipeline
+counts once, counted by wrapping redis-py's ``send_packed_command``), server commands per run (INFO commandstats
+deltas, which include the commands Lua scripts call), and a breakdown of a loopsq run by function (self time,
+from a separate instrumented pass that is not part of the ratio).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter, defaultdict
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import _harness as hx
+import redis
+from redis.connection import AbstractConnection
+
+GOAL_RATIO = 1.0
+
+# -- round-trip counting (a wrapper on the one method every request goes through) ---------------------------------
+_trips: Counter[str] = Counter()
+_orig_send = AbstractConnection.send_packed_command
+
+
+def _counting_send(self: AbstractConnection, command: Any, check_health: bool = True) -> None:
+    _trips["main" if threading.current_thread() is threading.main_thread() else "background"] += 1
+    _orig_send(self, command, check_health)  # type: ignore[no-untyped-call]
+
+
+AbstractConnection.send_packed_command = _counting_send  # type: ignore[method-assign]
+
+
+def cpu_seconds(conn: redis.Redis) -> float:
+    """CPU used so far by this process, its reaped children and the redis-server (wall time's load-proof twin)."""
+    t = os.times()
+    info = conn.info("cpu")
+    return t.user + t.system + t.children_user + t.children_system + float(info["used_cpu_user"]) + float(
+        info["used_cpu_sys"])
+
+
+def commandstats(conn: redis.Redis) -> Counter[str]:
+    """Calls per command so far (server side)."""
+    return Counter({name.removeprefix("cmdstat_"): int(v["calls"]) for name, v in conn.info("commandstats").items()})
+
+
+class Bench:
+    """One private Redis, loopsq's Runtime in this process, and both queues."""
+
+    def __init__(self, h: hx.Harness) -> None:
+        from loopsq import timers
+        from loopsq.engine.runtime import Runtime
+        from loopsq.engine.worker_process import set_current_runtime
+        from loopsq.state.loops import LoopStore
+
+        self.server = h.redis()
+        self.rt = Runtime(self.server.url, role="worker").start()
+        set_current_runtime(self.rt)
+        self.store = LoopStore(self.rt.client, self.rt.keys)
+        self.stats_conn = redis.Redis.from_url(self.server.url)
+        from rq import Queue
+
+        self.bare_queue = Queue("bare", connection=self.rt.raw, default_timeout=-1)
+        self.timers = timers
+        self.serial = 0
+
+    def prepare_loopsq(self, k: int) -> None:
+        from loopsq.loop_spec import new_loop
+
+        now = datetime.now(UTC)
+        for _ in range(k):
+            self.serial += 1
+            body = {"name": f"ovh-{self.serial:06d}", "schedule": {"type": "interval", "everyMs": 3_600_000},
+                    "target": {"type": "command", "command": "true"}, "timezone": "UTC"}
+            loop = self.store.create(new_loop(body, now - timedelta(hours=1, seconds=1)))
+            self.timers.enqueue(self.rt.raw, self.timers.FIRE, loop.id)
+
+    def prepare_bare(self, k: int) -> None:
+        for _ in range(k):
+            self.bare_queue.enqueue(subprocess.run, ["true"], job_timeout=-1, result_ttl=60, failure_ttl=7 * 86400)
+
+    def burst(self, queue_name: str) -> float:
+        from rq import Queue, SimpleWorker
+
+        self.serial += 1
+        worker = SimpleWorker([Queue(queue_name, connection=self.rt.raw, default_timeout=-1)],
+                              connection=self.rt.raw, name=f"bench-{self.serial}")
+        start = time.perf_counter()
+        worker.work(burst=True, logging_level="WARNING", with_scheduler=False)
+        return time.perf_counter() - start
+
+    def measure(self, side: str, k: int) -> tuple[float, float, int, int, Counter[str]]:
+        """(seconds, CPU seconds, main-thread round trips, background round trips, server commands) of a burst."""
+        (self.prepare_loopsq if side == "loopsq" else self.prepare_bare)(k)
+        before_cmds = commandstats(self.stats_conn)
+        cpu0 = cpu_seconds(self.stats_conn)
+        before = Counter(_trips)
+        elapsed = self.burst(self.timers.QUEUE_NAME if side == "loopsq" else "bare")
+        cpu = cpu_seconds(self.stats_conn) - cpu0
+        trips = Counter(_trips)
+        trips.subtract(before)
+        cmds = commandstats(self.stats_conn)
+        cmds.subtract(before_cmds)
+        cmds["info"] -= 1
+        return elapsed, cpu, trips["main"] - 1, trips["background"], +cmds  # -1: the INFO of the stats client
+
+    def check(self) -> str:
+        from rq.registry import FailedJobRegistry
+
+        statuses: Counter[str] = Counter()
+        ids = [str(i) for i in self.rt.client.zrange(self.rt.keys.runs, 0, -1)]
+        for run in self.rt.runs.get_many(ids):
+            statuses[run.status] += 1
+        failed = {q: FailedJobRegistry(q, connection=self.rt.raw).count for q in ("bare", self.timers.QUEUE_NAME)}
+        return f"loopsq run statuses {dict(statuses)}; RQ failed jobs {failed}"
+
+    def close(self) -> None:
+        self.rt.stop()
+
+
+class SelfTimer:
+    """Wraps functions to accumulate self time (time minus wrapped callees) per label, main thread only."""
+
+    def __init__(self) -> None:
+        self.self_s: dict[str, float] = defaultdict(float)
+        self.calls: Counter[str] = Counter()
+        self._stack: list[float] = []
+        self._undo: list[Callable[[], None]] = []
+
+    def wrap(self, owner: Any, attr: str, label: str) -> None:
+        original = getattr(owner, attr)
+
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            if threading.current_thread() is not threading.main_thread():
+                return original(*args, **kwargs)
+            self._stack.append(0.0)
+            start = time.perf_counter()
+            try:
+                return original(*args, **kwargs)
+            finally:
+                total = time.perf_counter() - start
+                child = self._stack.pop()
+                self.self_s[label] += total - child
+                self.calls[label] += 1
+                if self._stack:
+                    self._stack[-1] += total
+
+        setattr(owner, attr, wrapper)
+        self._undo.append(lambda: setattr(owner, attr, original))
+
+    def undo(self) -> None:
+        for fn in reversed(self._undo):
+            fn()
+
+
+def breakdown(b: Bench, k: int) -> tuple[float, SelfTimer]:
+    """One instrumented burst of k loopsq runs."""
+    import worker.jobs
+    from loopsq import timers
+    from loopsq.engine import runner
+    from loopsq.state.loops import LoopStore
+    from loopsq.state.runs import RunStore
+
+    st = SelfTimer()
+    st.wrap(worker.jobs, "fire", "worker.jobs.fire (rest of runner.fire)")
+    st.wrap(LoopStore, "get", "LoopStore.get (loop reads)")
+    st.wrap(RunStore, "active_ids", "RunStore.active_ids")
+    st.wrap(RunStore, "claim", "RunStore.claim")
+    st.wrap(runner, "ensure_timer", "runner.ensure_timer (arm/disarm)")
+    st.wrap(timers, "arm", "timers.arm")
+    st.wrap(runner, "execute_target", "execute_target (spawn+wait true)")
+    st.wrap(RunStore, "mark_started", "RunStore.mark_started")
+    st.wrap(RunStore, "finalize", "RunStore.finalize")
+    b.prepare_loopsq(k)
+    try:
+        elapsed = b.burst(timers.QUEUE_NAME)
+    finally:
+        st.undo()
+    return elapsed, st
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser.add_argument("--quick", action="store_true", help="K=100 runs, 3 repetitions")
+    parser.add_argument("--runs", type=int, help="runs per burst (200)")
+    parser.add_argument("--reps", type=int, help="repetitions per side (7)")
+    args = parser.parse_args()
+    k = args.runs or (100 if args.quick else 200)
+    reps = args.reps or (3 if args.quick else 7)
+    h = hx.Harness("overhead", 120 + reps * k // 5)
+    print(__doc__.split("\n", 1)[0])
+    print(f"{reps} repetitions x {k} runs per side, interleaved; SimpleWorker in this process; private redis-server; "
+          f"load average {hx.load_average()}")
+    try:
+        b = Bench(h)
+        # Warm-up: imports, script loading, allocator.
+        b.measure("loopsq", 20)
+        b.measure("bare", 20)
+        per: dict[str, list[float]] = {"loopsq": [], "bare": []}
+        cpu: dict[str, list[float]] = {"loopsq": [], "bare": []}
+        trips: dict[str, list[float]] = {"loopsq": [], "bare": []}
+        bg: dict[str, list[float]] = {"loopsq": [], "bare": []}
+        cmds: dict[str, Counter[str]] = {"loopsq": Counter(), "bare": Counter()}
+        for rep in range(reps):
+            for side in (("loopsq", "bare") if rep % 2 == 0 else ("bare", "loopsq")):
+                elapsed, cpu_s, main_trips, bg_trips, c = b.measure(side, k)
+                per[side].append(elapsed / k)
+                cpu[side].append(cpu_s / k)
+                trips[side].append(main_trips / k)
+                bg[side].append(bg_trips / k)
+                cmds[side].update(c)
+        spawn = []
+        for _ in range(100):
+            t = time.perf_counter()
+            subprocess.run(["true"])
+            spawn.append(time.perf_counter() - t)
+        elapsed_i, st = breakdown(b, k)
+        status = b.check()
+        b.close()
+    except KeyboardInterrupt:
+        print("interrupted; cleaning up", file=sys.stderr)
+        raise SystemExit(130) from None
+    finally:
+        h.close()
+
+    q, r = statistics.median(per["loopsq"]), statistics.median(per["bare"])
+    print(f"\nper-run time, median of {reps} bursts (min..max):")
+    for side, label in (("loopsq", "loopsq fire(true)"), ("bare", "bare RQ subprocess.run(['true'])")):
+        v = per[side]
+        print(f"  {label:34s} {statistics.median(v) * 1e3:7.2f} ms  ({min(v) * 1e3:.2f}..{max(v) * 1e3:.2f})  "
+              f"= {1 / statistics.median(v):6.0f} runs/s per worker")
+    print(f"  subprocess.run(['true']) alone    {statistics.median(spawn) * 1e3:7.2f} ms (median of 100, in-process)")
+    cq, cr = statistics.median(cpu["loopsq"]), statistics.median(cpu["bare"])
+    print(f"CPU per run (this process + its children + redis-server; insensitive to other load): loopsq "
+          f"{cq * 1e3:.2f} ms, bare {cr * 1e3:.2f} ms, ratio {cq / cr:.2f}x")
+    print("\nRedis round trips per run (client requests; a pipeline or an EVALSHA counts once):")
+    for side in ("loopsq", "bare"):
+        print(f"  {side:7s} worker thread {statistics.median(trips[side]):5.1f}   "
+              f"beat thread {statistics.median(bg[side]):4.1f}")
+    total_runs = reps * k
+    for side in ("loopsq", "bare"):
+        top = ", ".join(f"{name} {n / total_runs:.1f}" for name, n in cmds[side].most_common(12))
+        print(f"server commands per run, {side} ({sum(cmds[side].values()) / total_runs:.1f} in all): {top}")
+    print(f"\nloopsq run, self time per run by function (instrumented burst of {k}: "
+          f"{elapsed_i / k * 1e3:.2f} ms/run with instrumentation):")
+    accounted = 0.0
+    for label, secs in sorted(st.self_s.items(), key=lambda kv: -kv[1]):
+        accounted += secs
+        print(f"  {label:42s} {secs / k * 1e3:6.2f} ms  ({st.calls[label] / k:.1f} calls/run)")
+    print(f"  {'RQ worker outside the job':42s} {(elapsed_i - accounted) / k * 1e3:6.2f} ms")
+    print(f"\n{status}")
+    # Paired ratios (each repetition's two adjacent bursts) are robust against load from other processes.
+    ratio = statistics.median(a / c for a, c in zip(per["loopsq"], per["bare"], strict=True))
+    print(f"load average at the end: {hx.load_average()}")
+    print(f"\nper-run overhead ratio loopsq/bare = {ratio:.2f}x (median of {reps} paired repetitions; wall medians "
+          f"{q * 1e3:.2f} ms vs {r * 1e3:.2f} ms; CPU ratio {cq / cr:.2f}x; goal <= {GOAL_RATIO:.1f}x): "
+          f"{'ok' if ratio <= GOAL_RATIO else 'NOT MET'}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,181 @@
+"""The JSON API for loops, their runs and health: reads from the caught-up mirror, writes through the stores."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal, get_args
+
+import redis
+from fastapi import APIRouter, Body, Header, Path, Query
+from fastapi.responses import JSONResponse
+
+from loopsq.errors import LoopsqError, NotFoundError, RedisUnavailableError, ValidationError
+from loopsq.loop_spec import new_loop, show
+from loopsq.mirror import queries
+from loopsq.mirror.follow import mirror_lag
+from loopsq.models import LOOP_STATUSES
+from loopsq.redaction import public_loop, public_run
+from loopsq.runs import RUN_STATUSES
+from loopsq.sdk import trigger_with
+from loopsq.state.loops import LoopStore
+from loopsq.state.workflows import WorkflowStore
+from loopsq.web import schemas
+from loopsq.web.deps import Ctx, Limit, Offset, ShowOutput, json_object, page, responses
+
+router = APIRouter(prefix="/api")
+
+LoopStatus = Literal["active", "paused", "stopped", "expired"]
+RunStatus = Literal["running", "succeeded", "failed", "timed_out", "abandoned", "skipped"]
+LoopRef = Annotated[str, Path(description="A loop's id or name.")]
+assert set(get_args(LoopStatus)) == set(LOOP_STATUSES) and set(get_args(RunStatus)) == set(RUN_STATUSES)
+
+#: How long a trigger's idempotency key may be.
+MAX_KEY_LENGTH = 200
+
+
+@router.get("/health", tags=["health"], summary="Liveness: Redis ping and mirror lag (no token needed)",
+            responses=responses(200, schemas.Health), openapi_extra={"security": []})
+def health(ctx: Ctx) -> JSONResponse:
+    """Ping Redis and report how far this process's mirror is behind. 503 when Redis does not answer.
+
+    Public by design (a probe for supervisors and load balancers): it names no entity and no URL.
+    """
+    try:
+        ctx.client.ping()
+        with ctx.mirror(fresh=False) as conn:
+            lag = mirror_lag(ctx.client, ctx.keys, conn)
+    except redis.RedisError as exc:
+        raise RedisUnavailableError("redis is unreachable") from exc
+    except LoopsqError as exc:
+        raise LoopsqError("the mirror database cannot be read") from exc
+    return JSONResponse({"status": "ok", "redis": "ok", "mirrorLag": lag})
+
+
+# -- loops -------------------------------------------------------------------------------------------------
+@router.get("/loops", tags=["loops"], summary="List loops", responses=responses(200, schemas.LoopList, 400))
+def list_loops(ctx: Ctx, status: Annotated[LoopStatus | None, Query()] = None,
+               limit: Annotated[int, Query(ge=1, le=1000)] = 200) -> JSONResponse:
+    """Loops, by status then next run (the CLI's ``list``)."""
+    with ctx.mirror() as conn:
+        loops = queries.list_loops(conn, status=status, limit=limit)
+    return JSONResponse({"items": [public_loop(loop) for loop in loops]})
+
+
+@router.post("/loops", tags=["loops"], summary="Create a loop", status_code=201,
+             responses=responses(201, schemas.LoopOut, 400, 409),
+             openapi_extra=schemas.json_body(schemas.LOOP_CREATE_SCHEMA, "A loop create request (camelCase)."))
+def create_loop(ctx: Ctx, body: Annotated[Any, Body()]) -> JSONResponse:
+    """Validate and store a loop; 400 names the first invalid field, 409 when the name is taken."""
+    request = _resolve_workflow(ctx, json_object(body))
+    loop = LoopStore(ctx.client, ctx.keys).create(new_loop(request, ctx.now()))
+    return JSONResponse(public_loop(loop.to_dict()), status_code=201,
+                        headers={"Location": f"/api/loops/{loop.id}"})
+
+
+def _resolve_workflow(ctx: Ctx, request: dict[str, Any]) -> dict[str, Any]:
+    """A workflow target names its workflow by id or active name (as ``create workflow --workflow``); the
+    stored loop keeps the id. A name or id that matches no workflow is bad input."""
+    target = request.get("target")
+    if not isinstance(target, dict) or target.get("type") != "workflow":
+        return request
+    ref = target.get("workflowId")
+    if not isinstance(ref, str) or not ref.strip():
+        return request  # new_loop names the field
+    spec = WorkflowStore(ctx.client, ctx.keys).find(ref)
+    if spec is None:
+        raise ValidationError(f"target.workflowId must name a stored workflow, got {show(ref)}")
+    return {**request, "target": {**target, "workflowId": spec["id"]}}
+
+
+@router.get("/loops/{loop}", tags=["loops"], summary="Show a loop", responses=responses(200, schemas.LoopOut, 404))
+def show_loop(ctx: Ctx, loop: LoopRef) -> JSONResponse:
+    """One loop by id, else by name."""
+    with ctx.mirror() as conn:
+        found = queries.find_loop(conn, loop)
+    if found is None:
+        raise NotFoundError(f"loop not found: {loop}")
+    return JSONResponse(public_loop(found))
+
+
+def _lifecycle(ctx: Ctx, loop: str, verb: str) -> JSONResponse:
+    store = LoopStore(ctx.client, ctx.keys)
+    action = {"pause": store.pause, "resume": store.resume, "stop": store.stop}[verb]
+    return JSONResponse(public_loop(action(loop, ctx.now()).to_dict()))
+
+
+@router.post("/loops/{loop}/pause", tags=["loops"], summary="Pause a loop",
+             responses=responses(200, schemas.LoopOut, 404, 409))
+def pause_loop(ctx: Ctx, loop: LoopRef) -> JSONResponse:
+    """Status ``paused``; the next run is kept."""
+    return _lifecycle(ctx, loop, "pause")
+
+
+@router.post("/loops/{loop}/resume", tags=["loops"], summary="Resume a loop",
+             responses=responses(200, schemas.LoopOut, 404, 409))
+def resume_loop(ctx: Ctx, loop: LoopRef) -> JSONResponse:
+    """Status ``active``; a stopped loop is scheduled again from now."""
+    return _lifecycle(ctx, loop, "resume")
+
+
+@router.post("/loops/{loop}/stop", tags=["loops"], summary="Stop a loop",
+             responses=responses(200, schemas.LoopOut, 404, 409))
+def stop_loop(ctx: Ctx, loop: LoopRef) -> JSONResponse:
+    """Status ``stopped``; the next run is cleared."""
+    return _lifecycle(ctx, loop, "stop")
+
+
+@router.delete("/loops/{loop}", tags=["loops"], summary="Remove a loop",
+               responses=responses(200, schemas.Removed, 404, 409))
+def remove_loop(ctx: Ctx, loop: LoopRef) -> JSONResponse:
+    """Delete the loop definition; its runs stay."""
+    removed = LoopStore(ctx.client, ctx.keys).remove(loop, ctx.now())
+    return JSONResponse({"removed": True, "id": removed.id})
+
+
+@router.post("/loops/{loop}/trigger", tags=["loops"], summary="Trigger a run now",
+             responses={**responses(201, schemas.Triggered, 400, 404, description="A new run was reserved."),
+                        200: {"model": schemas.Triggered,
+                              "description": "The idempotency key already stood for this run; nothing new."}})
+def trigger_loop(
+    ctx: Ctx,
+    loop: LoopRef,
+    idempotency_key: Annotated[str | None, Header(alias="Idempotency-Key", min_length=1, max_length=MAX_KEY_LENGTH,
+                                                  description="The same key within 24 h returns the same run.")]
+    = None,
+) -> JSONResponse:
+    """Start a run on a worker now. 201 with a new run id; 200 with the same run id for a repeated key."""
+    run_id, created = trigger_with(ctx.client, ctx.keys, loop, idempotency_key)
+    return JSONResponse({"runId": run_id, "created": created}, status_code=201 if created else 200)
+
+
+# -- runs --------------------------------------------------------------------------------------------------
+@router.get("/runs", tags=["runs"], summary="List runs", responses=responses(200, schemas.RunPage, 400, 404))
+def list_runs(
+    ctx: Ctx,
+    loop: Annotated[str | None, Query(description="Only runs of this loop (id or name).")] = None,
+    status: Annotated[RunStatus | None, Query()] = None,
+    limit: Limit = 50,
+    offset: Offset = 0,
+    show_output: ShowOutput = False,
+) -> JSONResponse:
+    """Run history, newest first; stdout and stderr redacted unless ``showOutput``."""
+    with ctx.mirror() as conn:
+        loop_id = None
+        if loop is not None:
+            found = queries.find_loop(conn, loop)
+            if found is None:
+                raise NotFoundError(f"loop not found: {loop}")
+            loop_id = found["id"]
+        items, next_offset = page(lambda n: queries.list_runs(conn, loop_id=loop_id, status=status, limit=n),
+                                  limit, offset)
+    return JSONResponse({"items": [public_run(r, show_output) for r in items], "limit": limit, "offset": offset,
+                         "nextOffset": next_offset})
+
+
+@router.get("/runs/{run_id}", tags=["runs"], summary="Show a run", responses=responses(200, schemas.RunOut, 404))
+def show_run(ctx: Ctx, run_id: str, show_output: ShowOutput = False) -> JSONResponse:
+    """One loop run."""
+    with ctx.mirror() as conn:
+        run = queries.get_run(conn, run_id)
+    if run is None:
+        raise NotFoundError(f"run not found: {run_id}")
+    return JSONResponse(public_run(run, show_output))

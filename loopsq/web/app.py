@@ -1,0 +1,100 @@
+"""The web application: the JSON API, the dashboard, ``/metrics`` and rq-dashboard under ``/rq``, behind the
+token check, with one error body and an OpenAPI document at ``/api/openapi.json``."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import redis
+from fastapi import FastAPI
+from fastapi.concurrency import run_in_threadpool
+from fastapi.openapi.utils import get_openapi
+from starlette.types import ASGIApp
+
+from loopsq import __version__
+from loopsq.web import api, api_workflows, dashboard, errors, metrics
+from loopsq.web.auth import TokenAuth
+from loopsq.web.context import WebContext, WebSettings
+
+OPENAPI_PATH = "/api/openapi.json"
+DESCRIPTION = """\
+Loops, runs, workflow specs and workflow runs of one loopsq deployment.
+
+Every request carries `Authorization: Bearer <LOOPSQ_API_TOKEN>`, except `GET /api/health` and this document.
+Every error is `{"error": {"status", "code", "message"}}`: 400 bad input (the message names the field),
+401 missing or wrong token, 404 not found, 405 method not allowed, 409 conflict, 503 Redis unreachable,
+500 anything else. A refused request changes nothing.
+"""
+
+
+def rq_dashboard_app(redis_url: str) -> ASGIApp:
+    """rq-dashboard (a Flask blueprint) configured for ``redis_url``, as an ASGI app through a2wsgi.
+
+    Deleting jobs is disabled: loopsq's timers and runs own their jobs.
+    """
+    import flask
+    import rq_dashboard  # type: ignore[import-untyped]  # rq-dashboard ships no type information
+    from a2wsgi import WSGIMiddleware
+    from rq_dashboard.web import setup_rq_connection  # type: ignore[import-untyped]
+
+    # rq-dashboard's templates link their assets through the app's own "static" endpoint.
+    static = Path(rq_dashboard.__file__).parent / "static"
+    flask_app = flask.Flask("loopsq.rq_dashboard", static_folder=str(static), static_url_path="/static")
+    flask_app.config.update(RQ_DASHBOARD_REDIS_URL=redis_url, RQ_DASHBOARD_DISABLE_DELETE=True)
+    flask_app.register_blueprint(rq_dashboard.blueprint)
+    setup_rq_connection(flask_app)
+    # a2wsgi types WSGI apps and ASGI scopes more narrowly than Flask and Starlette do; the protocols match.
+    return WSGIMiddleware(flask_app)  # type: ignore[arg-type,return-value]
+
+
+def openapi_document(app: FastAPI) -> dict[str, Any]:
+    """FastAPI's document with the bearer scheme declared, and without the 422 responses FastAPI adds by
+    default (request validation errors are 400 with the one error body here)."""
+    doc = get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes)
+    components = doc.setdefault("components", {})
+    components.setdefault("securitySchemes", {})["bearerAuth"] = {
+        "type": "http", "scheme": "bearer", "description": "The value of LOOPSQ_API_TOKEN."}
+    doc["security"] = [{"bearerAuth": []}]
+    for operations in doc.get("paths", {}).values():
+        for operation in operations.values():
+            operation.get("responses", {}).pop("422", None)
+    for name in ("HTTPValidationError", "ValidationError"):
+        components.get("schemas", {}).pop(name, None)
+    return doc
+
+
+class LoopsqAPI(FastAPI):
+    """FastAPI with loopsq's OpenAPI document (see ``openapi_document``)."""
+
+    def openapi(self) -> dict[str, Any]:
+        if self.openapi_schema is None:
+            self.openapi_schema = openapi_document(self)
+        return self.openapi_schema
+
+
+def create_app(settings: WebSettings, *, client: redis.Redis | None = None) -> FastAPI:
+    """Build the app for ``settings`` (``client``: an existing Redis client to use instead of connecting)."""
+    ctx = WebContext(settings, client)
+
+    @asynccontextmanager
+    async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        ctx.start()
+        try:
+            yield
+        finally:
+            await run_in_threadpool(ctx.stop)
+
+    app = LoopsqAPI(title="loopsq", version=__version__, description=DESCRIPTION, openapi_url=OPENAPI_PATH,
+                  docs_url=None, redoc_url=None, lifespan=lifespan)
+    app.state.ctx = ctx
+    app.state.metrics_registry = metrics.registry_for(ctx)
+    errors.install(app, settings.redis_url)
+    for router in (api.router, api_workflows.router, metrics.router, dashboard.router):
+        app.include_router(router)
+    if settings.rq_dashboard:
+        app.mount("/rq", rq_dashboard_app(settings.redis_url))
+    app.add_middleware(TokenAuth, token=settings.token)
+    return app

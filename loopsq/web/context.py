@@ -1,0 +1,145 @@
+"""What the web process shares between requests: settings, the Redis clients, the mirror, and its follower.
+
+Reads go through the SQLite mirror after a catch-up (read-your-writes: a request sees every write acknowledged
+before it started), writes through the Redis stores. SQLite connections are opened per request in the thread
+that serves it (``open_db`` connections belong to one thread); the Redis clients are shared (thread-safe pools).
+The follower thread keeps the mirror current between requests, as ``loopsq mirror`` does.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import sqlite3
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+
+import redis
+
+from loopsq import config, timers, timeutil
+from loopsq.keys import Keys
+from loopsq.mirror.follow import catch_up, follow, mirror_id
+from loopsq.mirror.schema import open_db
+from loopsq.redis_conn import connect, mask_url
+
+log = logging.getLogger(__name__)
+
+#: Follower back-off after a Redis failure: first and longest wait, in seconds.
+RETRY_FIRST_S = 0.1
+RETRY_MAX_S = 5.0
+
+
+@dataclass(frozen=True)
+class WebSettings:
+    """How one web app is configured.
+
+    Attributes:
+        redis_url: The deployment's Redis (password included; only ever shown masked).
+        data_dir: This process's data directory; its mirror is ``<data_dir>/loops.db``.
+        token: The API token every request must carry (``Authorization: Bearer``) or prove (session cookie).
+        keys: Key names (namespace).
+        follow_mirror: Run the mirror follower thread (reads catch up anyway; this keeps the lag low).
+        rq_dashboard: Mount rq-dashboard under ``/rq``.
+        refresh_s: Dashboard auto-refresh period.
+    """
+
+    redis_url: str
+    data_dir: Path
+    token: str
+    keys: Keys = field(default_factory=Keys)
+    follow_mirror: bool = True
+    rq_dashboard: bool = True
+    refresh_s: int = 5
+
+
+class WebContext:
+    """Shared state of one web app: settings, Redis clients, per-request mirror connections, the follower."""
+
+    def __init__(self, settings: WebSettings, client: redis.Redis | None = None) -> None:
+        self.settings = settings
+        self.keys = settings.keys
+        # No ping here: the app starts while Redis is down and answers 503 until it is back.
+        self._owns_client = client is None
+        self.client = client if client is not None else connect(settings.redis_url, check=False)
+        self._raw: redis.Redis | None = None
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    @property
+    def mirror_path(self) -> Path:
+        """This process's mirror file."""
+        return config.mirror_path(self.settings.data_dir)
+
+    def raw(self) -> redis.Redis:
+        """A bytes-responses client for RQ (queue depth, enqueueing)."""
+        with self._lock:
+            if self._raw is None:
+                self._raw = timers.raw_from(self.client)
+            return self._raw
+
+    def now(self) -> datetime:
+        """The clock (``loopsq.timeutil.now``, which tests patch)."""
+        return timeutil.now()
+
+    @contextlib.contextmanager
+    def mirror(self, *, fresh: bool = True) -> Iterator[sqlite3.Connection]:
+        """A mirror connection for this thread; with ``fresh``, caught up first (read-your-writes)."""
+        conn = open_db(self.mirror_path)
+        try:
+            if fresh:
+                catch_up(self.client, self.keys, conn)
+            yield conn
+        finally:
+            conn.close()
+
+    # -- the follower ---------------------------------------------------------------------------------------
+    def start(self) -> None:
+        """Start the follower thread when configured (idempotent)."""
+        if not self.settings.follow_mirror or self._thread is not None:
+            return
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._follow, name="loopsq-web-mirror", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop the follower (it notices within its block time, about a second) and close our clients."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+            self._thread = None
+        if self._raw is not None:
+            self._raw.close()
+            self._raw = None
+        if self._owns_client:
+            self.client.close()
+
+    def _follow(self) -> None:
+        """Follow the change stream into this mirror until stopped; Redis outages back off and retry."""
+        path = str(self.mirror_path)
+        group = mirror_id(path)
+        log.info("mirror follower: %s as %s into %s", mask_url(self.settings.redis_url), group, path)
+        delay = RETRY_FIRST_S
+        while not self._stop.is_set():
+            try:
+                conn = open_db(path)
+            except Exception:
+                log.exception("mirror follower cannot open %s; retrying", path)
+                self._stop.wait(RETRY_MAX_S)
+                continue
+            try:
+                follow(self.client, self.keys, conn, group, self._stop)
+            except (redis.RedisError, OSError) as exc:
+                log.warning("mirror follower: redis unavailable (%s); retrying in %.1fs", exc, delay)
+                self._stop.wait(delay)
+                delay = min(delay * 2, RETRY_MAX_S)
+                continue
+            except Exception:  # one bad iteration must not end the follower
+                log.exception("mirror follower iteration failed; continuing")
+                self._stop.wait(1.0)
+            finally:
+                conn.close()
+            delay = RETRY_FIRST_S

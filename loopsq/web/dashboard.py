@@ -1,0 +1,143 @@
+"""The dashboard: server-rendered pages (loops, a run, workflow runs with their DAG) and the login form.
+
+Pages read the caught-up mirror like the API, refresh themselves with a meta refresh while something can still
+change, and are sent with a strict Content-Security-Policy (no scripts; inline styles only). Every value is
+escaped by the templates' autoescaping, run output included.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+from urllib.parse import parse_qs
+
+from fastapi import APIRouter, Query, Request
+from fastapi.responses import HTMLResponse, RedirectResponse, Response
+
+from loopsq.durations import format_duration
+from loopsq.errors import NotFoundError, ValidationError
+from loopsq.mirror import queries
+from loopsq.redaction import public_event
+from loopsq.state.workflow_runs import TERMINAL_RUN
+from loopsq.web import auth, dag
+from loopsq.web.context import WebContext
+from loopsq.web.deps import Ctx
+from loopsq.web.templating import templates
+
+router = APIRouter(include_in_schema=False)
+
+STRIP_RUNS = 20
+PAGE_HEADERS = {
+    "Content-Security-Policy": "default-src 'none'; style-src 'unsafe-inline'; img-src 'self' data:; "
+                               "form-action 'self'; frame-ancestors 'none'; base-uri 'none'",
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+    "Cache-Control": "no-store",
+}
+#: The most form data ``POST /login`` reads.
+MAX_FORM_BYTES = 4096
+
+
+def render(request: Request, ctx: WebContext | None, name: str, context: dict[str, Any], *,
+           status: int = 200, refresh: bool = False) -> HTMLResponse:
+    """A page with the security headers; ``refresh`` adds the auto-refresh."""
+    refresh_s = ctx.settings.refresh_s if (ctx is not None and refresh) else None
+    return templates.TemplateResponse(request, name, {**context, "refresh_s": refresh_s}, status_code=status,
+                                      headers=PAGE_HEADERS)
+
+
+def describe_schedule(schedule: dict[str, Any], timezone: str | None = None) -> str:
+    """A schedule in a few words: ``every 5m``, ``cron 0 * * * * (UTC)``, ``once at …``, ``dynamic``."""
+    kind = schedule.get("type")
+    if kind == "interval" and isinstance(schedule.get("everyMs"), int):
+        anchor = " after each run" if schedule.get("anchor") == "fixed_delay" else ""
+        return f"every {format_duration(schedule['everyMs'])}{anchor}"
+    if kind == "cron":
+        return f"cron {schedule.get('expression')}" + (f" ({timezone})" if timezone else "")
+    if kind == "once":
+        return f"once at {schedule.get('at')}"
+    return str(kind or "?")
+
+
+# -- login -------------------------------------------------------------------------------------------------
+@router.get("/login")
+def login_form(request: Request, next_page: Annotated[str, Query(alias="next")] = "/") -> HTMLResponse:
+    """The login form: the API token, exchanged for a session cookie."""
+    return render(request, None, "login.html", {"next": auth.safe_next(next_page), "failed": False})
+
+
+@router.post("/login")
+async def login(request: Request) -> Response:
+    """Check the token (constant time); on success set the session cookie and go to ``next``."""
+    raw = bytearray()
+    async for chunk in request.stream():
+        raw += chunk
+        if len(raw) > MAX_FORM_BYTES:
+            raise ValidationError(f"login form is larger than {MAX_FORM_BYTES} bytes")
+    body = raw.decode("utf-8", "replace")
+    form = parse_qs(body, keep_blank_values=True)
+    token = (form.get("token") or [""])[0].strip()
+    target = auth.safe_next((form.get("next") or ["/"])[0])
+    expected: str = request.app.state.ctx.settings.token
+    if not token or not auth.same(token, expected):
+        return render(request, None, "login.html", {"next": target, "failed": True}, status=401)
+    response = RedirectResponse(target, status_code=303)
+    response.set_cookie(auth.COOKIE_NAME, auth.session_value(expected), max_age=auth.SESSION_MAX_AGE_S,
+                        path="/", httponly=True, samesite="strict", secure=request.url.scheme == "https")
+    return response
+
+
+@router.post("/logout")
+def logout() -> Response:
+    """Forget the session cookie."""
+    response = RedirectResponse("/login", status_code=303)
+    response.delete_cookie(auth.COOKIE_NAME, path="/", httponly=True, samesite="strict")
+    return response
+
+
+# -- pages -------------------------------------------------------------------------------------------------
+@router.get("/")
+def loops_page(request: Request, ctx: Ctx) -> HTMLResponse:
+    """Every loop: status, schedule, next run and its last runs as a coloured strip (oldest left)."""
+    rows = []
+    with ctx.mirror() as conn:
+        for loop in queries.list_loops(conn, limit=1000):
+            recent = queries.list_runs(conn, loop_id=loop["id"], limit=STRIP_RUNS)
+            rows.append({"loop": loop, "schedule": describe_schedule(loop.get("schedule") or {}, loop.get("timezone")),
+                         "runs": list(reversed(recent))})
+    return render(request, ctx, "loops.html", {"rows": rows}, refresh=True)
+
+
+@router.get("/runs/{run_id}")
+def run_page(request: Request, ctx: Ctx, run_id: str) -> HTMLResponse:
+    """One loop run with its output (escaped)."""
+    with ctx.mirror() as conn:
+        run = queries.get_run(conn, run_id)
+    if run is None:
+        raise NotFoundError(f"run not found: {run_id}")
+    return render(request, ctx, "run.html", {"run": run}, refresh=run.get("status") == "running")
+
+
+@router.get("/workflow-runs")
+def workflow_runs_page(request: Request, ctx: Ctx) -> HTMLResponse:
+    """The newest workflow runs."""
+    with ctx.mirror() as conn:
+        runs = queries.list_workflow_runs(conn, limit=100)
+    return render(request, ctx, "workflow_runs.html", {"runs": runs}, refresh=True)
+
+
+@router.get("/workflow-runs/{run_id}")
+def workflow_run_page(request: Request, ctx: Ctx, run_id: str) -> HTMLResponse:
+    """A workflow run: its DAG (steps coloured by status) and its event timeline."""
+    with ctx.mirror() as conn:
+        run = queries.get_workflow_run(conn, run_id)
+        if run is None:
+            raise NotFoundError(f"workflow run not found: {run_id}")
+        steps = queries.list_step_runs(conn, run_id)
+        events = [public_event(e) for e in queries.list_events(conn, run_id, limit=10_000)]
+        spec = queries.get_workflow(conn, str(run.get("workflowId")))
+    spec_steps = (spec or {}).get("steps") or [{"id": s["stepId"]} for s in steps]
+    graph = dag.layout(spec_steps, {s["stepId"]: s["status"] for s in steps},
+                       {s["stepId"]: s.get("error") for s in steps})
+    return render(request, ctx, "workflow_run.html",
+                  {"run": run, "steps": steps, "events": events, "graph": graph, "dag": dag},
+                  refresh=run.get("status") not in TERMINAL_RUN)

@@ -1,0 +1,289 @@
+"""The API's documented shapes (OpenAPI): response bodies, small request bodies, and the create-body schemas.
+
+Response models document the camelCase entities the mirror returns (the reference's public shapes, §7.3); the
+routes return those entities as they are, so the models only describe them (``extra`` allowed: loopsq may add
+fields). Loop and workflow create bodies are validated by ``loop_spec.new_loop`` and
+``workflow_spec.workflow_body_from_json``, whose messages name the field; their JSON schemas here are for
+documentation and for generated tests.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from loopsq.models import LOOP_STATUSES
+from loopsq.runs import RUN_STATUSES
+
+
+class Entity(BaseModel):
+    """A stored entity: known fields typed, others (loopsq's additions) allowed."""
+
+    model_config = ConfigDict(extra="allow")
+
+
+class ErrorDetail(BaseModel):
+    """What failed."""
+
+    status: int = Field(description="The HTTP status, repeated.")
+    code: Literal["bad_request", "unauthorized", "not_found", "method_not_allowed", "conflict",
+                  "internal_error", "redis_unavailable"]
+    message: str = Field(description="One line naming the field and the value, or what to do next.")
+
+
+class ErrorBody(BaseModel):
+    """The one error body of the whole API."""
+
+    error: ErrorDetail
+
+
+class LoopOut(Entity):
+    """A loop (public shape: command env and agent prompts redacted)."""
+
+    id: str
+    name: str
+    status: str = Field(json_schema_extra={"enum": list(LOOP_STATUSES)})
+    schedule: dict[str, Any]
+    target: dict[str, Any]
+    nextRunAt: str | None = None
+    createdAt: str
+    updatedAt: str
+
+
+class LoopList(BaseModel):
+    """Loops."""
+
+    items: list[LoopOut]
+
+
+class RunOut(Entity):
+    """A loop run (stdout and stderr redacted unless ``showOutput``)."""
+
+    id: str
+    loopId: str
+    loopName: str
+    scheduledFor: str
+    attempt: int
+    status: str = Field(json_schema_extra={"enum": list(RUN_STATUSES)})
+    startedAt: str | None = None
+    finishedAt: str | None = None
+    stdout: str | None = None
+    stderr: str | None = None
+    error: str | None = None
+
+
+class Page(BaseModel):
+    """Offset pagination: ``nextOffset`` is the offset of the next page, null on the last one."""
+
+    limit: int
+    offset: int
+    nextOffset: int | None
+
+
+class RunPage(Page):
+    """Loop runs, newest first."""
+
+    items: list[RunOut]
+
+
+class WorkflowOut(Entity):
+    """A workflow spec (agent prompts and step env redacted)."""
+
+    id: str
+    name: str
+    status: str = Field(json_schema_extra={"enum": ["active", "archived"]})
+    steps: list[dict[str, Any]]
+
+
+class WorkflowList(BaseModel):
+    """Workflow specs."""
+
+    items: list[WorkflowOut]
+
+
+class WorkflowRunOut(Entity):
+    """A workflow run."""
+
+    id: str
+    workflowId: str
+    workflowName: str
+    status: str
+    startedAt: str | None = None
+    finishedAt: str | None = None
+    error: str | None = None
+
+
+class WorkflowRunPage(Page):
+    """Workflow runs, newest first."""
+
+    items: list[WorkflowRunOut]
+
+
+class StepRunOut(Entity):
+    """A step run of a workflow run (stdout and stderr redacted unless ``showOutput``)."""
+
+    id: str
+    workflowRunId: str
+    stepId: str
+    sequence: int
+    status: str
+
+
+class EventOut(Entity):
+    """A workflow run event (sensitive payload keys redacted)."""
+
+    id: str
+    workflowRunId: str
+    sequence: int
+    eventType: str
+    stepId: str | None = None
+    payload: Any = None
+    createdAt: str
+
+
+class EventPage(Page):
+    """A workflow run's events by sequence."""
+
+    items: list[EventOut]
+
+
+class WorkflowRunDetail(BaseModel):
+    """A workflow run with its steps and events."""
+
+    workflowRun: WorkflowRunOut
+    steps: list[StepRunOut]
+    events: list[EventOut]
+
+
+class Triggered(BaseModel):
+    """A triggered loop run: ``created`` is false when the idempotency key already stood for this run."""
+
+    runId: str
+    created: bool
+
+
+class WorkflowRunQueued(BaseModel):
+    """A workflow run handed to a worker; it appears under ``/api/workflow-runs/{runId}`` once picked up."""
+
+    runId: str
+    workflowId: str
+    workflowName: str
+    status: Literal["queued"]
+
+
+class Removed(BaseModel):
+    """A removed loop definition (its runs stay)."""
+
+    removed: bool
+    id: str
+
+
+class Recovered(BaseModel):
+    """A recovered workflow run and the steps reset to pending."""
+
+    workflowRun: WorkflowRunOut
+    recoveredSteps: list[str]
+
+
+class Health(BaseModel):
+    """Liveness: Redis answers; how many changes this process's mirror has not applied yet."""
+
+    status: Literal["ok"]
+    redis: Literal["ok"]
+    mirrorLag: int
+
+
+class ReasonIn(BaseModel):
+    """An optional reason recorded on the run and its steps."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    reason: str | None = Field(default=None, min_length=1, max_length=500)
+
+
+_MS = {"type": "integer", "minimum": 1}
+_TARGET = {
+    "type": "object",
+    "required": ["type"],
+    "properties": {
+        "type": {"enum": ["command", "agent", "workflow"]},
+        "command": {"type": "string"},
+        "args": {"type": "array", "items": {"type": "string"}},
+        "shell": {"type": "boolean"},
+        "cwd": {"type": "string"},
+        "env": {"type": "object", "additionalProperties": {"type": "string"}},
+        "timeoutMs": {"type": ["integer", "null"], "minimum": 1},
+        "idleTimeoutMs": _MS,
+        "provider": {"type": "string"},
+        "prompt": {"type": "string"},
+        "model": {"type": "string"},
+        "workflowId": {"type": "string", "description": "A stored workflow's id or active name."},
+    },
+}
+
+#: The body of ``POST /api/loops``: the SDK's camelCase create request.
+LOOP_CREATE_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "required": ["name", "schedule", "target"],
+    "properties": {
+        "name": {"type": "string", "minLength": 1, "maxLength": 200},
+        "description": {"type": "string"},
+        "timezone": {"type": "string", "description": "IANA zone; default the server's."},
+        "schedule": {
+            "type": "object",
+            "required": ["type"],
+            "properties": {
+                "type": {"enum": ["once", "interval", "cron", "dynamic"]},
+                "at": {"type": "string"},
+                "everyMs": _MS,
+                "anchor": {"enum": ["fixed_rate", "fixed_delay"]},
+                "expression": {"type": "string"},
+                "minIntervalMs": _MS,
+            },
+        },
+        "target": _TARGET,
+        "catchUp": {"enum": ["none", "latest", "all"]},
+        "catchUpLimit": _MS,
+        "overlap": {"enum": ["skip", "allow", "replace"]},
+        "maxAttempts": _MS,
+        "retryDelayMs": _MS,
+        "retryBackoff": {"enum": ["fixed", "exponential"]},
+        "retryMaxDelayMs": _MS,
+        "leaseMs": _MS,
+        "expiresAt": {"type": "string"},
+        "pauseAfterFailures": _MS,
+    },
+}
+
+#: The body of ``POST /api/workflows``: a workflow spec, as ``loopsq workflows create`` reads from a file.
+WORKFLOW_CREATE_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "required": ["name", "steps"],
+    "properties": {
+        "name": {"type": "string", "minLength": 1},
+        "description": {"type": "string"},
+        "maxParallel": _MS,
+        "steps": {
+            "type": "array",
+            "minItems": 1,
+            "items": {
+                "type": "object",
+                "required": ["id", "target"],
+                "properties": {
+                    "id": {"type": "string", "minLength": 1},
+                    "target": _TARGET,
+                    "dependsOn": {"type": "array", "items": {"type": "string"}},
+                    "continueOnFailure": {"type": "boolean"},
+                    "timeoutMs": {"type": ["integer", "null"], "minimum": 1},
+                },
+            },
+        },
+    },
+}
+
+
+def json_body(schema: dict[str, Any], description: str) -> dict[str, Any]:
+    """``openapi_extra`` documenting a JSON request body the route reads itself."""
+    return {"requestBody": {"required": True, "description": description,
+                            "content": {"application/json": {"schema": schema}}}}

@@ -1,0 +1,181 @@
+"""The dashboard: server-rendered pages in-process, and the workflow DAG in headless Chromium.
+
+The browser test drives Debian's ``/usr/bin/chromium`` with Playwright (``playwright install`` is never run) and
+skips, saying so, only when that binary is missing.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+import uvicorn
+from fastapi.testclient import TestClient
+
+from loopsq import timeutil
+from loopsq.engine.runtime import Runtime
+from loopsq.engine.workflow_runner import execute_workflow
+from loopsq.loop_spec import new_loop
+from loopsq.state.loops import LoopStore
+from loopsq.state.workflows import WorkflowStore
+from loopsq.web import WebSettings, create_app
+from tests.integration.test_web_api import AUTH, PIPELINE, TOKEN, loop_body, put_run
+from tests.redis_server import RedisServer, free_port
+
+pytestmark = pytest.mark.integration
+
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"]
+EXPECTED_STEPS = [("build", "succeeded"), ("test", "failed"), ("lint", "skipped"), ("ship", "skipped")]
+BROWSER = {"Accept": "text/html"}
+
+
+@pytest.fixture
+def settings(redis_server: RedisServer, real_redis: redis.Redis, tmp_path: Path,
+             monkeypatch: pytest.MonkeyPatch) -> WebSettings:
+    monkeypatch.setenv("TZ", "UTC")
+    return WebSettings(redis_url=redis_server.url, data_dir=tmp_path / "data", token=TOKEN, follow_mirror=False,
+                       rq_dashboard=False)
+
+
+@pytest.fixture
+def client(settings: WebSettings) -> Iterator[TestClient]:
+    with TestClient(create_app(settings), headers={**AUTH, **BROWSER}) as client:
+        yield client
+
+
+def failed_pipeline_run(client: redis.Redis) -> str:
+    """Run the four-step pipeline in this process; its ``test`` step fails, so ``lint`` and ``ship`` are skipped."""
+    spec = WorkflowStore(client).create(PIPELINE, timeutil.now())
+    with Runtime(client=client, role="manual") as rt:
+        return execute_workflow(rt, spec).run_id
+
+
+def create_loop_with_runs(client: redis.Redis, statuses: list[str]) -> str:
+    loop = LoopStore(client).create(new_loop(loop_body(), timeutil.now()))
+    for i, status in enumerate(statuses):
+        put_run(client, f"r{i}", loop.id, f"2026-01-01T00:0{i}:00.000Z", loopName=loop.name, status=status)
+    return loop.id
+
+
+def nodes(html: str) -> list[tuple[str, str]]:
+    return re.findall(r'<g class="node" data-step="([^"]+)" data-status="([^"]+)">', html)
+
+
+def test_the_loops_page_shows_status_schedule_next_run_and_the_last_runs_oldest_first(
+        client: TestClient, real_redis: redis.Redis) -> None:
+    create_loop_with_runs(real_redis, ["succeeded", "failed", "timed_out"])
+    loop = client.get("/api/loops/hello").json()
+    page = client.get("/")
+    assert page.status_code == 200
+    assert '<span class="badge s-active">active</span>' in page.text
+    assert '<td class="mono">every 1h</td>' in page.text
+    assert f'<td class="mono">{loop["nextRunAt"]}</td>' in page.text
+    strip = re.findall(r'data-status="(\w+)" href="/runs/(\w+)"', page.text)
+    assert strip == [("succeeded", "r0"), ("failed", "r1"), ("timed_out", "r2")]
+    assert '<meta http-equiv="refresh" content="5">' in page.text
+
+
+def test_a_run_page_shows_its_output_escaped_and_refreshes_only_while_running(
+        client: TestClient, real_redis: redis.Redis) -> None:
+    put_run(real_redis, "r1", "l1", "2026-01-01T00:00:00.000Z", stdout="<script>alert(1)</script>\n",
+            stderr="a & b", error="exit <3>")
+    page = client.get("/runs/r1")
+    assert '<pre id="stdout">&lt;script&gt;alert(1)&lt;/script&gt;\n</pre>' in page.text
+    assert '<pre id="stderr">a &amp; b</pre>' in page.text
+    assert "exit &lt;3&gt;" in page.text and "<script>" not in page.text
+    assert 'http-equiv="refresh"' not in page.text
+    put_run(real_redis, "r2", "l1", "2026-01-01T00:01:00.000Z", status="running")
+    assert '<meta http-equiv="refresh" content="5">' in client.get("/runs/r2").text
+
+
+def test_pages_are_sent_with_a_strict_content_security_policy(client: TestClient) -> None:
+    headers = client.get("/").headers
+    assert headers["content-security-policy"].startswith("default-src 'none'; style-src 'unsafe-inline';")
+    assert (headers["x-content-type-options"], headers["referrer-policy"]) == ("nosniff", "no-referrer")
+
+
+def test_a_workflow_run_page_draws_the_dag_with_step_states_edges_and_the_timeline(
+        client: TestClient, real_redis: redis.Redis) -> None:
+    run_id = failed_pipeline_run(real_redis)
+    page = client.get(f"/workflow-runs/{run_id}")
+    assert page.status_code == 200
+    assert nodes(page.text) == EXPECTED_STEPS
+    edges = re.findall(r'<path class="edge" d="[^"]+" data-from="(\w+)" data-to="(\w+)"/>', page.text)
+    assert sorted(edges) == [("build", "lint"), ("build", "test"), ("lint", "ship"), ("test", "ship")]
+    assert re.findall(r'<tr data-event="(\w+)">', page.text) == [
+        "created", "step_started", "step_succeeded", "step_started", "step_failed", "step_skipped", "step_skipped",
+        "failed"]
+    assert 'http-equiv="refresh"' not in page.text  # the run has ended
+    listing = client.get("/workflow-runs")
+    assert f'<a href="/workflow-runs/{run_id}">{run_id}</a>' in listing.text
+
+
+def test_a_missing_page_is_an_html_error_for_browsers_and_the_error_body_otherwise(client: TestClient) -> None:
+    page = client.get("/workflow-runs/nope")
+    assert page.status_code == 404 and page.headers["content-type"].startswith("text/html")
+    assert '<p class="error">workflow run not found: nope</p>' in page.text
+    data = client.get("/runs/nope", headers={"Accept": "application/json"})
+    assert data.json() == {"error": {"status": 404, "code": "not_found", "message": "run not found: nope"}}
+
+
+# -- the browser ------------------------------------------------------------------------------------------------
+@pytest.fixture
+def served(settings: WebSettings) -> Iterator[str]:
+    """The app served by uvicorn on a free port in a thread (a browser needs a real socket)."""
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(create_app(settings), host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 15
+    while not server.started:
+        assert thread.is_alive() and time.monotonic() < deadline, "uvicorn did not start"
+        time.sleep(0.02)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+
+
+@pytest.mark.skipif(not CHROMIUM.exists(), reason="needs Debian's chromium at /usr/bin/chromium "
+                    "(apt-get install chromium); Playwright cannot download browsers here")
+def test_the_browser_draws_the_workflow_dag_with_each_steps_state(served: str, real_redis: redis.Redis) -> None:
+    from playwright.sync_api import sync_playwright
+
+    run_id = failed_pipeline_run(real_redis)
+    create_loop_with_runs(real_redis, ["succeeded", "failed"])
+    problems: list[str] = []
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS, headless=True)
+        try:
+            page = browser.new_page()
+            page.on("console", lambda msg: problems.append(msg.text) if msg.type == "error" else None)
+            page.goto(f"{served}/workflow-runs/{run_id}")
+            assert page.url.startswith(f"{served}/login?next=")
+            page.fill("#token", TOKEN)
+            page.click("form[action='/login'] button")
+            page.wait_for_url(f"{served}/workflow-runs/{run_id}")
+            drawn: list[Any] = page.locator("svg#dag g.node").evaluate_all(
+                "gs => gs.map(g => [g.dataset.step, g.dataset.status, getComputedStyle(g.querySelector('rect')).fill])")
+            assert [(step, status) for step, status, _ in drawn] == EXPECTED_STEPS
+            fills = {status: fill for _, status, fill in drawn}
+            assert fills == {"succeeded": "rgb(26, 127, 55)", "failed": "rgb(207, 34, 46)",
+                             "skipped": "rgb(175, 184, 193)"}
+            assert page.locator("svg#dag path.edge").count() == 4
+            box = page.locator("svg#dag").bounding_box()
+            assert box is not None and box["width"] > 600 and box["height"] > 100
+            assert page.locator("#events tbody tr").count() == 8
+            page.goto(f"{served}/")
+            strip = page.locator(".strip a").evaluate_all(
+                "as => as.map(a => [a.dataset.status, getComputedStyle(a).backgroundColor])")
+            assert strip == [["succeeded", "rgb(26, 127, 55)"], ["failed", "rgb(207, 34, 46)"]]
+        finally:
+            browser.close()
+    assert problems == []
