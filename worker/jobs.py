@@ -37,13 +37,14 @@ def fire(loop_id: str) -> dict[str, int]:
 def run_now(loop_id: str, request_id: str) -> str:
     """Run a loop now on this worker; the run id is published under the request id for the waiting CLI."""
     rt = _runtime()
+    from loopsq.runs import LoopRun
     from loopsq.timeutil import gen_id
 
-    run_id = gen_id()
-    rt.client.set(rt.keys.run_request(request_id), run_id, px=3_600_000)
-    final = runner.run_now(rt, loop_id, run_id=run_id)
-    if final.id != run_id:
-        rt.client.set(rt.keys.run_request(request_id), final.id, px=3_600_000)
+    def publish(run: LoopRun) -> None:
+        # Only once claimed: a retry or due slot keeps its existing row's id, and the CLI waits on this one.
+        rt.client.set(rt.keys.run_request(request_id), run.id, px=3_600_000)
+
+    final = runner.run_now(rt, loop_id, run_id=gen_id(), on_claim=publish)
     return final.id
 
 
@@ -62,3 +63,14 @@ def trigger(loop: str, idempotency_key: str | None = None, **_ignored: Any) -> s
     if created:
         runner.run_triggered(rt, run_id)
     return run_id
+
+
+def run_workflow(workflow_id: str, run_id: str) -> str:
+    """Run a workflow on this worker under the run id the caller chose (``loopsq workflows run``)."""
+    from loopsq.engine.workflow_runner import execute_workflow
+
+    rt = _runtime()
+    spec = rt.workflows.get(workflow_id)
+    if spec is None:
+        raise RuntimeError(f"workflow not found: {workflow_id}")
+    return execute_workflow(rt, spec, run_id=run_id).run_id

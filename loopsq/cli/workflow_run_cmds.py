@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import codecs
+import json
 import time
 from typing import Any
 
@@ -208,5 +209,21 @@ def logs(run_id: str, step_id: str | None, follow: bool) -> None:
                 return
             decoder = decoders.get(stream, decoders["stdout"])
             click.echo(decoder.decode(fields.get(b"d", b"")), nl=False, err=stream == "stderr")
-        if not follow and not entries:
-            return
+        if not entries:
+            if not follow:
+                return
+            if _ended(app, run_id, step_id):
+                # It wrote its last chunk before its status changed: read what is left, then stop. (A run or
+                # step that printed nothing has no end marker, so this is what ends following it.)
+                follow = False
+
+
+def _ended(app: App, run_id: str, step_id: str | None) -> bool:
+    """Whether the run (or the workflow step) followed by ``logs -f`` can print nothing more."""
+    state = _store(app).load(run_id)
+    if state is not None:
+        if state.terminal:
+            return True
+        return step_id is not None and state.steps.get(step_id, {}).get("status") not in ("pending", "running")
+    raw = app.client().get(app.keys.run(run_id))
+    return raw is None or json.loads(raw).get("status") != "running"

@@ -97,11 +97,26 @@ def recover_runs(rt: Runtime, now: datetime) -> list[LoopRun]:
         log.info("run %s abandoned loop=%s slot=%s attempt=%d: %s", final.id, final.loop_name, final.scheduled_for,
                  final.attempt, reason)
         recovered.append(final)
+        _fail_child_workflows(rt, final, now)
         if new_loop is not None:
             from loopsq.engine.runner import ensure_timer
 
             ensure_timer(rt, new_loop)
     return recovered
+
+
+PARENT_EXPIRED = "parent loop run lease expired before completion"
+
+
+def _fail_child_workflows(rt: Runtime, run: LoopRun, now: datetime) -> None:
+    """A workflow run whose parent loop run was abandoned fails, its open steps skipped (§3.8)."""
+    from loopsq.state.workflow_runs import WorkflowRunStore
+
+    store = WorkflowRunStore(rt.client, rt.keys, rt.committer)
+    for wf_run_id in store.for_loop_run(run.id):
+        state = store.load(wf_run_id)
+        if state is not None and not state.terminal:
+            store.fail_for_parent(wf_run_id, run.id, now, PARENT_EXPIRED)
 
 
 def _wanted(loop: Loop, now: datetime, active_loops: set[str]) -> tuple[Loop | None, str]:

@@ -39,7 +39,7 @@ LEASE_LOST = "run lease lost"
 class Held:
     """A run this process executes: its lease token and length, and the event that cancels it."""
 
-    token: str
+    token: str | None
     lease_ms: int
     cancel: threading.Event = field(default_factory=threading.Event)
     reason: str | None = None
@@ -125,6 +125,13 @@ class Runtime:
             self._held[run_id] = held
         return held
 
+    def watch(self, run_id: str) -> Held:
+        """Watch ``run_id``'s cancel key without a lease (a workflow run inside a held loop run, or on its own)."""
+        held = Held(None, 0)
+        with self._lock:
+            self._held[run_id] = held
+        return held
+
     def release(self, run_id: str) -> None:
         """Stop renewing ``run_id``'s lease."""
         with self._lock:
@@ -170,7 +177,7 @@ class Runtime:
                 held[run_id].reason = reason.decode() if isinstance(reason, bytes) else str(reason)
                 held[run_id].cancel.set()
         for run_id, h in held.items():
-            if h.cancel.is_set() or now_mono < h.renew_at:
+            if h.token is None or h.cancel.is_set() or now_mono < h.renew_at:
                 continue
             if self.runs.renew_lease(run_id, h.token, h.lease_ms, timeutil.now()):
                 h.renew_at = now_mono + self._renew_every(h.lease_ms)

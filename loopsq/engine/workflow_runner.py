@@ -23,7 +23,7 @@ from loopsq.engine import live
 from loopsq.engine.runtime import Runtime
 from loopsq.executor import ExecutorResult, RunMetadata, SpawnInfo, execute_target
 from loopsq.preflight import step_target
-from loopsq.state.workflow_runs import DONE_STEP, WorkflowRunState, WorkflowRunStore
+from loopsq.state.workflow_runs import DONE_STEP, StepEnd, WorkflowRunState, WorkflowRunStore
 from loopsq.workflow_spec import execution_order
 
 log = logging.getLogger("loopsq.workflows")
@@ -83,6 +83,7 @@ class _Execution:
         self.outer_cancel = cancel
         self.on_spawn = on_spawn
         self.loop = loop or {}
+        self.loop_run_attempt: int | None = None
         self.lock = threading.RLock()  # guards self.state: steps finish on pool threads
         self.watch = rt.watch(state.run_id)
         self.step_cancels: dict[str, threading.Event] = {}
@@ -93,6 +94,7 @@ class _Execution:
         self.timed_out = False
         self.cancelled = False
         self.done = threading.Event()
+        self.pending_end: StepEnd | None = None  # one step at a time: the last end, written with the next start
 
     # -- the monitor: cancel requests and the workflow timeout reach the running steps ---------------------------
     def _monitor(self) -> None:
@@ -116,6 +118,7 @@ class _Execution:
             loop_id=self.loop.get("id"), loop_name=self.loop.get("name"), run_id=self.state.run.get("loopRunId"),
             scheduled_for=self.state.run.get("scheduledFor"), workflow_id=str(self.spec["id"]),
             workflow_name=str(self.spec["name"]), workflow_run_id=self.state.run_id, workflow_step_id=step_id,
+            attempt=self.loop_run_attempt,
         )
 
         def spawned(info: SpawnInfo) -> None:
@@ -134,7 +137,9 @@ class _Execution:
         on_output.close(result.status)
         return result
 
-    def _finish_step(self, step_id: str, result: ExecutorResult) -> None:
+    def _finish_step(self, step_id: str, result: ExecutorResult, *, defer: bool = False) -> None:
+        """Record how a step ended and whether it stops the run. With ``defer`` (one step at a time), the end is
+        kept to be written with the next step's start, or alone by ``_flush`` if nothing starts next."""
         status, error = result.status, result.error
         if status == "cancelled":
             if self.timed_out:
@@ -143,27 +148,46 @@ class _Execution:
                 status = "failed"
         with self.lock:
             self.step_cancels.pop(step_id, None)
-            finished = self.store.finish_step(
-                self.state, step_id, timeutil.now(), status=status, exit_code=result.exit_code,
-                duration_ms=result.duration_ms, stdout=result.stdout, stderr=result.stderr, error=error,
-            )
-            if not finished:
+            end = StepEnd(step_id, timeutil.now(), status, result.exit_code, result.duration_ms, result.stdout,
+                          result.stderr, error)
+            if defer:
+                # Whether the write applies only matters when the run was cancelled or failed meanwhile, and
+                # then the run's stored outcome is what this execution reports anyway.
+                self.pending_end = end
+            elif not self.store.end_step(self.state, end):
                 return  # cancelled meanwhile: the cancel set the step's status
             if status != "succeeded" and not self.steps[step_id].get("continueOnFailure") and not self.halted:
                 self.halted = True
                 self.terminal = status
                 self.blocking = f"step {step_id} {status}" + (f": {error}" if error else "")
 
+    def _flush(self) -> None:
+        """Write the deferred end of the last step, if any."""
+        with self.lock:
+            end, self.pending_end = self.pending_end, None
+            if end is not None:
+                self.store.end_step(self.state, end)
+
     # -- scheduling -----------------------------------------------------------------------------------------
+    def _status(self, step_id: str) -> str:
+        """A step run's status as this execution knows it (including the end not written yet)."""
+        end = self.pending_end
+        return end.status if end is not None and end.step_id == step_id else str(self.state.steps[step_id]["status"])
+
     def _ready(self, step_id: str) -> tuple[bool, str | None]:
-        """(ready, blocking dependency): not ready while a dependency may still run in this execution."""
+        """(ready, blocking dependency): not ready while a dependency may still run in this execution.
+
+        A dependency this execution already ran that is pending or running again was reset by ``recover`` while
+        it ran: its end was not recorded, so it did not succeed (as in the reference, where its dependents are
+        then gated), rather than something to wait for.
+        """
         blocked = None
         for dep in self.steps[step_id].get("dependsOn") or []:
-            dep_status = self.state.steps[dep]["status"]
-            if dep_status in ("pending", "running") or (
-                dep_status in ("failed", "timed_out") and dep not in self.attempted
-            ):
-                return False, None
+            dep_status = self._status(dep)
+            if dep in self.step_cancels:
+                return False, None  # running here
+            if dep not in self.attempted and dep_status in ("pending", "running", "failed", "timed_out"):
+                return False, None  # it may still run here
             if dep_status != "succeeded" and not self.steps[dep].get("continueOnFailure") and blocked is None:
                 blocked = dep
         return True, blocked
@@ -174,7 +198,7 @@ class _Execution:
         for step_id in self.order:
             if self.halted or self.cancelled or self.timed_out or len(futures) >= self.max_parallel:
                 break
-            if step_id in self.attempted or self.state.steps[step_id]["status"] in DONE_STEP:
+            if step_id in self.attempted or self._status(step_id) in DONE_STEP:
                 continue  # done here, or succeeded/skipped/cancelled before (a resumed run)
             ready, blocked = self._ready(step_id)
             if not ready:
@@ -183,6 +207,7 @@ class _Execution:
             changed = True
             if blocked is not None:
                 # The dependency gate skips the step and fails the run, but does not stop the others.
+                self._flush()
                 with self.lock:
                     self.store.skip_steps(self.state, [step_id], f"dependency did not succeed: {blocked}",
                                           timeutil.now())
@@ -190,13 +215,23 @@ class _Execution:
                     self.terminal = "failed"
                 continue
             with self.lock:
-                if not self.store.start_step(self.state, step_id, timeutil.now()):
-                    self.halted = True
-                    return changed
+                after, self.pending_end = self.pending_end, None
+                if not self.store.start_step(self.state, step_id, timeutil.now(), after=after):
+                    if self.state.terminal:
+                        self.halted = True
+                        return changed
+                    # The previous step's end was refused (recover reset it meanwhile): decide again, with it.
+                    self.attempted.discard(step_id)
+                    return True
                 cancel = threading.Event()
                 self.step_cancels[step_id] = cancel
+                # The monitor may have fired between the checks above and this registration (it stops only the
+                # steps it sees): a step started then is stopped at once, as the reference's per-step
+                # controller that is born aborted.
+                if self.cancelled or self.timed_out:
+                    cancel.set()
             if pool is None:
-                self._finish_step(step_id, self._run_step(step_id, cancel))
+                self._finish_step(step_id, self._run_step(step_id, cancel), defer=True)
                 return True
             futures[pool.submit(self._run_step, step_id, cancel)] = step_id
         return changed
@@ -216,6 +251,7 @@ class _Execution:
                 done, _ = wait(list(futures), timeout=POLL_S, return_when=FIRST_COMPLETED)
                 for future in done:
                     self._finish_step(futures.pop(future), future.result())
+            self._flush()
         finally:
             self.done.set()
             if pool is not None:
@@ -266,6 +302,8 @@ def execute_workflow(
     if state.terminal:
         return outcome_of(state, replayed=True)
     log.info("workflow run %s started workflow=%s", state.run_id, spec["name"])
-    outcome = _Execution(rt, spec, state, timeout_ms=timeout_ms, cancel=cancel, on_spawn=on_spawn, loop=loop).run()
+    execution = _Execution(rt, spec, state, timeout_ms=timeout_ms, cancel=cancel, on_spawn=on_spawn, loop=loop)
+    execution.loop_run_attempt = int(loop_run["attempt"]) if loop_run and loop_run.get("attempt") else None
+    outcome = execution.run()
     log.info("workflow run %s %s workflow=%s", state.run_id, state.run.get("status"), spec["name"])
     return outcome
