@@ -18,8 +18,9 @@ import redis
 from loopsq.keys import Keys
 from loopsq.timeutil import gen_id
 
-#: Approximate cap on the change stream. A mirror that falls further behind than this rebuilds from Redis.
-STREAM_MAXLEN = 1_000_000
+#: Approximate cap on the change stream (an entry is ~1 KB, a run makes ~3: about 200 MB and, at 1,000 runs a
+#: minute, an hour of history). A mirror that falls further behind than this rebuilds itself from Redis.
+STREAM_MAXLEN = 200_000
 
 _SCRIPT = """
 local nops = tonumber(ARGV[1])
