@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
-import time
 
 import redis
 
@@ -88,30 +87,59 @@ def run_scheduler(url: str, stop: threading.Event, *, poll_s: float = POLL_S, ma
     log.info("stopped")
 
 
+class _Maintainer(threading.Thread):
+    """Maintenance on its own thread and connection, so a long pass (it reads every loop) never delays the
+    moving of due timers; it runs only while this scheduler leads."""
+
+    def __init__(self, rt: Runtime, leading: threading.Event, stop: threading.Event, every_s: float) -> None:
+        super().__init__(name="loopsq-maintenance", daemon=True)
+        # A second client for this thread; the same identity (no second liveness registration).
+        self.rt = Runtime(client=redis.Redis(connection_pool=rt.client.connection_pool.__class__(
+            connection_class=rt.client.connection_pool.connection_class,
+            **rt.client.connection_pool.connection_kwargs)), keys=rt.keys, role="scheduler",
+            worker_id=rt.owner.worker_id)
+        self.leading, self.stop, self.every_s = leading, stop, every_s
+        self.failed: BaseException | None = None
+
+    def run(self) -> None:
+        delay = self.every_s
+        while not self.stop.wait(delay):
+            if not self.leading.is_set():
+                continue
+            try:
+                report = maintain(self.rt, timeutil.now())
+                delay = self.every_s
+            except redis.RedisError as exc:
+                log.warning("maintenance: redis unavailable (%s)", exc)
+                delay = min(max(delay * 2, self.every_s), 5.0)
+                continue
+            except Exception:
+                log.exception("maintenance failed; continuing")
+                continue
+            if report.recovered or report.expired or report.repaired or report.retriggered:
+                log.info("maintenance recovered=%d expired=%d repaired=%d armed=%d retriggered=%d",
+                         len(report.recovered), report.expired, report.repaired, report.armed, report.retriggered)
+
+
 def _loop(rt: Runtime, stop: threading.Event, poll_s: float, maintenance_s: float) -> None:
     lead = Leadership(rt)
-    next_maintenance = 0.0
-    while not stop.is_set():
-        if lead.keep():
-            moved = timers.move_due(rt.raw)
-            if moved:
-                log.debug("moved %d due timer(s)", moved)
-            if time.monotonic() >= next_maintenance:
-                try:
-                    report = maintain(rt, timeutil.now())
-                except redis.RedisError:
-                    raise
-                except Exception:
-                    log.exception("maintenance failed; continuing")
-                else:
-                    if report.recovered or report.expired or report.repaired or report.retriggered:
-                        log.info("maintenance recovered=%d expired=%d repaired=%d armed=%d retriggered=%d",
-                                 len(report.recovered), report.expired, report.repaired, report.armed,
-                                 report.retriggered)
-                next_maintenance = time.monotonic() + maintenance_s
-            due_in = timers.next_due_in(rt.raw)
-            wait = poll_s if due_in is None else max(0.0, min(poll_s, due_in))
-        else:
-            wait = LOCK_MS / 3000.0
-        stop.wait(wait)
-    lead.release()
+    leading = threading.Event()
+    done = threading.Event()
+    maintainer = _Maintainer(rt, leading, done, maintenance_s)
+    maintainer.start()
+    try:
+        while not stop.is_set():
+            if lead.keep():
+                leading.set()
+                timers.move_due(rt.raw)
+                due_in = timers.next_due_in(rt.raw)
+                wait = poll_s if due_in is None else max(0.0, min(poll_s, due_in))
+            else:
+                leading.clear()
+                wait = LOCK_MS / 3000.0
+            stop.wait(wait)
+    finally:
+        leading.clear()
+        done.set()
+        maintainer.join(timeout=10)
+        lead.release()
