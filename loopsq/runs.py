@@ -24,6 +24,8 @@ TERMINAL = frozenset({"succeeded", "failed", "timed_out", "abandoned", "skipped"
 RETRYABLE = frozenset({"failed", "timed_out", "abandoned"})
 SOURCES = ("scheduled", "ad_hoc", "due_slot", "retry_slot", "trigger")
 SKIP_ERROR = "previous run still active"
+#: The error of a run that overlap ``replace`` cancelled for a newer slot (``replaced by slot <slot>``).
+REPLACED_ERROR = "replaced by slot "
 
 
 def _camel(name: str) -> str:
@@ -203,7 +205,8 @@ def after_finish(loop: Loop, run: LoopRun, finished_at: datetime, rng: random.Ra
     (a pause or stop during the run is respected). Otherwise: a failed attempt with attempts left schedules a
     retry of the same slot; a settled slot updates the failure streak, and a streak reaching
     ``pauseAfterFailures`` pauses the loop with the reason recorded; loops scheduling from the end of a run get
-    their next slot (a once loop stops).
+    their next slot (a once loop stops). A run that overlap ``replace`` cancelled for a newer slot is settled, not
+    retried: its retry would in turn replace the newer run.
     """
     stamp = to_iso(finished_at)
     if run.source in ("ad_hoc", "trigger"):
@@ -211,7 +214,8 @@ def after_finish(loop: Loop, run: LoopRun, finished_at: datetime, rng: random.Ra
     succeeded = run.status == "succeeded"
     if loop.status != "active":
         return Advance(loop, "none")
-    if not succeeded and run.attempt < loop.max_attempts:
+    replaced = run.status == "failed" and (run.error or "").startswith(REPLACED_ERROR)
+    if not succeeded and not replaced and run.attempt < loop.max_attempts:
         retry_at = finished_at + timedelta(milliseconds=retry_delay_ms(loop, run.attempt, rng))
         retry = loop.with_changes(retry_scheduled_for=run.scheduled_for, retry_at=to_iso(retry_at), updated_at=stamp)
         return Advance(retry, "retry_scheduled")

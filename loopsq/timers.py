@@ -107,7 +107,10 @@ def _drop(raw: redis.Redis, sched: MsScheduler, job_id: str) -> None:
 def armed_state(raw: redis.Redis, keys: Keys, loop_ids: list[str]) -> dict[str, tuple[float | None, str | None]]:
     """For each loop: (armed time in epoch seconds or None, status of the timer's job once it fired or None).
 
-    A timer counts as present while it is scheduled, or fired and its job still queued or running.
+    A timer counts as present while it is scheduled, or fired and its job still queued or running. A job that
+    RQ still calls ``started`` but whose worker's liveness key (``keys.worker(<RQ worker name>)``; loopsq's jobs
+    use the RQ worker's name as their worker id) is gone is reported ``orphaned``: its worker was killed while it
+    ran the job, nobody will finish it, so nothing it would have re-armed gets armed.
     """
     sched_key = scheduler(raw).scheduled_jobs_key
     pipe = raw.pipeline(transaction=False)
@@ -118,17 +121,26 @@ def armed_state(raw: redis.Redis, keys: Keys, loop_ids: list[str]) -> dict[str, 
     for job_id in job_ids:
         if job_id:
             pipe.zscore(sched_key, job_id)
-            pipe.hget(Job.key_for(job_id), "status")
+            pipe.hmget(Job.key_for(job_id), ["status", "worker_name"])
     replies = pipe.execute()
-    out: dict[str, tuple[float | None, str | None]] = {}
+    found: dict[str, tuple[float | None, str | None, str | None]] = {}
     it = iter(replies)
     for loop_id, job_id in zip(loop_ids, job_ids, strict=True):
         if not job_id:
-            out[loop_id] = (None, None)
+            found[loop_id] = (None, None, None)
             continue
-        score, status = next(it), next(it)
-        out[loop_id] = (float(score) if score is not None else None, status.decode() if status else None)
-    return out
+        score, (status, worker) = next(it), next(it)
+        found[loop_id] = (float(score) if score is not None else None, _text(status) if status else None,
+                          _text(worker) if worker else None)
+    running = [(loop_id, worker) for loop_id, (_, status, worker) in found.items() if status == "started" and worker]
+    pipe = raw.pipeline(transaction=False)
+    for _, worker in running:
+        pipe.exists(keys.worker(str(worker)))
+    alive = pipe.execute() if running else []
+    dead = {loop_id for (loop_id, _), live in zip(running, alive, strict=True) if not live}
+    return {
+        loop_id: (score, "orphaned" if loop_id in dead else status) for loop_id, (score, status, _) in found.items()
+    }
 
 
 def move_due(raw: redis.Redis) -> int:

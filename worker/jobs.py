@@ -21,9 +21,14 @@ def _runtime() -> Runtime:
         job = get_current_job()
         if job is None:
             raise RuntimeError("worker.jobs must run inside an RQ worker")
-        kwargs = dict(job.connection.connection_pool.connection_kwargs)
-        kwargs["decode_responses"] = True
-        rt = Runtime(client=Redis(**kwargs), role="worker").start()
+        # A pool like the job's with decoded responses (``Redis(**connection_kwargs)`` is refused: redis-py 8
+        # keeps internal entries there that only a pool takes).
+        pool = job.connection.connection_pool
+        kwargs = {**pool.connection_kwargs, "decode_responses": True}
+        client = Redis(connection_pool=pool.__class__(connection_class=pool.connection_class, **kwargs))
+        # The RQ worker's name as our worker id, as ``loopsq worker`` does: maintenance judges a fired timer's
+        # job by the liveness key of the RQ worker that runs it.
+        rt = Runtime(client=client, role="worker", worker_id=job.worker_name or None).start()
         set_current_runtime(rt)
     return rt
 

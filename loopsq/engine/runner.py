@@ -10,12 +10,15 @@ an expired lease or dead worker is recovered, a missing timer re-armed.
 from __future__ import annotations
 
 import logging
+import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from loopsq import runs as rules
 from loopsq import timers, timeutil
 from loopsq.engine.faults import crash_point
+from loopsq.engine.live import LiveWriter
 from loopsq.engine.runtime import LEASE_LOST, Runtime
 from loopsq.executor import RunMetadata, SpawnInfo, execute_target
 from loopsq.models import Loop
@@ -49,27 +52,34 @@ def ensure_timer(rt: Runtime, loop: Loop | None) -> None:
         timers.arm(rt.raw, rt.keys, loop.id, at)
 
 
-def execute_claim(rt: Runtime, claim: Claim) -> LoopRun:
-    """Execute a claimed run with its lease held, then finalize it (fenced) and advance its loop."""
+def execute_claim(rt: Runtime, claim: Claim, *, rearm: bool = True) -> LoopRun:
+    """Execute a claimed run with its lease held, then finalize it (fenced) and advance its loop.
+
+    With ``rearm`` the loop's timer is armed for its next due time once the run is recorded. ``fire`` passes
+    False and arms once its due slots are done: re-arming between the slots of a catch-up backlog would arm a
+    timer in the past, which fires at once on another worker and skips the rest of the backlog as overlapping.
+    """
     run, loop = claim.run, claim.loop
     log.info("run %s claimed loop=%s slot=%s attempt=%d source=%s", run.id, loop.name, run.scheduled_for,
              run.attempt, run.source)
     held = rt.hold(run.id, claim.token, loop.lease_ms)
     crash_point("after_claim")
     try:
+        def on_spawn(info: SpawnInfo) -> None:
+            rt.runs.mark_started(run.id, claim.token, timeutil.now(), pid=info.pid,
+                                 pid_start_time=info.start_time, host=info.host)
+            crash_point("after_spawn")
+
+        error: str | None
         if loop.target.get("type") == "workflow":
-            status, exit_code, stdout, stderr, pid, duration = "failed", None, "", "", None, 0
-            error: str | None = "workflow targets are not executed by this version of loopsq"
+            status, exit_code, stdout, stderr, error, pid, duration = _run_workflow_target(rt, loop, run, held.cancel,
+                                                                                          on_spawn)
         else:
-
-            def on_spawn(info: SpawnInfo) -> None:
-                rt.runs.mark_started(run.id, claim.token, timeutil.now(), pid=info.pid,
-                                     pid_start_time=info.start_time, host=info.host)
-                crash_point("after_spawn")
-
             metadata = RunMetadata(loop_id=loop.id, loop_name=loop.name, run_id=run.id,
-                                   scheduled_for=run.scheduled_for)
-            result = execute_target(loop.target, metadata, cancel=held.cancel, on_spawn=on_spawn)
+                                   scheduled_for=run.scheduled_for, attempt=run.attempt)
+            output = LiveWriter(rt.client, rt.keys, run.id)
+            result = execute_target(loop.target, metadata, cancel=held.cancel, on_spawn=on_spawn, on_output=output)
+            output.close(result.status)
             status, exit_code, stdout, stderr, error, pid, duration = (
                 result.status, result.exit_code, result.stdout, result.stderr, result.error, result.pid,
                 result.duration_ms,
@@ -94,9 +104,27 @@ def execute_claim(rt: Runtime, claim: Claim) -> LoopRun:
     crash_point("after_finalize")
     log.info("run %s %s loop=%s slot=%s attempt=%d%s", final.id, final.status, loop.name, final.scheduled_for,
              final.attempt, f" error={final.error}" if final.error and final.status != "succeeded" else "")
-    if new_loop is not None:
+    if new_loop is not None and rearm:
         ensure_timer(rt, new_loop)
     return final
+
+
+def _run_workflow_target(
+    rt: Runtime, loop: Loop, run: LoopRun, cancel: threading.Event, on_spawn: Callable[[SpawnInfo], None]
+) -> tuple[str, int | None, str, str, str | None, int | None, int]:
+    """A workflow loop target (§5.5): idempotent per slot attempt, with the target's timeout for the whole run."""
+    from loopsq.engine.workflow_runner import execute_workflow
+
+    workflow_id = str(loop.target.get("workflowId"))
+    spec = rt.workflows.get(workflow_id)
+    if spec is None:
+        return "failed", None, "", "", f"workflow not found: {workflow_id}", None, 0
+    outcome = execute_workflow(
+        rt, spec, loop=loop.to_dict(), loop_run=run.to_dict(),
+        idempotency_key=f"{loop.id}:{run.scheduled_for}:attempt:{run.attempt}",
+        timeout_ms=loop.target.get("timeoutMs"), cancel=cancel, on_spawn=on_spawn,
+    )
+    return outcome.status, outcome.exit_code, outcome.stdout, "", outcome.error, None, outcome.duration_ms
 
 
 def fire(rt: Runtime, loop_id: str) -> FireResult:
@@ -131,7 +159,7 @@ def fire(rt: Runtime, loop_id: str) -> FireResult:
             continue
         if active and current.overlap == "replace":
             for run_id in active:
-                rt.runs.request_cancel(run_id, f"replaced by slot {slot_iso}")
+                rt.runs.request_cancel(run_id, f"{rules.REPLACED_ERROR}{slot_iso}")
         claim = rt.runs.claim(loop_id, slot, rt.owner, now, source="scheduled")
         if isinstance(claim, Refusal):
             if claim.reason in ("done", "exhausted"):
@@ -142,7 +170,7 @@ def fire(rt: Runtime, loop_id: str) -> FireResult:
             next_at = rules.timer_at(claim.loop)
             if next_at is not None and next_at > now:
                 ensure_timer(rt, claim.loop)  # the next slot keeps its time while this run goes on
-        final = execute_claim(rt, claim)
+        final = execute_claim(rt, claim, rearm=False)  # armed below, once every due slot has run
         out.completed += 1
         out.runs.append(final)
         if final.status in rules.RETRYABLE and final.attempt < claim.loop.max_attempts:
@@ -164,8 +192,12 @@ def _claim_ad_hoc(rt: Runtime, loop: Loop, slot: datetime, source: str, run_id: 
     return result
 
 
-def run_now(rt: Runtime, id_or_name: str, run_id: str | None = None) -> LoopRun:
+def run_now(rt: Runtime, id_or_name: str, run_id: str | None = None,
+            on_claim: Callable[[LoopRun], None] | None = None) -> LoopRun:
     """Run a loop now (reference 0.3.3 sources): its due retry, its due slot, or an ad-hoc slot.
+
+    ``run_id`` names a new run (a retry keeps its row's id); ``on_claim`` learns the claimed run before it
+    executes (a worker publishes its id to the waiting CLI there).
 
     Raises:
         NotFoundError: for an unknown loop.
@@ -188,6 +220,8 @@ def run_now(rt: Runtime, id_or_name: str, run_id: str | None = None) -> LoopRun:
         raise ConflictError(f"could not claim manual run for {id_or_name} ({claim.reason})")
     if source != "ad_hoc":
         ensure_timer(rt, claim.loop)
+    if on_claim is not None:
+        on_claim(claim.run)
     return execute_claim(rt, claim)
 
 

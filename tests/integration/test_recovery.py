@@ -1,0 +1,115 @@
+"""Crash recovery with real processes: a worker killed with kill -9 mid-run, and one killed between recording a
+run and re-arming its loop (issue #12, scenarios 2 and 3)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+
+from loopsq import timeutil
+from loopsq.procs import is_process_alive
+from loopsq.sdk import LoopsClient
+from loopsq.timeutil import from_iso, to_iso
+from tests.integration.processes import Cluster, gaps, open_cluster
+from tests.redis_server import RedisServer
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def cluster(redis_server: RedisServer, tmp_path: Path) -> Iterator[Cluster]:
+    yield from open_cluster(redis_server.url, tmp_path)
+
+
+@pytest.mark.timeout(60)
+def test_a_worker_killed_mid_run_has_its_run_abandoned_and_retried_within_fifteen_seconds(cluster: Cluster) -> None:
+    cmd = f'echo "start $LOOPS_SCHEDULED_FOR" >> {cluster.ledger_dir}/ledger-slow; sleep 4'
+    at = to_iso(timeutil.now() + timedelta(seconds=2))
+    cluster.create("slow", cmd, "--at", at, "--attempts", "2", "--retry-delay", "500ms")
+    cluster.start("scheduler")
+    # Only the victim runs when the slot comes, so it takes the run; the survivor starts once the run is going.
+    victim = cluster.start("worker")
+    run = cluster.wait_until(lambda: next((r for r in cluster.runs("slow") if r.pid), None), 15,
+                             "the run to start on the victim")
+    survivor = cluster.start("worker")
+    victim.kill9()
+    killed_at = time.monotonic()
+    victim_id = cluster.worker_id(victim)
+
+    def retried() -> bool:
+        current = cluster.run(run.id)
+        return bool(current and current.attempt == 2)
+
+    cluster.wait_until(retried, 15, "attempt 2 of the killed run")
+    assert time.monotonic() - killed_at <= 15
+    # The dead worker's child (its own process group) was killed before the slot ran again.
+    assert run.pid is not None and not is_process_alive(run.pid, run.pid_start_time)
+    abandoned = [c for c in cluster.changes() if c["type"] == "run_abandoned"]
+    assert len(abandoned) == 1, abandoned
+    (row,) = abandoned[0]["data"]["upsert"]["loop_runs"]
+    assert (row["id"], row["status"], row["attempt"]) == (run.id, "abandoned", 1)
+    assert row["error"] == f"worker {victim_id} died before completion"
+    assert "retry_scheduled" in abandoned[0]["data"]["also"]
+    final = cluster.wait_until(lambda: (r := cluster.run(run.id)) and r.terminal and r, 15, "attempt 2 to end")
+    assert (final.status, final.attempt) == ("succeeded", 2), final.to_dict()
+    assert final.worker_id == cluster.worker_id(survivor)
+    assert cluster.ledger("slow") == [("start", at), ("start", at)]
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("anchor", ["fixed_rate", "fixed_delay"])
+def test_a_worker_killed_between_finalize_and_rearm_leaves_the_loop_running_later_slots(
+    cluster: Cluster, anchor: str
+) -> None:
+    client = LoopsClient(cluster.url)
+    ledger = cluster.ledger_dir / "ledger-crash"
+    client.create({
+        "name": "crash", "schedule": {"type": "interval", "everyMs": 1000, "anchor": anchor},
+        "target": {"type": "command", "command": f'echo "$LOOPS_SCHEDULED_FOR $LOOPS_RUN_ID" >> {ledger}',
+                   "shell": True},
+    })
+    client.close()
+    cluster.start("scheduler")
+    crashing = cluster.start("worker", env={"LOOPSQ_FAULT": "after_finalize"})
+    cluster.wait_until(lambda: not crashing.alive(), 15, "the worker to die right after its first finalize")
+    (first,) = cluster.runs("crash")
+    assert first.status == "succeeded", first.to_dict()
+    assert cluster.ledger("crash") == [(first.scheduled_for, first.id)]
+
+    cluster.start("worker")
+    cluster.wait_until(lambda: len(cluster.ledger("crash")) >= 4, 20, "later slots to run on the new worker")
+    assert cluster.run(first.id) == first
+    slots = [line[0] for line in cluster.ledger("crash")]
+    assert len(set(slots)) == len(slots), slots
+    assert all(from_iso(s) > from_iso(first.scheduled_for) for s in slots[1:]), slots
+    # No active loop without a future timer: its next slot is armed.
+    assert cluster.wait_until(lambda: (at := cluster.timer_at("crash")) is not None and at > time.time(), 5,
+                              "the loop's timer to be armed in the future")
+    assert cluster.loop("crash")["status"] == "active"
+
+
+@pytest.mark.timeout(60)
+def test_killing_the_leading_scheduler_hands_the_timers_to_the_other_without_running_a_slot_twice(
+    cluster: Cluster,
+) -> None:
+    cluster.create("steady", cluster.ledger_cmd(), "--every", "1s", "--catch-up", "all")
+    first, second, _ = cluster.start_all(schedulers=2, workers=1)
+    cluster.wait_until(lambda: len(cluster.ledger("steady")) >= 2, 15, "two slots")
+    leader, other = (first, second) if "leading" in first.text() else (second, first)
+    leader.kill9()
+    killed_at = time.time()
+    cluster.wait_until(lambda: "leading" in other.text(), 10, "the other scheduler to take the lead")
+
+    def after_kill() -> int:
+        return sum(from_iso(line[0]).timestamp() > killed_at + 3 for line in cluster.ledger("steady"))
+
+    cluster.wait_until(lambda: after_kill() >= 2, 15, "slots after the takeover")
+    cluster.stop_all()
+    slots = [line[0] for line in cluster.ledger("steady")]
+    assert len(set(slots)) == len(slots), slots
+    assert not gaps(slots, 1000), gaps(slots, 1000)
+    assert all(r.status == "succeeded" and r.attempt == 1 for r in cluster.runs("steady"))
