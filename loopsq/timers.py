@@ -77,10 +77,25 @@ def queue(raw: redis.Redis) -> Queue:
     return Queue(QUEUE_NAME, connection=raw, default_timeout=-1)
 
 
+# Is the loop's timer already scheduled at this time? One round trip instead of creating a new entry.
+_ARMED_AT = """
+local id = redis.call('GET', KEYS[1])
+if id and string.sub(id, 1, #ARGV[1]) == ARGV[1] and redis.call('ZSCORE', KEYS[2], id) then return id end
+return false
+"""
+
+
 def arm(raw: redis.Redis, keys: Keys, loop_id: str, at: datetime) -> str:
-    """Arm the loop's single timer at ``at``, replacing any previous entry. Returns the timer's job id."""
+    """Arm the loop's single timer at ``at``, replacing any previous entry. Returns the timer's job id.
+
+    When the entry already armed is for the same millisecond and still scheduled, nothing is written.
+    """
     sched = scheduler(raw)
-    job_id = f"loopsq-fire-{loop_id}-{to_ms(at)}-{gen_id()[:6]}"
+    prefix = f"loopsq-fire-{loop_id}-{to_ms(at)}-"
+    armed = raw.eval(_ARMED_AT, 2, keys.timer(loop_id), sched.scheduled_jobs_key, prefix)
+    if armed:
+        return _text(armed)
+    job_id = f"{prefix}{gen_id()[:6]}"
     sched.enqueue_at(at, FIRE, loop_id, job_id=job_id, timeout=-1, job_result_ttl=RESULT_TTL, queue_name=QUEUE_NAME)
     previous = raw.getset(keys.timer(loop_id), job_id)
     if previous:
@@ -144,8 +159,13 @@ def armed_state(raw: redis.Redis, keys: Keys, loop_ids: list[str]) -> dict[str, 
 
 
 def move_due(raw: redis.Redis) -> int:
-    """Move every due timer onto the queue (rq-scheduler's ``enqueue_jobs``). Returns how many moved."""
-    return len(list(scheduler(raw).enqueue_jobs()))
+    """Move every due timer onto the queue (what rq-scheduler's ``enqueue_jobs`` does). Returns how many moved."""
+    sched = scheduler(raw)
+    moved = 0
+    for job in sched.get_jobs_to_queue():
+        sched.enqueue_job(job)
+        moved += 1
+    return moved
 
 
 def next_due_in(raw: redis.Redis) -> float | None:

@@ -64,16 +64,23 @@ def execute_claim(rt: Runtime, claim: Claim, *, rearm: bool = True) -> LoopRun:
              run.attempt, run.source)
     held = rt.hold(run.id, claim.token, loop.lease_ms)
     crash_point("after_claim")
+    # The run's JSON as this process last wrote it: transitions try it first instead of reading it back. (The
+    # beat's lease renewal may change it meanwhile; a stale guess only costs a retry.)
+    known = {"run": run.to_json()}
     try:
         def on_spawn(info: SpawnInfo) -> None:
-            rt.runs.mark_started(run.id, claim.token, timeutil.now(), pid=info.pid,
-                                 pid_start_time=info.start_time, host=info.host)
+            started = rt.runs.mark_started(run.id, claim.token, timeutil.now(), pid=info.pid,
+                                           pid_start_time=info.start_time, host=info.host, known=known["run"])
+            if started is not None:
+                known["run"] = started.to_json()
             crash_point("after_spawn")
 
         error: str | None
         if loop.target.get("type") == "workflow":
             status, exit_code, stdout, stderr, error, pid, duration = _run_workflow_target(rt, loop, run, held.cancel,
                                                                                           on_spawn)
+            if held.cancel.is_set() and held.reason and status != "succeeded":
+                status, error = "failed", held.reason  # replaced, or shutting down: say so, not "step x failed"
         else:
             metadata = RunMetadata(loop_id=loop.id, loop_name=loop.name, run_id=run.id,
                                    scheduled_for=run.scheduled_for, attempt=run.attempt)
@@ -93,7 +100,7 @@ def execute_claim(rt: Runtime, claim: Claim, *, rearm: bool = True) -> LoopRun:
             return current or run
         finished = rt.runs.finalize(
             run.id, claim.token, timeutil.now(), status=status, exit_code=exit_code, duration_ms=duration,
-            stdout=stdout, stderr=stderr, error=error, pid=pid,
+            stdout=stdout, stderr=stderr, error=error, pid=pid, known=(known["run"], loop.to_json()),
         )
     finally:
         rt.release(run.id)

@@ -18,8 +18,8 @@ from loopsq import runs as rules
 from loopsq.keys import Keys
 from loopsq.models import Loop
 from loopsq.runs import LoopRun
-from loopsq.schedules import compute_next_after
 from loopsq.state.commit import Committer, Tx
+from loopsq.state.run_moves import LoopMoves, _s
 from loopsq.timeutil import gen_id, to_iso, to_ms
 
 MAX_RETRIES = 50
@@ -55,14 +55,8 @@ class Refusal:
     run: LoopRun | None = None
 
 
-def _s(value: object) -> str | None:
-    if value is None:
-        return None
-    return value.decode() if isinstance(value, bytes) else str(value)
-
-
-class RunStore:
-    """Loop runs in Redis."""
+class RunStore(LoopMoves):
+    """Loop runs in Redis (the loop-moving transitions without a run come from ``LoopMoves``)."""
 
     def __init__(self, client: redis.Redis, keys: Keys | None = None, committer: Committer | None = None) -> None:
         self.client = client
@@ -117,11 +111,15 @@ class RunStore:
         """
         slot_iso = to_iso(slot)
         for _ in range(MAX_RETRIES):
-            loop_raw = _s(self.client.get(self.keys.loop(loop_id)))
+            pipe = self.client.pipeline(transaction=False)
+            pipe.get(self.keys.loop(loop_id))
+            pipe.get(self.keys.slot(loop_id, slot_iso))
+            loop_reply, slot_reply = pipe.execute()
+            loop_raw = _s(loop_reply)
             if loop_raw is None:
                 return Refusal("gone")
             loop = Loop.from_json(loop_raw)
-            existing_id = _s(self.client.get(self.keys.slot(loop_id, slot_iso)))
+            existing_id = _s(slot_reply)
             existing_raw = _s(self.client.get(self.keys.run(existing_id))) if existing_id else None
             existing = LoopRun.from_json(existing_raw) if existing_raw else None
             stamp = to_iso(now)
@@ -183,11 +181,15 @@ class RunStore:
         return Refusal("claimed", None)
 
     # -- while running ----------------------------------------------------------------------------------------
-    def _update_running(self, run_id: str, token: str, change_type: str, now: datetime, fn: object) -> LoopRun | None:
-        """Apply ``fn(run) -> run`` to a running run we hold the lease of; None if the lease is lost."""
+    def _update_running(self, run_id: str, token: str, change_type: str, now: datetime, fn: object,
+                        known: str | None = None) -> LoopRun | None:
+        """Apply ``fn(run) -> run`` to a running run we hold the lease of; None if the lease is lost.
+
+        ``known`` is the run's JSON as the caller last wrote it: tried first, saving a read (re-read if stale).
+        """
         assert callable(fn)
-        for _ in range(MAX_RETRIES):
-            raw = _s(self.client.get(self.keys.run(run_id)))
+        for attempt in range(MAX_RETRIES):
+            raw = known if attempt == 0 and known else _s(self.client.get(self.keys.run(run_id)))
             if raw is None:
                 return None
             run = LoopRun.from_json(raw)
@@ -209,12 +211,14 @@ class RunStore:
         return None
 
     def mark_started(
-        self, run_id: str, token: str, now: datetime, *, pid: int, pid_start_time: float | None, host: str
+        self, run_id: str, token: str, now: datetime, *, pid: int, pid_start_time: float | None, host: str,
+        known: str | None = None,
     ) -> LoopRun | None:
         """Record the child's pid, its start time and host (for liveness checks against pid reuse)."""
         return self._update_running(
             run_id, token, "run_started", now,
             lambda run: run.with_changes(pid=pid, pid_start_time=pid_start_time, host=host, updated_at=to_iso(now)),
+            known,
         )
 
     def renew_lease(self, run_id: str, token: str, lease_ms: int, now: datetime) -> bool:
@@ -258,6 +262,7 @@ class RunStore:
         token: str | None,
         expect_lease: str | None = None,
         rng: random.Random | None = None,
+        known: tuple[str, str] | None = None,
     ) -> tuple[LoopRun, Loop | None] | None:
         """End a running run and advance its loop, atomically.
 
@@ -265,15 +270,21 @@ class RunStore:
         (None: expired), so a run that was renewed or finalized meanwhile is left alone.
         """
         assert callable(build)
-        for _ in range(MAX_RETRIES):
-            raw = _s(self.client.get(self.keys.run(run_id)))
+        for attempt in range(MAX_RETRIES):
+            raw: str | None
+            loop_raw: str | None
+            if attempt == 0 and known is not None:
+                raw, loop_raw = known  # what the caller last saw; a stale guess only costs a retry
+            else:
+                raw, loop_raw = _s(self.client.get(self.keys.run(run_id))), None
             if raw is None:
                 return None
             run = LoopRun.from_json(raw)
             if run.status != "running":
                 return None
             final: LoopRun = build(run)
-            loop_raw = _s(self.client.get(self.keys.loop(run.loop_id)))
+            if not (attempt == 0 and known is not None):
+                loop_raw = _s(self.client.get(self.keys.loop(run.loop_id)))
             tx = Tx(change_type, to_iso(now)).expect(self.keys.lease(run_id), token if token else expect_lease)
             tx.expect(self.keys.run(run_id), raw)
             new_loop: Loop | None = None
@@ -314,8 +325,12 @@ class RunStore:
         error: str | None,
         pid: int | None,
         rng: random.Random | None = None,
+        known: tuple[str, str] | None = None,
     ) -> tuple[LoopRun, Loop | None] | None:
-        """Record a run's outcome and advance its loop, fenced by the lease. None: the lease was lost."""
+        """Record a run's outcome and advance its loop, fenced by the lease. None: the lease was lost.
+
+        ``known``: the run's and the loop's JSON as the caller last saw them (saves two reads when current).
+        """
 
         def build(run: LoopRun) -> LoopRun:
             return run.with_changes(
@@ -324,7 +339,7 @@ class RunStore:
                 lease_expires_at=None, updated_at=to_iso(now),
             )
 
-        return self._finish(run_id, f"run_{status}", now, build, token=token, rng=rng)
+        return self._finish(run_id, f"run_{status}", now, build, token=token, rng=rng, known=known)
 
     def abandon(
         self, run_id: str, now: datetime, *, error: str, seen_lease: str | None, change_type: str = "run_abandoned"
@@ -346,91 +361,3 @@ class RunStore:
             )
 
         return self._finish(run_id, change_type, now, build, token=None, expect_lease=seen_lease)
-
-    def skip(self, loop_id: str, slot: datetime, now: datetime, *, error: str = rules.SKIP_ERROR) -> LoopRun | None:
-        """Record an overlap skip of a regular slot and move the loop past it.
-
-        A slot that already has a row (for example a failed run awaiting its retry) is never overwritten: the
-        reference's skip could swallow a pending retry; loopsq leaves the row and only moves the loop.
-        """
-        slot_iso = to_iso(slot)
-        stamp = to_iso(now)
-        for _ in range(MAX_RETRIES):
-            loop_raw = _s(self.client.get(self.keys.loop(loop_id)))
-            if loop_raw is None:
-                return None
-            loop = Loop.from_json(loop_raw)
-            new_loop = rules.after_claim(loop, slot, now, is_retry=False)
-            if rules.advances_at_finish(loop):
-                new_loop = loop  # its next slot is set when the running run ends
-            existing_id = _s(self.client.get(self.keys.slot(loop_id, slot_iso)))
-            tx = Tx("run_skipped", stamp).expect(self.keys.slot(loop_id, slot_iso), existing_id)
-            tx.expect(self.keys.loop(loop_id), loop_raw)
-            run: LoopRun | None = None
-            if existing_id is None:
-                run = LoopRun(
-                    id=gen_id(), loop_id=loop.id, loop_name=loop.name, scheduled_for=slot_iso, attempt=1,
-                    status="skipped", created_at=stamp, updated_at=stamp, finished_at=stamp, error=error,
-                    source="scheduled",
-                )
-                created = to_ms(now)
-                (
-                    tx.set(self.keys.slot(loop_id, slot_iso), run.id)
-                    .set(self.keys.run(run.id), run.to_json())
-                    .zadd(self.keys.runs, created, run.id)
-                    .zadd(self.keys.loop_runs(loop_id), created, run.id)
-                    .put("loop_runs", run.to_dict())
-                )
-            if new_loop != loop:
-                tx.set(self.keys.loop(loop_id), new_loop.to_json()).put("loops", new_loop.to_dict())
-                tx.note("loop_advanced")
-            if self.committer.commit(tx).ok:
-                return run
-        return None
-
-    def advance_past(self, loop_id: str, slot: datetime, now: datetime) -> Loop | None:
-        """Move a loop past a due slot that is already settled (the reference's stuck-loop fix)."""
-        slot_iso = to_iso(slot)
-        for _ in range(MAX_RETRIES):
-            loop_raw = _s(self.client.get(self.keys.loop(loop_id)))
-            if loop_raw is None:
-                return None
-            loop = Loop.from_json(loop_raw)
-            new_loop = rules.after_claim(loop, slot, now, is_retry=loop.retry_scheduled_for == slot_iso)
-            if rules.advances_at_finish(loop) and new_loop.next_run_at is None and loop.retry_scheduled_for != slot_iso:
-                # Nothing runs for this settled slot, so schedule from now instead of from a run's end.
-                upcoming = compute_next_after(loop.schedule, slot, now, loop.timezone)
-                new_loop = new_loop.with_changes(
-                    next_run_at=to_iso(upcoming) if upcoming else None,
-                    status=loop.status if upcoming else "stopped",
-                )
-            if new_loop == loop:
-                return loop
-            tx = (
-                Tx("loop_advanced", to_iso(now))
-                .expect(self.keys.loop(loop_id), loop_raw)
-                .set(self.keys.loop(loop_id), new_loop.to_json())
-                .put("loops", new_loop.to_dict())
-            )
-            if self.committer.commit(tx).ok:
-                return new_loop
-        return None
-
-    def defer_retry(self, loop_id: str, until: datetime, now: datetime) -> None:
-        """Push a pending retry that cannot run yet (its loop has a run going and overlap is skip) to ``until``."""
-        for _ in range(MAX_RETRIES):
-            loop_raw = _s(self.client.get(self.keys.loop(loop_id)))
-            if loop_raw is None:
-                return
-            loop = Loop.from_json(loop_raw)
-            if loop.retry_scheduled_for is None:
-                return
-            new_loop = loop.with_changes(retry_at=to_iso(until), updated_at=to_iso(now))
-            tx = (
-                Tx("retry_deferred", to_iso(now))
-                .expect(self.keys.loop(loop_id), loop_raw)
-                .set(self.keys.loop(loop_id), new_loop.to_json())
-                .put("loops", new_loop.to_dict())
-            )
-            if self.committer.commit(tx).ok:
-                return
