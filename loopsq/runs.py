@@ -24,6 +24,9 @@ TERMINAL = frozenset({"succeeded", "failed", "timed_out", "abandoned", "skipped"
 RETRYABLE = frozenset({"failed", "timed_out", "abandoned"})
 SOURCES = ("scheduled", "ad_hoc", "due_slot", "retry_slot", "trigger")
 SKIP_ERROR = "previous run still active"
+#: A run a worker gave up when it was stopped (SIGTERM, after the grace). Not the run's fault: it is retried at
+#: once, even when its attempts are used up.
+SHUTDOWN_ERROR = "worker shut down before completion"
 #: The error of a run that overlap ``replace`` cancelled for a newer slot (``replaced by slot <slot>``).
 REPLACED_ERROR = "replaced by slot "
 
@@ -215,6 +218,9 @@ def after_finish(loop: Loop, run: LoopRun, finished_at: datetime, rng: random.Ra
     if loop.status != "active":
         return Advance(loop, "none")
     replaced = run.status == "failed" and (run.error or "").startswith(REPLACED_ERROR)
+    if run.status == "abandoned" and run.error == SHUTDOWN_ERROR:
+        return Advance(loop.with_changes(retry_scheduled_for=run.scheduled_for, retry_at=stamp, updated_at=stamp),
+                       "retry_scheduled")
     if not succeeded and not replaced and run.attempt < loop.max_attempts:
         retry_at = finished_at + timedelta(milliseconds=retry_delay_ms(loop, run.attempt, rng))
         retry = loop.with_changes(retry_scheduled_for=run.scheduled_for, retry_at=to_iso(retry_at), updated_at=stamp)

@@ -194,11 +194,26 @@ def scheduled_count(raw: redis.Redis) -> int:
     return int(raw.zcard(scheduler(raw).scheduled_jobs_key))
 
 
-def make_worker(raw: redis.Redis, name: str, exception_handler: Callable[..., Any] | None = None) -> SimpleWorker:
+class _Worker(SimpleWorker):
+    """SimpleWorker that tells loopsq when a (warm) shutdown is requested, so the grace period starts."""
+
+    on_stop: Callable[[], None] | None = None
+
+    def request_stop(self, signum: Any, frame: Any) -> None:
+        if self.on_stop is not None:
+            self.on_stop()
+        super().request_stop(signum, frame)  # type: ignore[no-untyped-call]
+
+
+def make_worker(raw: redis.Redis, name: str, exception_handler: Callable[..., Any] | None = None,
+                on_stop: Callable[[], None] | None = None) -> SimpleWorker:
     """An RQ worker on loopsq's queue that runs jobs in its own process (no fork per job).
 
     loopsq's jobs start their targets as separate process groups already, and its leases, heartbeats and cancel
-    polling live in this process, so RQ's fork-per-job isolation would only add ~12 ms per job.
+    polling live in this process, so RQ's fork-per-job isolation would only add ~12 ms per job. On SIGTERM RQ
+    stops taking jobs and lets the current one finish (warm shutdown); ``on_stop`` is called first.
     """
     handlers = [exception_handler] if exception_handler else None
-    return SimpleWorker([queue(raw)], connection=raw, name=name, exception_handlers=handlers)
+    worker = _Worker([queue(raw)], connection=raw, name=name, exception_handlers=handlers)
+    worker.on_stop = on_stop
+    return worker

@@ -317,7 +317,10 @@ def app_specs(cfg: UpConfig, url: str) -> list[ChildSpec]:
     env = {**os.environ, "LOOPSQ_REDIS_URL": url, "LOOPSQ_DATA_DIR": str(cfg.data_dir), "PYTHONUNBUFFERED": "1"}
     loopsq = (sys.executable, "-m", "loopsq")
     specs = [ChildSpec("scheduler", (*loopsq, "scheduler"), env)]
-    specs += [ChildSpec(f"worker.{i}", (*loopsq, "worker"), env) for i in range(1, cfg.workers + 1)]
+    # A worker's grace must end before up's stop timeout does, so its current run is recorded and handed on
+    # rather than killed with it.
+    grace = f"{max(500, int(cfg.stop_grace_s * 1000) - 2000)}ms"
+    specs += [ChildSpec(f"worker.{i}", (*loopsq, "worker", "--grace", grace), env) for i in range(1, cfg.workers + 1)]
     specs.append(ChildSpec("mirror", (*loopsq, "mirror"), env))
     if cfg.web:
         # The mirror above already follows the change stream into this data dir.

@@ -38,11 +38,16 @@ def scheduler(poll_ms: int) -> None:
 
 @click.command("worker")
 @click.option("--burst", is_flag=True, help="Exit once the queue is empty.")
-def worker(burst: bool) -> None:
+@click.option("--grace", default="30s", show_default=True, metavar="DURATION",
+              help="On SIGTERM, how long the current run may finish before it is cancelled and retried elsewhere.")
+def worker(burst: bool, grace: str) -> None:
     """Run a worker: execute runs from loopsq's queue (scale horizontally)."""
+    from loopsq.cli.options import duration_flag
     from loopsq.engine.worker_process import run_worker
+
+    grace_ms = duration_flag("--grace", grace) or 0
 
     app = get_app()
     app.client()
     _logging("worker")
-    run_worker(app.redis_url, burst=burst)
+    run_worker(app.redis_url, burst=burst, grace_s=grace_ms / 1000.0)

@@ -19,7 +19,7 @@ from loopsq import runs as rules
 from loopsq import timers, timeutil
 from loopsq.engine.faults import crash_point
 from loopsq.engine.live import LiveWriter
-from loopsq.engine.runtime import LEASE_LOST, Runtime
+from loopsq.engine.runtime import LEASE_LOST, SHUTTING_DOWN, Runtime
 from loopsq.executor import RunMetadata, SpawnInfo, execute_target
 from loopsq.models import Loop
 from loopsq.runs import LoopRun
@@ -94,6 +94,8 @@ def execute_claim(rt: Runtime, claim: Claim, *, rearm: bool = True) -> LoopRun:
             if status == "cancelled":
                 # loop_runs has no "cancelled": a cancelled run failed, with the reason of the cancel.
                 status, error = "failed", held.reason or "cancelled"
+        if held.reason == SHUTTING_DOWN and status != "succeeded":
+            status, error = "abandoned", rules.SHUTDOWN_ERROR  # retried elsewhere (runs.after_finish)
         if held.reason == LEASE_LOST:
             log.warning("run %s lease lost; its outcome is not recorded", run.id)
             current = rt.runs.get(run.id)

@@ -33,6 +33,7 @@ LIVENESS_TTL_MS = 5_000
 LIVENESS_EVERY_S = 1.0
 BEAT_S = 0.2
 LEASE_LOST = "run lease lost"
+SHUTTING_DOWN = "worker shutting down"
 
 
 @dataclass
@@ -78,6 +79,7 @@ class Runtime:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._next_liveness = 0.0
+        self._shutdown_timer: threading.Timer | None = None
         self.started_at = timeutil.to_iso(timeutil.now())
 
     @property
@@ -136,6 +138,26 @@ class Runtime:
         """Stop renewing ``run_id``'s lease."""
         with self._lock:
             self._held.pop(run_id, None)
+
+    def begin_shutdown(self, grace_s: float) -> None:
+        """A graceful stop was requested: the runs held now may finish for ``grace_s``; then they are cancelled
+        (reason ``SHUTTING_DOWN``) so they are recorded and retried elsewhere instead of dying with us."""
+        if self._shutdown_timer is not None:
+            return
+        log.info("shutdown requested; current runs get %.0fs to finish", grace_s)
+
+        def expire() -> None:
+            with self._lock:
+                held = list(self._held.items())
+            for run_id, h in held:
+                if not h.cancel.is_set():
+                    log.warning("run %s still going after the %.0fs grace; cancelling it", run_id, grace_s)
+                    h.reason = SHUTTING_DOWN
+                    h.cancel.set()
+
+        self._shutdown_timer = threading.Timer(grace_s, expire)
+        self._shutdown_timer.daemon = True
+        self._shutdown_timer.start()
 
     def held_ids(self) -> list[str]:
         """Runs this process executes now."""

@@ -7,6 +7,7 @@ import contextlib
 import logging
 import signal
 import threading
+from functools import partial
 
 import redis
 
@@ -46,8 +47,9 @@ def kill_orphans(rt: Runtime) -> int:
     return killed
 
 
-def run_worker(url: str, *, burst: bool = False, stop: threading.Event | None = None) -> None:
-    """Run the worker until SIGTERM/SIGINT (RQ's warm shutdown: the current job finishes first)."""
+def run_worker(url: str, *, burst: bool = False, stop: threading.Event | None = None, grace_s: float = 30.0) -> None:
+    """Run the worker until SIGTERM/SIGINT: it stops taking jobs, lets the current run finish within
+    ``grace_s``, then cancels it so it is recorded and retried elsewhere (nothing is left running unowned)."""
     delay = 0.1
     while True:
         rt: Runtime | None = None
@@ -55,7 +57,7 @@ def run_worker(url: str, *, burst: bool = False, stop: threading.Event | None = 
             rt = Runtime(url, role="worker").start()
             set_current_runtime(rt)
             kill_orphans(rt)
-            worker = timers.make_worker(rt.raw, rt.owner.worker_id)
+            worker = timers.make_worker(rt.raw, rt.owner.worker_id, on_stop=partial(rt.begin_shutdown, grace_s))
             log.info("started id=%s", rt.owner.worker_id)
             worker.work(burst=burst, logging_level="WARNING", with_scheduler=False)
             return

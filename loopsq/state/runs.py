@@ -134,7 +134,9 @@ class RunStore(LoopMoves):
                 return Refusal("running", existing)
             elif existing.status not in rules.RETRYABLE:
                 return Refusal("done", existing)
-            elif existing.attempt >= loop.max_attempts or source in ("ad_hoc", "trigger"):
+            elif source in ("ad_hoc", "trigger") or (
+                existing.attempt >= loop.max_attempts and existing.error != rules.SHUTDOWN_ERROR
+            ):
                 return Refusal("exhausted", existing)
             else:
                 run = existing.with_changes(
