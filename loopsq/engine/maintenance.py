@@ -55,6 +55,42 @@ def _is_orphan_alive(run: LoopRun, host: str) -> bool:
     return bool(run.host == host and run.pid and is_process_alive(run.pid, run.pid_start_time))
 
 
+def live_step_processes(rt: Runtime, loop_run_id: str) -> list[tuple[str, int]]:
+    """(step id, pid) of the running workflow steps of a loop run whose process is alive on this host.
+
+    With ``maxParallel`` above 1 a workflow loop run has several step processes; the loop run records only the
+    last pid, so recovery looks at every running step (host, pid and start time, against pid reuse).
+    """
+    from loopsq.state.workflow_runs import WorkflowRunStore
+
+    store = WorkflowRunStore(rt.client, rt.keys, rt.committer)
+    out: list[tuple[str, int]] = []
+    for wf_run_id in store.for_loop_run(loop_run_id):
+        state = store.load(wf_run_id)
+        if state is None or state.terminal:
+            continue
+        for step in state.steps.values():
+            pid = step.get("pid")
+            if (step.get("status") == "running" and pid and step.get("host") == rt.owner.host
+                    and is_process_alive(int(pid), step.get("pidStartTime"))):
+                out.append((str(step["stepId"]), int(pid)))
+    return out
+
+
+def kill_orphans_of(rt: Runtime, run: LoopRun) -> int:
+    """Kill the live process groups (the run's and its workflow steps') a dead owner left on this host."""
+    killed = 0
+    if _is_orphan_alive(run, rt.owner.host) and run.pid:
+        log.warning("killing orphaned process group %d of dead worker %s (run %s)", run.pid, run.worker_id, run.id)
+        kill_process_group(run.pid, signal.SIGKILL)
+        killed += 1
+    for step_id, pid in live_step_processes(rt, run.id):
+        log.warning("killing orphaned process group %d of step %s (run %s)", pid, step_id, run.id)
+        kill_process_group(pid, signal.SIGKILL)
+        killed += 1
+    return killed
+
+
 def recovery_reason(rt: Runtime, run: LoopRun, lease: str | None, worker_alive: bool) -> str | None:
     """Why ``run`` must be recovered now, or None to leave it.
 
@@ -64,12 +100,12 @@ def recovery_reason(rt: Runtime, run: LoopRun, lease: str | None, worker_alive: 
       live orphan on this host is killed first (nobody could record its outcome), then the run is recovered.
     """
     if lease is None:
-        return None if _is_orphan_alive(run, rt.owner.host) else LEASE_EXPIRED
+        if _is_orphan_alive(run, rt.owner.host) or live_step_processes(rt, run.id):
+            return None
+        return LEASE_EXPIRED
     if worker_alive or run.worker_id is None:
         return None
-    if _is_orphan_alive(run, rt.owner.host) and run.pid:
-        log.warning("killing orphaned process group %d of dead worker %s (run %s)", run.pid, run.worker_id, run.id)
-        kill_process_group(run.pid, signal.SIGKILL)
+    kill_orphans_of(rt, run)
     return f"worker {run.worker_id} died before completion"
 
 
@@ -97,7 +133,7 @@ def recover_runs(rt: Runtime, now: datetime) -> list[LoopRun]:
         log.info("run %s abandoned loop=%s slot=%s attempt=%d: %s", final.id, final.loop_name, final.scheduled_for,
                  final.attempt, reason)
         recovered.append(final)
-        _fail_child_workflows(rt, final, now)
+        _fail_child_workflows(rt, final, now, reason)
         if new_loop is not None:
             from loopsq.engine.runner import ensure_timer
 
@@ -108,15 +144,17 @@ def recover_runs(rt: Runtime, now: datetime) -> list[LoopRun]:
 PARENT_EXPIRED = "parent loop run lease expired before completion"
 
 
-def _fail_child_workflows(rt: Runtime, run: LoopRun, now: datetime) -> None:
-    """A workflow run whose parent loop run was abandoned fails, its open steps skipped (§3.8)."""
+def _fail_child_workflows(rt: Runtime, run: LoopRun, now: datetime, reason: str) -> None:
+    """A workflow run whose parent loop run was abandoned fails, its open steps skipped (§3.8). The reference's
+    message for an expired lease; for a dead worker the run says so."""
     from loopsq.state.workflow_runs import WorkflowRunStore
 
     store = WorkflowRunStore(rt.client, rt.keys, rt.committer)
     for wf_run_id in store.for_loop_run(run.id):
         state = store.load(wf_run_id)
         if state is not None and not state.terminal:
-            store.fail_for_parent(wf_run_id, run.id, now, PARENT_EXPIRED)
+            error = PARENT_EXPIRED if reason == LEASE_EXPIRED else f"parent loop run abandoned: {reason}"
+            store.fail_for_parent(wf_run_id, run.id, now, error)
 
 
 def _wanted(loop: Loop, now: datetime, active_loops: set[str]) -> tuple[Loop | None, str]:

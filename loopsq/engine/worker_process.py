@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import signal
 import threading
 from functools import partial
 
@@ -13,7 +12,6 @@ import redis
 
 from loopsq import timers
 from loopsq.engine.runtime import Runtime
-from loopsq.procs import is_process_alive, kill_process_group
 
 log = logging.getLogger("loopsq.worker")
 
@@ -32,18 +30,15 @@ def set_current_runtime(rt: Runtime | None) -> None:
 
 
 def kill_orphans(rt: Runtime) -> int:
-    """Kill process groups of runs whose worker died on this host (nobody can record their outcome)."""
+    """Kill process groups (runs and workflow steps) whose worker died on this host: nobody can record their
+    outcome, and their runs are about to be retried."""
+    from loopsq.engine.maintenance import kill_orphans_of
+
     killed = 0
     for run in rt.runs.get_many(rt.runs.running_ids()):
-        if run.host != rt.owner.host or not run.pid or run.worker_id == rt.owner.worker_id:
+        if run.worker_id == rt.owner.worker_id or rt.client.exists(rt.keys.worker(run.worker_id or "-")):
             continue
-        if rt.client.exists(rt.keys.worker(run.worker_id or "-")):
-            continue
-        if is_process_alive(run.pid, run.pid_start_time):
-            log.warning("killing orphaned process group %d of dead worker %s (run %s)", run.pid, run.worker_id,
-                        run.id)
-            kill_process_group(run.pid, signal.SIGKILL)
-            killed += 1
+        killed += kill_orphans_of(rt, run)
     return killed
 
 

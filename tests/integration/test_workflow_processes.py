@@ -24,7 +24,6 @@ from tests.redis_server import RedisServer
 
 pytestmark = pytest.mark.integration
 
-PARENT_EXPIRED = "parent loop run lease expired before completion"
 
 
 @pytest.fixture
@@ -161,12 +160,13 @@ def test_a_worker_killed_mid_workflow_has_the_loop_run_retried_as_a_new_workflow
     assert time.monotonic() - killed_at <= 15
     assert not is_process_alive(pid), "the dead worker's step process was left running"
 
-    # The first workflow run failed with its parent: its open steps skipped, one `failed` event.
+    # The first workflow run failed with its parent (saying why): open steps skipped, one `failed` event.
+    parent_gone = f"parent loop run abandoned: worker {victim_id} died before completion"
     first = wf_store(cluster).require(first_id)
-    assert (first.run["status"], first.run["error"]) == ("failed", PARENT_EXPIRED)
-    assert step_states(cluster, first_id) == {"a": ("skipped", PARENT_EXPIRED), "b": ("skipped", PARENT_EXPIRED)}
+    assert (first.run["status"], first.run["error"]) == ("failed", parent_gone)
+    assert step_states(cluster, first_id) == {"a": ("skipped", parent_gone), "b": ("skipped", parent_gone)}
     assert event_shape(cluster, first_id) == [("created", None), ("step_started", "a"), ("failed", None)]
-    assert wf_store(cluster).events(first_id)[2]["payload"] == {"error": PARENT_EXPIRED, "loopRunId": loop_run_id}
+    assert wf_store(cluster).events(first_id)[2]["payload"] == {"error": parent_gone, "loopRunId": loop_run_id}
     abandoned = [c for c in cluster.changes() if c["type"] == "run_abandoned"]
     assert [row["error"] for c in abandoned for row in c["data"]["upsert"]["loop_runs"]] == [
         f"worker {victim_id} died before completion"
@@ -250,3 +250,27 @@ def test_a_workflow_loop_created_with_a_50ms_timeout_times_out_on_a_worker_befor
             if row.get("pid")}
     assert len(pids) == 1 and live_group_members(pids.pop()) == []
     assert not side_effect.exists()
+
+
+@pytest.mark.timeout(90)
+def test_a_killed_worker_leaves_no_parallel_step_process_running(cluster: Cluster) -> None:
+    path = cluster.tmp / "wf.json"
+    path.write_text(json.dumps({"name": "wf", "maxParallel": 2, "steps": [
+        noted(cluster, "a", "sleep 30"), noted(cluster, "b", "sleep 30")]}))
+    cluster.cli("workflows", "create", str(path))
+    create_workflow_loop(cluster, "--attempts", "1")
+    cluster.start("scheduler")
+    victim = cluster.start("worker")
+
+    def both_running() -> list[int] | None:
+        for state in wf_runs(cluster):
+            pids = [int(s["pid"]) for s in state.steps.values() if s["status"] == "running" and s.get("pid")]
+            if len(pids) == 2:
+                return pids
+        return None
+
+    pids = cluster.wait_until(both_running, 20, "both steps to run")
+    victim.kill9()
+    cluster.wait_until(lambda: all(not is_process_alive(pid) for pid in pids), 15,
+                       "the maintenance on this host to kill both orphaned step groups")
+    cluster.wait_until(lambda: all(s.terminal for s in wf_runs(cluster)), 10, "the workflow run to fail")
