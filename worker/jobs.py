@@ -39,6 +39,10 @@ def fire(loop_id: str) -> dict[str, int]:
     return {"claimed": result.claimed, "completed": result.completed, "skipped": result.skipped}
 
 
+#: Prefix of a run-now request's answer when the worker could not claim the run (followed by the reason).
+REFUSED = "!"
+
+
 def run_now(loop_id: str, request_id: str) -> str:
     """Run a loop now on this worker; the run id is published under the request id for the waiting CLI."""
     rt = _runtime()
@@ -49,7 +53,14 @@ def run_now(loop_id: str, request_id: str) -> str:
         # Only once claimed: a retry or due slot keeps its existing row's id, and the CLI waits on this one.
         rt.client.set(rt.keys.run_request(request_id), run.id, px=3_600_000)
 
-    final = runner.run_now(rt, loop_id, run_id=gen_id(), on_claim=publish)
+    from loopsq.errors import LoopsqError
+
+    try:
+        final = runner.run_now(rt, loop_id, run_id=gen_id(), on_claim=publish)
+    except LoopsqError as exc:
+        # Tell the waiting CLI why (e.g. the slot's run is going on another worker) instead of letting it time out.
+        rt.client.set(rt.keys.run_request(request_id), REFUSED + exc.message, px=3_600_000)
+        raise
     return final.id
 
 

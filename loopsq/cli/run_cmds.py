@@ -79,6 +79,8 @@ def _run_on_worker(app: App, loop_id: str, wait_s: float) -> LoopRun:
     while run_id is None:
         value = client.get(app.keys.run_request(request_id))
         run_id = value.decode() if isinstance(value, bytes) else value
+        if run_id is not None and run_id.startswith("!"):
+            raise LoopsqError(run_id[1:])
         if run_id is None:
             if time.monotonic() > deadline:
                 raise LoopsqError(

@@ -80,7 +80,25 @@ def _wait_terminal(app: App, run_id: str, wait_s: float) -> None:
                               "running? (--local runs it here)")
         if state is not None and state.terminal:
             return
+        if state is not None and _owner_gone(app, state.run):
+            from loopsq.errors import LoopsqError
+
+            raise LoopsqError(f"the worker running workflow run {run_id} died; `loopsq workflows recover "
+                              f"{run_id}` then run it again")
         time.sleep(0.05)
+
+
+def _owner_gone(app: App, run: dict[str, Any]) -> bool:
+    """True once the worker executing ``run`` has lost its liveness key (checked at most every 2 s)."""
+    worker = run.get("workerId")
+    now = time.monotonic()
+    if not worker or now < _owner_checks.get(str(worker), 0.0):
+        return False
+    _owner_checks[str(worker)] = now + 2.0
+    return not app.client().exists(app.keys.worker(str(worker)))
+
+
+_owner_checks: dict[str, float] = {}
 
 
 @workflows.command("runs")
