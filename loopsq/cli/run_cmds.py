@@ -44,8 +44,6 @@ def _print_output(run: dict[str, Any]) -> str:
 @json_flag
 def run_now(id_or_name: str, local: bool, show_output: bool, wait_s: float) -> None:
     """Run a loop now: its due retry, its due slot, or an ad-hoc slot. Exit 1 unless it succeeds."""
-    from loopsq import runs as rules
-
     app = get_app()
     loop = app.loops().require(id_or_name)
     if local:
@@ -63,7 +61,6 @@ def run_now(id_or_name: str, local: bool, show_output: bool, wait_s: float) -> N
     payload = {**public_run(final.to_dict(), show_output), "runNow": {"source": source, "advancesLoop": advances}}
     line = f"{final.id} {final.status} source={source} slot={final.scheduled_for}"
     app.emit(payload, (line + "\n" + _print_output(final.to_dict())) if show_output else line)
-    del rules
     if final.status != "succeeded":
         raise click.exceptions.Exit(1)
 
