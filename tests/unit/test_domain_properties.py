@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -17,7 +18,7 @@ from loopsq.errors import ValidationError
 from loopsq.schedules import Schedule, due_slots, parse_time
 from loopsq.timeutil import to_ms
 
-EXAMPLES = settings(max_examples=300, deadline=None, database=None)
+EXAMPLES = settings(max_examples=int(os.environ.get("LOOPSQ_FUZZ_EXAMPLES", "300")), deadline=None, database=None)
 ZONES = [
     "UTC",
     "America/New_York",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from hypothesis import given, settings
@@ -11,7 +12,7 @@ from loopsq.errors import ValidationError
 from loopsq.targets import PROVIDERS, validate_executable_target, validate_target
 from loopsq.workflow_spec import execution_order, workflow_body_from_json
 
-EXAMPLES = settings(max_examples=300, deadline=None)
+EXAMPLES = settings(max_examples=int(os.environ.get("LOOPSQ_FUZZ_EXAMPLES", "300")), deadline=None)
 
 json_values: st.SearchStrategy[Any] = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=6),
