@@ -85,6 +85,17 @@ return false
 """
 
 
+# Schedule the new entry, make it the loop's timer, and drop the entry it replaces if that is still scheduled.
+_SWAP = """
+redis.call('ZADD', KEYS[1], ARGV[2], ARGV[1])
+local previous = redis.call('GETSET', KEYS[2], ARGV[1])
+if previous and previous ~= ARGV[1] and redis.call('ZREM', KEYS[1], previous) == 1 then
+  redis.call('DEL', ARGV[3] .. previous)
+end
+return 1
+"""
+
+
 def arm(raw: redis.Redis, keys: Keys, loop_id: str, at: datetime) -> str:
     """Arm the loop's single timer at ``at``, replacing any previous entry. Returns the timer's job id.
 
@@ -96,10 +107,15 @@ def arm(raw: redis.Redis, keys: Keys, loop_id: str, at: datetime) -> str:
     if armed:
         return _text(armed)
     job_id = f"{prefix}{gen_id()[:6]}"
-    sched.enqueue_at(at, FIRE, loop_id, job_id=job_id, timeout=-1, job_result_ttl=RESULT_TTL, queue_name=QUEUE_NAME)
-    previous = raw.getset(keys.timer(loop_id), job_id)
-    if previous:
-        _drop(raw, sched, _text(previous))
+    # The job, its rq-scheduler entry and the swap of the loop's timer in one round trip (what
+    # ``MsScheduler.enqueue_at`` does, pipelined); a replaced entry that is still scheduled is dropped with it.
+    job = sched._create_job(FIRE, args=(loop_id,), timeout=-1, id=job_id, result_ttl=RESULT_TTL,
+                            queue_name=QUEUE_NAME, commit=False)
+    pipe = raw.pipeline(transaction=True)
+    job.save(pipeline=pipe)
+    pipe.eval(_SWAP, 2, sched.scheduled_jobs_key, keys.timer(loop_id), job_id, str(to_ms(at) / 1000.0),
+              Job.key_for(""))
+    pipe.execute()
     return job_id
 
 

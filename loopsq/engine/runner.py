@@ -53,6 +53,12 @@ def ensure_timer(rt: Runtime, loop: Loop | None) -> None:
 
 
 def execute_claim(rt: Runtime, claim: Claim, *, rearm: bool = True) -> LoopRun:
+    """Execute a claimed run with its lease held, then finalize it (fenced) and advance its loop (see
+    ``_execute``); returns the run as recorded."""
+    return _execute(rt, claim, rearm=rearm)[0]
+
+
+def _execute(rt: Runtime, claim: Claim, *, rearm: bool = True) -> tuple[LoopRun, Loop | None]:
     """Execute a claimed run with its lease held, then finalize it (fenced) and advance its loop.
 
     With ``rearm`` the loop's timer is armed for its next due time once the run is recorded. ``fire`` passes
@@ -99,7 +105,7 @@ def execute_claim(rt: Runtime, claim: Claim, *, rearm: bool = True) -> LoopRun:
         if held.reason == LEASE_LOST:
             log.warning("run %s lease lost; its outcome is not recorded", run.id)
             current = rt.runs.get(run.id)
-            return current or run
+            return current or run, None
         finished = rt.runs.finalize(
             run.id, claim.token, timeutil.now(), status=status, exit_code=exit_code, duration_ms=duration,
             stdout=stdout, stderr=stderr, error=error, pid=pid, known=(known["run"], loop.to_json()),
@@ -108,14 +114,14 @@ def execute_claim(rt: Runtime, claim: Claim, *, rearm: bool = True) -> LoopRun:
         rt.release(run.id)
     if finished is None:
         log.warning("run %s lease lost before finalize; nothing written", run.id)
-        return rt.runs.get(run.id) or run
+        return rt.runs.get(run.id) or run, None
     final, new_loop = finished
     crash_point("after_finalize")
     log.info("run %s %s loop=%s slot=%s attempt=%d%s", final.id, final.status, loop.name, final.scheduled_for,
              final.attempt, f" error={final.error}" if final.error and final.status != "succeeded" else "")
     if new_loop is not None and rearm:
         ensure_timer(rt, new_loop)
-    return final
+    return final, new_loop
 
 
 def _run_workflow_target(
@@ -148,15 +154,22 @@ def fire(rt: Runtime, loop_id: str) -> FireResult:
     if loop is None:
         timers.disarm(rt.raw, rt.keys, loop_id)
         return out
-    for slot in rules.due(loop, timeutil.now()):
+    # The loop as this fire last wrote it. Used to re-arm without reading it back when nothing but our own
+    # claim and finalize touched it; a stale guess would only cost a timer that fires, finds nothing due and
+    # re-arms from a fresh read.
+    known: Loop | None = loop
+    reread = False
+    for index, slot in enumerate(rules.due(loop, timeutil.now())):
         now = timeutil.now()
-        current = rt.loops.get(loop_id)
+        current = loop if index == 0 else rt.loops.get(loop_id)
         if current is None or current.status != "active":
+            reread = True
             break
         slot_iso = to_iso(slot)
         is_retry = current.retry_scheduled_for == slot_iso
         active = rt.runs.active_ids(loop_id)
         if active and current.overlap == "skip":
+            reread = True
             if is_retry:
                 rt.runs.defer_retry(loop_id, now + RETRY_DEFER, now)
                 break
@@ -171,20 +184,21 @@ def fire(rt: Runtime, loop_id: str) -> FireResult:
                 rt.runs.request_cancel(run_id, f"{rules.REPLACED_ERROR}{slot_iso}")
         claim = rt.runs.claim(loop_id, slot, rt.owner, now, source="scheduled")
         if isinstance(claim, Refusal):
+            reread = True
             if claim.reason in ("done", "exhausted"):
                 rt.runs.advance_past(loop_id, slot, now)
             continue
         out.claimed += 1
-        if rules.timer_at(claim.loop) is not None and not rules.advances_at_finish(claim.loop):
-            next_at = rules.timer_at(claim.loop)
-            if next_at is not None and next_at > now:
-                ensure_timer(rt, claim.loop)  # the next slot keeps its time while this run goes on
-        final = execute_claim(rt, claim, rearm=False)  # armed below, once every due slot has run
+        next_at = rules.timer_at(claim.loop)
+        if next_at is not None and next_at > now and not rules.advances_at_finish(claim.loop):
+            ensure_timer(rt, claim.loop)  # the next slot keeps its time while this run goes on
+        final, written = _execute(rt, claim, rearm=False)  # armed below, once every due slot has run
+        known = written or claim.loop
         out.completed += 1
         out.runs.append(final)
         if final.status in rules.RETRYABLE and final.attempt < claim.loop.max_attempts:
             break
-    ensure_timer(rt, rt.loops.get(loop_id))
+    ensure_timer(rt, known if known is not None and not reread else rt.loops.get(loop_id))
     return out
 
 
