@@ -54,6 +54,17 @@ def _store(body: dict[str, Any], preflight: bool) -> Loop:
     return app.loops().create(loop)
 
 
+def _create_executable(body: dict[str, Any], target: dict[str, Any], opts: dict[str, Any], preflight: bool) -> None:
+    """The rest of ``create command|agent``: timeouts and account on the target, store, print."""
+    _timeouts(target, opts)
+    account = account_body(opts)
+    if account is not None:
+        target["account"] = account
+    body["target"] = target
+    loop = _store(body, preflight)
+    _print_created(loop, f"created loop {loop.id} ({loop.name}) next={loop.next_run_at or '-'}")
+
+
 def _print_created(loop: Loop, human: str) -> None:
     get_app().emit(public_loop(loop.to_dict()), human)
 
@@ -82,13 +93,7 @@ def create_command(name: str, cmd: str, shell: bool, preflight: bool, **opts: An
     target: dict[str, Any] = {"type": "command", "command": cmd, "shell": shell}
     if opts.get("cwd") is not None:
         target["cwd"] = opts["cwd"]
-    _timeouts(target, opts)
-    account = account_body(opts)
-    if account is not None:
-        target["account"] = account
-    body["target"] = target
-    loop = _store(body, preflight)
-    _print_created(loop, f"created loop {loop.id} ({loop.name}) next={loop.next_run_at or '-'}")
+    _create_executable(body, target, opts, preflight)
 
 
 @create.command("agent")
@@ -138,13 +143,7 @@ def create_agent(
     target["configIsolation"] = config_isolation
     if prompt_via != "argv":
         target["promptVia"] = prompt_via
-    _timeouts(target, opts)
-    account = account_body(opts)
-    if account is not None:
-        target["account"] = account
-    body["target"] = target
-    loop = _store(body, preflight)
-    _print_created(loop, f"created loop {loop.id} ({loop.name}) next={loop.next_run_at or '-'}")
+    _create_executable(body, target, opts, preflight)
 
 
 @create.command("workflow")
