@@ -1,0 +1,113 @@
+"""Ending or resetting a workflow run from outside its execution: cancel (§5.6), the parent loop run's
+failure (§3.8) and recover (§5.7). Each is one atomic transition with its change and event."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+import redis
+
+from loopsq.errors import ConflictError
+from loopsq.keys import Keys
+from loopsq.state.commit import Tx
+from loopsq.timeutil import to_iso
+
+if TYPE_CHECKING:
+    from loopsq.state.workflow_runs import WorkflowRunState
+
+MAX_RETRIES = 50
+
+
+def _dumps(value: Mapping[str, Any]) -> str:
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+
+
+def _clean(d: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in d.items() if v is not None}
+
+
+class WorkflowRunControl:
+    """Cancel, parent failure and recover (mixed into ``WorkflowRunStore``, which provides these members)."""
+
+    client: redis.Redis
+    keys: Keys
+
+    def require(self, run_id: str) -> WorkflowRunState:
+        raise NotImplementedError
+
+    def _event(self, state: WorkflowRunState, tx: Tx, event_type: str, now: datetime, *, step_id: str | None = None,
+               payload: Any = None, offset: int = 0) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def _commit(self, tx: Tx) -> bool:
+        raise NotImplementedError
+
+    def _end_run(self, run_id: str, now: datetime, *, status: str, error: str, step_status: str, change: str,
+                 event_type: str, payload: dict[str, Any]) -> WorkflowRunState:
+        """A run and its pending|running steps end together (cancel, parent-lease failure)."""
+        for _ in range(MAX_RETRIES):
+            state = self.require(run_id)
+            if state.terminal:
+                return state
+            stamp = to_iso(now)
+            run = {**state.run, "status": status, "finishedAt": stamp, "error": error, "updatedAt": stamp}
+            tx = (
+                Tx(change, stamp)
+                .expect(self.keys.wf_run(run_id), state.run_raw)
+                .expect_length(self.keys.wf_events(run_id), state.events)
+                .set(self.keys.wf_run(run_id), _dumps(run))
+                .put("workflow_runs", run)
+            )
+            for step_id, step in state.steps.items():
+                if step["status"] in ("pending", "running"):
+                    new = _clean({**step, "status": step_status, "error": error, "pid": None, "updatedAt": stamp})
+                    tx.expect_field(self.keys.wf_steps(run_id), step_id, state.steps_raw[step_id])
+                    tx.hset(self.keys.wf_steps(run_id), step_id, _dumps(new)).put("workflow_step_runs", new)
+            self._event(state, tx, event_type, now, payload=payload)
+            tx.set(self.keys.cancel(run_id), error, px=3_600_000)
+            if self._commit(tx):
+                return self.require(run_id)
+        raise ConflictError(f"workflow run {run_id} kept changing; try again")
+
+    def cancel(self, run_id: str, now: datetime, reason: str = "cancelled by user") -> WorkflowRunState:
+        """Cancel a running workflow run (§5.6); a terminal run is returned unchanged. The executing process
+        sees the cancel key within its beat and kills the running step's process group."""
+        return self._end_run(run_id, now, status="cancelled", error=reason, step_status="cancelled",
+                             change="workflow_run_cancelled", event_type="cancelled", payload={"reason": reason})
+
+    def fail_for_parent(self, run_id: str, loop_run_id: str, now: datetime, error: str) -> WorkflowRunState:
+        """The parent loop run was abandoned: fail the run, skip its open steps (§3.8)."""
+        return self._end_run(run_id, now, status="failed", error=error, step_status="skipped",
+                             change="workflow_run_failed", event_type="failed",
+                             payload={"error": error, "loopRunId": loop_run_id})
+
+    def recover(self, run_id: str, now: datetime, reason: str, alive: Any) -> tuple[WorkflowRunState, list[str]]:
+        """Reset running steps to pending so a re-execution resumes (§5.7). ``alive(step) -> bool`` tells whether
+        a step's process still lives (host, pid and start time); any live one refuses with the reference's text."""
+        for _ in range(MAX_RETRIES):
+            state = self.require(run_id)
+            running = [s for s in state.ordered_steps() if s["status"] == "running"]
+            live = [s for s in running if alive(s)]
+            if live:
+                detail = ", ".join(f"{s['stepId']} pid={s.get('pid')}" for s in live)
+                raise ConflictError(f"cannot recover workflow run while step processes are still alive: {detail}")
+            if not running:
+                return state, []
+            stamp = to_iso(now)
+            tx = Tx("workflow_run_recovered", stamp).expect_length(self.keys.wf_events(run_id), state.events)
+            for step in running:
+                new = {k: v for k, v in step.items()
+                       if k not in ("startedAt", "finishedAt", "exitCode", "pid", "durationMs", "stdout", "stderr",
+                                    "host", "pidStartTime")}
+                new.update(status="pending", error=reason, updatedAt=stamp)
+                tx.expect_field(self.keys.wf_steps(run_id), step["stepId"], state.steps_raw[step["stepId"]])
+                tx.hset(self.keys.wf_steps(run_id), step["stepId"], _dumps(new)).put("workflow_step_runs", new)
+            ids = [s["stepId"] for s in running]
+            self._event(state, tx, "recovered", now, payload={"reason": reason, "recoveredSteps": ids})
+            if self._commit(tx):
+                return self.require(run_id), ids
+        raise ConflictError(f"workflow run {run_id} kept changing; try again")
+
