@@ -3,14 +3,21 @@ executed by an RQ ``SimpleWorker`` in burst mode in this process, interleaved, i
 
 Run: ``.venv/bin/python bench/run_overhead.py [--quick] [--runs K] [--reps R]``.
 
-Each repetition: K loops with a due slot (interval 1 h, command ``true``) get K ``worker.jobs.fire`` jobs on
-loopsq's queue, and K ``subprocess.run(['true'])`` jobs go on a second queue; the time of
-``worker.work(burst=True)`` over each queue, divided by K, is the per-run cost (enqueueing is not timed, on
-either side; nor is moving a timer to the queue, which the scheduler does). Prints the medians over the
-repetitions, their ratio (the issue's goal is <= 1.0x), Redis round trips per run (client writes, a pipeline
-counts once, counted by wrapping redis-py's ``send_packed_command``), server commands per run (INFO commandstats
-deltas, which include the commands Lua scripts call), and a breakdown of a loopsq run by function (self time,
-from a separate instrumented pass that is not part of the ratio).
+Each repetition: K loops with a due slot (interval 1 h, command ``true``) get their timers armed in the past and
+moved onto loopsq's queue, as the scheduler does; K ``subprocess.run(['true'])`` jobs go on a second queue. The
+time of ``worker.work(burst=True)`` over each queue, divided by K, is the per-run cost (arming, moving and
+enqueueing are not timed, on either side). Three sides:
+
+- ``loopsq``: as deployed. A fire job goes on to fire the timer jobs queued behind it (``runner.fire_queued``).
+- ``loopsq-1job``: every fire is its own RQ job (``fire_queued`` disabled): shown for context, the cost of a
+  fire that arrives alone on an idle worker.
+- ``bare``: the baseline.
+
+Prints the medians over the repetitions, the ratio loopsq/bare (the issue's goal is <= 1.0x) and loopsq-1job/bare,
+Redis round trips per run (client writes, a pipeline counts once, counted by wrapping redis-py's
+``send_packed_command``), server commands per run (INFO commandstats deltas, which include the commands Lua
+scripts call), and a breakdown of a loopsq run by function (self time, from a separate instrumented pass that is
+not part of the ratio).
 """
 
 from __future__ import annotations
@@ -32,6 +39,7 @@ import redis
 from redis.connection import AbstractConnection
 
 GOAL_RATIO = 1.0
+SIDES = ("loopsq", "loopsq-1job", "bare")
 
 # -- round-trip counting (a wrapper on the one method every request goes through) ---------------------------------
 _trips: Counter[str] = Counter()
@@ -81,6 +89,7 @@ class Bench:
 
     def prepare_loopsq(self, k: int) -> None:
         from loopsq.loop_spec import new_loop
+        from loopsq.timeutil import from_iso
 
         now = datetime.now(UTC)
         for _ in range(k):
@@ -88,7 +97,9 @@ class Bench:
             body = {"name": f"ovh-{self.serial:06d}", "schedule": {"type": "interval", "everyMs": 3_600_000},
                     "target": {"type": "command", "command": "true"}, "timezone": "UTC"}
             loop = self.store.create(new_loop(body, now - timedelta(hours=1, seconds=1)))
-            self.timers.enqueue(self.rt.raw, self.timers.FIRE, loop.id)
+            self.timers.arm(self.rt.raw, self.rt.keys, loop.id, from_iso(str(loop.next_run_at)))
+        moved = self.timers.move_due(self.rt.raw)
+        assert moved == k, f"{moved} timers moved, {k} armed"
 
     def prepare_bare(self, k: int) -> None:
         for _ in range(k):
@@ -106,11 +117,19 @@ class Bench:
 
     def measure(self, side: str, k: int) -> tuple[float, float, int, int, Counter[str]]:
         """(seconds, CPU seconds, main-thread round trips, background round trips, server commands) of a burst."""
-        (self.prepare_loopsq if side == "loopsq" else self.prepare_bare)(k)
+        import worker.jobs
+        from loopsq.engine import runner
+
+        (self.prepare_bare if side == "bare" else self.prepare_loopsq)(k)
+        if side == "loopsq-1job":
+            worker.jobs.runner = _OneJobRunner(runner)  # type: ignore[assignment]
         before_cmds = commandstats(self.stats_conn)
         cpu0 = cpu_seconds(self.stats_conn)
         before = Counter(_trips)
-        elapsed = self.burst(self.timers.QUEUE_NAME if side == "loopsq" else "bare")
+        try:
+            elapsed = self.burst("bare" if side == "bare" else self.timers.QUEUE_NAME)
+        finally:
+            worker.jobs.runner = runner
         cpu = cpu_seconds(self.stats_conn) - cpu0
         trips = Counter(_trips)
         trips.subtract(before)
@@ -131,6 +150,19 @@ class Bench:
 
     def close(self) -> None:
         self.rt.stop()
+
+
+class _OneJobRunner:
+    """``loopsq.engine.runner`` with ``fire_queued`` taking nothing: one RQ job per fire."""
+
+    def __init__(self, runner: Any) -> None:
+        self._runner = runner
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._runner, name)
+
+    def fire_queued(self, rt: Any) -> Any:
+        return self._runner.FireResult()
 
 
 class SelfTimer:
@@ -176,17 +208,19 @@ def breakdown(b: Bench, k: int) -> tuple[float, SelfTimer]:
     from loopsq.state.loops import LoopStore
     from loopsq.state.runs import RunStore
 
+    b.prepare_loopsq(k)  # arms and moves the timers: not part of the runs
     st = SelfTimer()
-    st.wrap(worker.jobs, "fire", "worker.jobs.fire (rest of runner.fire)")
+    st.wrap(worker.jobs, "fire", "worker.jobs.fire")
+    st.wrap(runner, "fire", "runner.fire (rest)")
     st.wrap(LoopStore, "get", "LoopStore.get (loop reads)")
     st.wrap(RunStore, "active_ids", "RunStore.active_ids")
     st.wrap(RunStore, "claim", "RunStore.claim")
     st.wrap(runner, "ensure_timer", "runner.ensure_timer (arm/disarm)")
     st.wrap(timers, "arm", "timers.arm")
+    st.wrap(timers, "take_fire", "timers.take_fire")
     st.wrap(runner, "execute_target", "execute_target (spawn+wait true)")
     st.wrap(RunStore, "mark_started", "RunStore.mark_started")
     st.wrap(RunStore, "finalize", "RunStore.finalize")
-    b.prepare_loopsq(k)
     try:
         elapsed = b.burst(timers.QUEUE_NAME)
     finally:
@@ -209,15 +243,15 @@ def main() -> None:
     try:
         b = Bench(h)
         # Warm-up: imports, script loading, allocator.
-        b.measure("loopsq", 20)
-        b.measure("bare", 20)
-        per: dict[str, list[float]] = {"loopsq": [], "bare": []}
-        cpu: dict[str, list[float]] = {"loopsq": [], "bare": []}
-        trips: dict[str, list[float]] = {"loopsq": [], "bare": []}
-        bg: dict[str, list[float]] = {"loopsq": [], "bare": []}
-        cmds: dict[str, Counter[str]] = {"loopsq": Counter(), "bare": Counter()}
+        for side in SIDES:
+            b.measure(side, 20)
+        per: dict[str, list[float]] = {side: [] for side in SIDES}
+        cpu: dict[str, list[float]] = {side: [] for side in SIDES}
+        trips: dict[str, list[float]] = {side: [] for side in SIDES}
+        bg: dict[str, list[float]] = {side: [] for side in SIDES}
+        cmds: dict[str, Counter[str]] = {side: Counter() for side in SIDES}
         for rep in range(reps):
-            for side in (("loopsq", "bare") if rep % 2 == 0 else ("bare", "loopsq")):
+            for side in (SIDES if rep % 2 == 0 else SIDES[::-1]):
                 elapsed, cpu_s, main_trips, bg_trips, c = b.measure(side, k)
                 per[side].append(elapsed / k)
                 cpu[side].append(cpu_s / k)
@@ -240,7 +274,8 @@ def main() -> None:
 
     q, r = statistics.median(per["loopsq"]), statistics.median(per["bare"])
     print(f"\nper-run time, median of {reps} bursts (min..max):")
-    for side, label in (("loopsq", "loopsq fire(true)"), ("bare", "bare RQ subprocess.run(['true'])")):
+    for side, label in (("loopsq", "loopsq fire(true)"), ("loopsq-1job", "loopsq, one RQ job per fire"),
+                        ("bare", "bare RQ subprocess.run(['true'])")):
         v = per[side]
         print(f"  {label:34s} {statistics.median(v) * 1e3:7.2f} ms  ({min(v) * 1e3:.2f}..{max(v) * 1e3:.2f})  "
               f"= {1 / statistics.median(v):6.0f} runs/s per worker")
@@ -249,11 +284,11 @@ def main() -> None:
     print(f"CPU per run (this process + its children + redis-server; insensitive to other load): loopsq "
           f"{cq * 1e3:.2f} ms, bare {cr * 1e3:.2f} ms, ratio {cq / cr:.2f}x")
     print("\nRedis round trips per run (client requests; a pipeline or an EVALSHA counts once):")
-    for side in ("loopsq", "bare"):
-        print(f"  {side:7s} worker thread {statistics.median(trips[side]):5.1f}   "
+    for side in SIDES:
+        print(f"  {side:11s} worker thread {statistics.median(trips[side]):5.1f}   "
               f"beat thread {statistics.median(bg[side]):4.1f}")
     total_runs = reps * k
-    for side in ("loopsq", "bare"):
+    for side in SIDES:
         top = ", ".join(f"{name} {n / total_runs:.1f}" for name, n in cmds[side].most_common(12))
         print(f"server commands per run, {side} ({sum(cmds[side].values()) / total_runs:.1f} in all): {top}")
     print(f"\nloopsq run, self time per run by function (instrumented burst of {k}: "
@@ -266,10 +301,12 @@ def main() -> None:
     print(f"\n{status}")
     # Paired ratios (each repetition's two adjacent bursts) are robust against load from other processes.
     ratio = statistics.median(a / c for a, c in zip(per["loopsq"], per["bare"], strict=True))
+    one_job = statistics.median(a / c for a, c in zip(per["loopsq-1job"], per["bare"], strict=True))
     print(f"load average at the end: {hx.load_average()}")
     print(f"\nper-run overhead ratio loopsq/bare = {ratio:.2f}x (median of {reps} paired repetitions; wall medians "
           f"{q * 1e3:.2f} ms vs {r * 1e3:.2f} ms; CPU ratio {cq / cr:.2f}x; goal <= {GOAL_RATIO:.1f}x): "
           f"{'ok' if ratio <= GOAL_RATIO else 'NOT MET'}")
+    print(f"one RQ job per fire (a fire alone on an idle worker) loopsq-1job/bare = {one_job:.2f}x")
 
 
 if __name__ == "__main__":

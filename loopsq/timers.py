@@ -21,6 +21,8 @@ from typing import Any
 import redis
 from rq import Queue, SimpleWorker
 from rq.job import Job
+from rq.utils import now as utcnow
+from rq.utils import utcformat
 from rq_scheduler import Scheduler
 
 from loopsq.keys import Keys
@@ -28,6 +30,8 @@ from loopsq.timeutil import gen_id, to_ms
 
 QUEUE_NAME = "loopsq"
 FIRE = "worker.jobs.fire"
+#: Every timer's job id starts with this, then ``<loop id>-<due ms>-<random>``.
+FIRE_PREFIX = "loopsq-fire-"
 #: Results of loopsq's jobs are of no use once the run is recorded; keep them briefly for debugging.
 RESULT_TTL = 60
 FAILURE_TTL = 7 * 24 * 3600
@@ -102,7 +106,7 @@ def arm(raw: redis.Redis, keys: Keys, loop_id: str, at: datetime) -> str:
     When the entry already armed is for the same millisecond and still scheduled, nothing is written.
     """
     sched = scheduler(raw)
-    prefix = f"loopsq-fire-{loop_id}-{to_ms(at)}-"
+    prefix = f"{FIRE_PREFIX}{loop_id}-{to_ms(at)}-"
     armed = raw.eval(_ARMED_AT, 2, keys.timer(loop_id), sched.scheduled_jobs_key, prefix)
     if armed:
         return _text(armed)
@@ -182,6 +186,49 @@ def move_due(raw: redis.Redis) -> int:
         sched.enqueue_job(job)
         moved += 1
     return moved
+
+
+# Take the fire entry at the head of the queue, if the head is one (anything else is left for RQ, in order): pop
+# it and mark its job started by this worker, as RQ would, so maintenance counts the timer in flight while this
+# live worker runs it. The job taken before (ARGV[4]) is done: its hash goes, as RQ drops a finished job's.
+_TAKE_FIRE = """
+if ARGV[4] ~= '' then redis.call('DEL', ARGV[1] .. ARGV[4]) end
+while true do
+  local id = redis.call('LINDEX', KEYS[1], 0)
+  if not id or string.sub(id, 1, #ARGV[2]) ~= ARGV[2] then return false end
+  redis.call('LPOP', KEYS[1])
+  local key = ARGV[1] .. id
+  if redis.call('EXISTS', key) == 1 then
+    redis.call('HSET', key, 'status', 'started', 'worker_name', ARGV[3], 'started_at', ARGV[5])
+    return id
+  end
+end
+"""
+
+
+def take_fire(raw: redis.Redis, worker: str, done: str | None = None) -> tuple[str, str] | None:
+    """Take the timer job at the head of loopsq's queue for ``worker`` to fire without another RQ job:
+    (job id, loop id), or None when the head is not a timer's job (or the queue is empty).
+
+    ``done``: the job this worker took before and has finished; its hash is deleted in the same round trip (pass
+    it to ``finish_taken`` instead when not taking another).
+    """
+    taken = raw.eval(_TAKE_FIRE, 1, queue(raw).key, Job.key_for(""), FIRE_PREFIX, worker, done or "",
+                     utcformat(utcnow()))
+    if not taken:
+        return None
+    job_id = _text(taken)
+    return job_id, fire_loop_id(job_id)
+
+
+def finish_taken(raw: redis.Redis, job_id: str) -> None:
+    """A job from ``take_fire`` is done."""
+    raw.delete(Job.key_for(job_id))
+
+
+def fire_loop_id(job_id: str) -> str:
+    """The loop of a timer's job id (``loopsq-fire-<loop id>-<due ms>-<random>``)."""
+    return job_id[len(FIRE_PREFIX):].rsplit("-", 2)[0]
 
 
 def next_due_in(raw: redis.Redis) -> float | None:

@@ -159,6 +159,11 @@ class Runtime:
         self._shutdown_timer.daemon = True
         self._shutdown_timer.start()
 
+    @property
+    def stopping(self) -> bool:
+        """A graceful shutdown was requested, or the runtime stopped: take no new work."""
+        return self._shutdown_timer is not None or self._stop.is_set()
+
     def held_ids(self) -> list[str]:
         """Runs this process executes now."""
         with self._lock:

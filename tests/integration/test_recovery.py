@@ -9,8 +9,12 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
+import redis
+from rq.job import Job
+from rq.registry import StartedJobRegistry
 
-from loopsq import timeutil
+from loopsq import timers, timeutil
+from loopsq.keys import Keys
 from loopsq.procs import is_process_alive
 from loopsq.sdk import LoopsClient
 from loopsq.timeutil import from_iso, to_iso
@@ -18,6 +22,7 @@ from tests.integration.processes import Cluster, gaps, open_cluster
 from tests.redis_server import RedisServer
 
 pytestmark = pytest.mark.integration
+KEYS = Keys()
 
 
 @pytest.fixture
@@ -113,3 +118,42 @@ def test_killing_the_leading_scheduler_hands_the_timers_to_the_other_without_run
     assert len(set(slots)) == len(slots), slots
     assert not gaps(slots, 1000), gaps(slots, 1000)
     assert all(r.status == "succeeded" and r.attempt == 1 for r in cluster.runs("steady"))
+
+
+@pytest.mark.timeout(60)
+def test_a_worker_killed_in_a_fire_it_took_from_the_queue_has_that_run_retried_and_the_loop_rearmed(
+    cluster: Cluster,
+) -> None:
+    # Both timers reach the queue before any worker runs. The victim's RQ job fires "quick", then takes the timer
+    # job of "slow" from the queue behind it (runner.fire_queued) and is killed while that run goes on.
+    cmd = f'echo "start $LOOPS_SCHEDULED_FOR" >> {cluster.ledger_dir}/ledger-slow; sleep 4'
+    now = timeutil.now()
+    cluster.create("quick", "true", "--at", to_iso(now + timedelta(seconds=2)))
+    at = to_iso(now + timedelta(seconds=2.5))
+    cluster.create("slow", cmd, "--at", at, "--attempts", "2", "--retry-delay", "500ms")
+    raw = redis.Redis.from_url(cluster.url)
+    cluster.start("scheduler")
+    cluster.wait_until(lambda: timers.queue_depth(raw) == 2, 15, "both timers to reach the queue")
+    quick_job = str(cluster.client.get(KEYS.timer(cluster.loop("quick")["id"])))
+    slow_job = str(cluster.client.get(KEYS.timer(cluster.loop("slow")["id"])))
+    victim = cluster.start("worker")
+    run = cluster.wait_until(lambda: next((r for r in cluster.runs("slow") if r.pid), None), 15,
+                             "the slow run to start on the victim")
+    victim_id = cluster.worker_id(victim)
+    assert run.worker_id == victim_id
+    # RQ dequeued only quick's timer job; slow's was taken inside it, marked started by the victim.
+    assert StartedJobRegistry(timers.QUEUE_NAME, connection=raw).get_job_ids() == [quick_job]
+    assert raw.hmget(Job.key_for(slow_job), ["status", "worker_name"]) == [b"started", victim_id.encode()]
+    survivor = cluster.start("worker")
+    victim.kill9()
+    killed_at = time.monotonic()
+
+    final = cluster.wait_until(lambda: (r := cluster.run(run.id)) and r.terminal and r.attempt == 2 and r, 20,
+                               "attempt 2 of the killed run to end")
+    assert time.monotonic() - killed_at <= 15 + 4  # recovered within 15 s; attempt 2 sleeps 4 s
+    assert (final.status, final.worker_id) == ("succeeded", cluster.worker_id(survivor)), final.to_dict()
+    abandoned = [c for c in cluster.changes() if c["type"] == "run_abandoned"]
+    assert [c["data"]["upsert"]["loop_runs"][0]["id"] for c in abandoned] == [run.id]
+    assert cluster.ledger("slow") == [("start", at), ("start", at)]
+    assert [r.status for r in cluster.runs("quick")] == ["succeeded"]
+    raw.close()
