@@ -16,6 +16,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
+import redis
+
 from loopsq import runs as rules
 from loopsq import timers, timeutil
 from loopsq.engine.faults import crash_point
@@ -248,8 +250,31 @@ def fire_queued(rt: Runtime, budget_s: float = DRAIN_BUDGET_S) -> FireResult:
             out.runs.extend(result.runs)
     finally:
         if done is not None:
-            timers.finish_taken(rt.raw, done)
+            _finish_taken(rt, done)
     return out
+
+
+#: Waits between attempts to drop a taken job's hash while Redis is unreachable (about 30 s in all).
+FINISH_RETRY_S = (0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 5.0, 5.0, 5.0, 5.0)
+
+
+def _finish_taken(rt: Runtime, job_id: str) -> None:
+    """Drop a taken timer job, riding out a short Redis outage.
+
+    A job left marked started by this live worker would count as in flight until the worker dies, and its loop
+    would get no new timer meanwhile. If Redis stays away longer, the error reaches RQ, whose worker then fails
+    too; ``loopsq worker`` restarts under a new id, and the old id's liveness expires, so the job is orphaned
+    and maintenance re-arms the loop.
+    """
+    for delay in (*FINISH_RETRY_S, None):
+        try:
+            timers.finish_taken(rt.raw, job_id)
+            return
+        except (redis.ConnectionError, redis.TimeoutError) as exc:
+            if delay is None:
+                raise
+            log.warning("could not drop taken timer job %s (%s); retrying in %.1fs", job_id, exc, delay)
+            time.sleep(delay)
 
 
 def _claim_ad_hoc(rt: Runtime, loop: Loop, slot: datetime, source: str, run_id: str | None,

@@ -158,3 +158,37 @@ def test_a_taken_job_counts_as_in_flight_while_its_worker_lives_and_orphaned_onc
     assert report.armed == 1
     assert timers.armed_state(rt.raw, rt.keys, [mine.id])[mine.id] == (None, "started")
     assert timers.armed_state(rt.raw, rt.keys, [theirs.id])[theirs.id][0] is not None
+
+
+def test_dropping_a_taken_job_rides_out_a_short_redis_outage_and_gives_up_after_a_long_one(
+    rt: Runtime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for name in ("a", "b"):
+        due_loop(rt, name)
+    assert timers.move_due(rt.raw) == 2
+    first, second = queued(rt)
+    real_finish = timers.finish_taken
+    failures = {"left": 2}
+
+    def flaky(raw: redis.Redis, job_id: str) -> None:
+        if failures["left"] > 0:
+            failures["left"] -= 1
+            raise redis.ConnectionError("Connection refused")
+        real_finish(raw, job_id)
+
+    def fire_then_stop(runtime: Runtime, _loop_id: str) -> runner.FireResult:
+        runtime.begin_shutdown(60)  # the taken job is then dropped on its own, not by a next take
+        return runner.FireResult()
+
+    monkeypatch.setattr(timers, "finish_taken", flaky)
+    monkeypatch.setattr(runner, "FINISH_RETRY_S", (0.01, 0.01, 0.01))
+    monkeypatch.setattr(runner, "fire", fire_then_stop)
+    assert runner.fire_queued(rt).taken == 1
+    assert failures["left"] == 0 and not rt.raw.exists(Job.key_for(first))
+
+    # Redis stays away longer than the retries: the error goes up (to RQ); the job stays marked for the orphan path.
+    assert timers.take_fire(rt.raw, rt.owner.worker_id) == (second, timers.fire_loop_id(second))
+    failures["left"] = 10
+    with pytest.raises(redis.ConnectionError):
+        runner._finish_taken(rt, second)
+    assert rt.raw.hget(Job.key_for(second), "status") == b"started"
