@@ -27,7 +27,7 @@ from click.testing import CliRunner
 
 from loopsq import config
 from loopsq.cli import cli
-from loopsq.up import ChildSpec, Printer, Supervisor
+from loopsq.supervisor import ChildSpec, Printer, Supervisor
 from tests.redis_server import RedisServer, free_port
 
 ROOT = Path(__file__).parents[2]
