@@ -89,12 +89,20 @@ return false
 """
 
 
-# Schedule the new entry, make it the loop's timer, and drop the entry it replaces if that is still scheduled.
+# Schedule the new entry, make it the loop's timer, and drop the entry it replaces if that is still scheduled, or
+# if it was taken by a worker that is gone (``take_fire``; RQ never saw it, so nothing else would delete it).
 _SWAP = """
 redis.call('ZADD', KEYS[1], ARGV[2], ARGV[1])
 local previous = redis.call('GETSET', KEYS[2], ARGV[1])
-if previous and previous ~= ARGV[1] and redis.call('ZREM', KEYS[1], previous) == 1 then
-  redis.call('DEL', ARGV[3] .. previous)
+if previous and previous ~= ARGV[1] then
+  if redis.call('ZREM', KEYS[1], previous) == 1 then
+    redis.call('DEL', ARGV[3] .. previous)
+  else
+    local taken = redis.call('HMGET', ARGV[3] .. previous, 'loopsq_taken', 'worker_name')
+    if taken[1] and taken[2] and redis.call('EXISTS', ARGV[4] .. taken[2]) == 0 then
+      redis.call('DEL', ARGV[3] .. previous)
+    end
+  end
 end
 return 1
 """
@@ -118,7 +126,7 @@ def arm(raw: redis.Redis, keys: Keys, loop_id: str, at: datetime) -> str:
     pipe = raw.pipeline(transaction=True)
     job.save(pipeline=pipe)
     pipe.eval(_SWAP, 2, sched.scheduled_jobs_key, keys.timer(loop_id), job_id, str(to_ms(at) / 1000.0),
-              Job.key_for(""))
+              Job.key_for(""), keys.worker(""))
     pipe.execute()
     return job_id
 
@@ -199,7 +207,7 @@ while true do
   redis.call('LPOP', KEYS[1])
   local key = ARGV[1] .. id
   if redis.call('EXISTS', key) == 1 then
-    redis.call('HSET', key, 'status', 'started', 'worker_name', ARGV[3], 'started_at', ARGV[5])
+    redis.call('HSET', key, 'status', 'started', 'worker_name', ARGV[3], 'started_at', ARGV[5], 'loopsq_taken', '1')
     return id
   end
 end

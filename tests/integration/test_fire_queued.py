@@ -154,10 +154,15 @@ def test_a_taken_job_counts_as_in_flight_while_its_worker_lives_and_orphaned_onc
         assert timers.take_fire(rt.raw, owners[loop_id]) is not None
     states = timers.armed_state(rt.raw, rt.keys, [mine.id, theirs.id])
     assert states == {mine.id: (None, "started"), theirs.id: (None, "orphaned")}
+    my_job, their_job = timer_job(rt, mine), timer_job(rt, theirs)
     report = maintenance.maintain(rt)
     assert report.armed == 1
     assert timers.armed_state(rt.raw, rt.keys, [mine.id])[mine.id] == (None, "started")
     assert timers.armed_state(rt.raw, rt.keys, [theirs.id])[theirs.id][0] is not None
+    # Re-arming dropped the dead worker's taken job (nothing else would); a live worker's re-arm keeps its own.
+    assert not rt.raw.exists(Job.key_for(their_job))
+    timers.arm(rt.raw, rt.keys, mine.id, timeutil.now() + timedelta(hours=1))
+    assert rt.raw.hget(Job.key_for(my_job), "status") == b"started"
 
 
 def test_dropping_a_taken_job_rides_out_a_short_redis_outage_and_gives_up_after_a_long_one(
