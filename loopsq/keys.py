@@ -163,6 +163,11 @@ class Keys:
         """Sorted set: every workflow run id by creation time (ms)."""
         return self._k("wfruns")
 
+    @property
+    def wf_running(self) -> str:
+        """Set: the workflow runs not ended yet (maintenance looks there for runs whose worker died)."""
+        return self._k("wfruns", "running")
+
     def wf_idempotency(self, workflow_id: str, key: str) -> str:
         """String: the workflow run an idempotency key stands for (``<loopId>:<slot>:attempt:<n>`` for loops)."""
         return self._k("wfidem", workflow_id, key)

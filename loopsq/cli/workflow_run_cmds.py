@@ -83,8 +83,8 @@ def _wait_terminal(app: App, run_id: str, wait_s: float) -> None:
         if state is not None and _owner_gone(app, state.run):
             from loopsq.errors import LoopsqError
 
-            raise LoopsqError(f"the worker running workflow run {run_id} died; `loopsq workflows recover "
-                              f"{run_id}` then run it again")
+            raise LoopsqError(f"the worker running workflow run {run_id} died; maintenance (`loopsq scheduler`) "
+                              "records the run failed; run the workflow again")
         time.sleep(0.05)
 
 

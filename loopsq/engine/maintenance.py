@@ -38,6 +38,8 @@ class Report:
     disarmed: int = 0
     recovered: list[LoopRun] = field(default_factory=list)
     retriggered: int = 0
+    #: Workflow runs of their own (no parent loop run) failed because their worker died.
+    workflows_failed: int = 0
 
 
 def _update_loop(rt: Runtime, loop: Loop, new: Loop, change_type: str, now: datetime) -> bool:
@@ -144,6 +146,39 @@ def recover_runs(rt: Runtime, now: datetime) -> list[LoopRun]:
 PARENT_EXPIRED = "parent loop run lease expired before completion"
 
 
+def recover_workflow_runs(rt: Runtime, now: datetime) -> int:
+    """Fail the workflow runs of their own (``workflows run``, the API, the SDK) whose worker died: nothing else
+    would ever end them. As for a loop run whose worker died, live step processes it left on this host are killed
+    first (nobody could record their outcome). Runs of a loop run are left to that run's recovery."""
+    from loopsq.state.workflow_runs import WorkflowRunStore
+
+    ids = sorted(str(i) for i in rt.client.smembers(rt.keys.wf_running))
+    if not ids:
+        return 0
+    store = WorkflowRunStore(rt.client, rt.keys, rt.committer)
+    failed = 0
+    for run_id in ids:
+        state = store.load(run_id)
+        if state is None or state.terminal:
+            rt.client.srem(rt.keys.wf_running, run_id)
+            continue
+        owner = state.run.get("workerId")
+        if state.run.get("loopRunId") or not owner or rt.client.exists(rt.keys.worker(str(owner))):
+            continue
+        for step in state.steps.values():
+            pid = step.get("pid")
+            if (step.get("status") == "running" and pid and step.get("host") == rt.owner.host
+                    and is_process_alive(int(pid), step.get("pidStartTime"))):
+                log.warning("killing orphaned process group %d of step %s (workflow run %s)", pid, step["stepId"],
+                            run_id)
+                kill_process_group(int(pid), signal.SIGKILL)
+        error = f"worker {owner} died before completion"
+        store.fail_for_owner(run_id, now, error)
+        log.info("workflow run %s failed: %s", run_id, error)
+        failed += 1
+    return failed
+
+
 def _fail_child_workflows(rt: Runtime, run: LoopRun, now: datetime, reason: str) -> None:
     """A workflow run whose parent loop run was abandoned fails, its open steps skipped (§3.8). The reference's
     message for an expired lease; for a dead worker the run says so."""
@@ -178,6 +213,7 @@ def maintain(rt: Runtime, now: datetime | None = None) -> Report:
     now = now or timeutil.now()
     report = Report()
     report.recovered = recover_runs(rt, now)
+    report.workflows_failed = recover_workflow_runs(rt, now)
     loops = rt.loops.all()
     running = rt.runs.get_many(rt.runs.running_ids())
     active_loops = {run.loop_id for run in running}

@@ -59,6 +59,7 @@ class WorkflowRunControl:
                 .expect(self.keys.wf_run(run_id), state.run_raw)
                 .expect_length(self.keys.wf_events(run_id), state.events)
                 .set(self.keys.wf_run(run_id), _dumps(run))
+                .srem(self.keys.wf_running, run_id)
                 .put("workflow_runs", run)
             )
             for step_id, step in state.steps.items():
@@ -83,6 +84,12 @@ class WorkflowRunControl:
         return self._end_run(run_id, now, status="failed", error=error, step_status="skipped",
                              change="workflow_run_failed", event_type="failed",
                              payload={"error": error, "loopRunId": loop_run_id})
+
+    def fail_for_owner(self, run_id: str, now: datetime, error: str) -> WorkflowRunState:
+        """The worker executing a workflow run of its own (no parent loop run) died: fail the run, skip its open
+        steps. Nothing would ever end it otherwise."""
+        return self._end_run(run_id, now, status="failed", error=error, step_status="skipped",
+                             change="workflow_run_failed", event_type="failed", payload={"error": error})
 
     def recover(self, run_id: str, now: datetime, reason: str, alive: Any) -> tuple[WorkflowRunState, list[str]]:
         """Reset running steps to pending so a re-execution resumes (§5.7). ``alive(step) -> bool`` tells whether

@@ -188,7 +188,7 @@ class WorkflowRunStore(WorkflowRunControl):
             tx.set(self.keys.wf_run(rid), state.run_raw).put("workflow_runs", run)
             for step_id, raw in state.steps_raw.items():
                 tx.hset(self.keys.wf_steps(rid), step_id, raw).put("workflow_step_runs", steps[step_id])
-            tx.zadd(self.keys.wf_runs, to_ms(now), rid)
+            tx.zadd(self.keys.wf_runs, to_ms(now), rid).sadd(self.keys.wf_running, rid)
             if loop_run is not None:
                 tx.sadd(self.keys.loop_run_workflows(str(loop_run["id"])), rid)
             payload = _clean({"workflowId": wf_id, "workflowName": spec["name"], "stepCount": len(steps),
@@ -352,6 +352,7 @@ class WorkflowRunStore(WorkflowRunControl):
                 .expect(self.keys.wf_run(state.run_id), state.run_raw)
                 .expect_length(self.keys.wf_events(state.run_id), state.events)
                 .set(self.keys.wf_run(state.run_id), _dumps(run))
+                .srem(self.keys.wf_running, state.run_id)
                 .put("workflow_runs", run)
             )
             self._event(state, tx, status, now, payload=_clean({"error": error}) or None)
