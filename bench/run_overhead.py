@@ -1,5 +1,6 @@
 """Per-run overhead: a loopsq run of ``true`` against a bare RQ job running ``subprocess.run(['true'])``, both
-executed by an RQ ``SimpleWorker`` in burst mode in this process, interleaved, in the same run.
+executed by loopsq's worker class (RQ's ``SimpleWorker`` plus a heartbeat of the running job) in burst mode in
+this process, interleaved, in the same run.
 
 Run: ``.venv/bin/python bench/run_overhead.py [--quick] [--runs K] [--reps R]``.
 
@@ -106,11 +107,11 @@ class Bench:
             self.bare_queue.enqueue(subprocess.run, ["true"], job_timeout=-1, result_ttl=60, failure_ttl=7 * 86400)
 
     def burst(self, queue_name: str) -> float:
-        from rq import Queue, SimpleWorker
+        from rq import Queue
 
         self.serial += 1
-        worker = SimpleWorker([Queue(queue_name, connection=self.rt.raw, default_timeout=-1)],
-                              connection=self.rt.raw, name=f"bench-{self.serial}")
+        worker = self.timers._Worker([Queue(queue_name, connection=self.rt.raw, default_timeout=-1)],
+                                     connection=self.rt.raw, name=f"bench-{self.serial}")
         start = time.perf_counter()
         worker.work(burst=True, logging_level="WARNING", with_scheduler=False)
         return time.perf_counter() - start
@@ -238,8 +239,8 @@ def main() -> None:
     reps = args.reps or (3 if args.quick else 7)
     h = hx.Harness("overhead", 120 + reps * k // 5)
     print(__doc__.split("\n", 1)[0])
-    print(f"{reps} repetitions x {k} runs per side, interleaved; SimpleWorker in this process; private redis-server; "
-          f"load average {hx.load_average()}")
+    print(f"{reps} repetitions x {k} runs per side, interleaved; loopsq's worker class in this process; private "
+          f"redis-server; load average {hx.load_average()}")
     try:
         b = Bench(h)
         # Warm-up: imports, script loading, allocator.

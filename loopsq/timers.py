@@ -13,6 +13,8 @@ Switching the timer (for example to RQ's own scheduler) touches this file only.
 
 from __future__ import annotations
 
+import logging
+import threading
 import time
 from collections.abc import Callable
 from datetime import datetime
@@ -27,6 +29,8 @@ from rq_scheduler import Scheduler
 
 from loopsq.keys import Keys
 from loopsq.timeutil import gen_id, to_ms
+
+log = logging.getLogger("loopsq.timers")
 
 QUEUE_NAME = "loopsq"
 FIRE = "worker.jobs.fire"
@@ -265,15 +269,67 @@ def scheduled_count(raw: redis.Redis) -> int:
     return int(raw.zcard(scheduler(raw).scheduled_jobs_key))
 
 
+class _JobBeat:
+    """Renews RQ's heartbeats of the job a ``SimpleWorker`` executes (its own, its execution's, the worker's),
+    as RQ's forking worker does from its parent process. Without it RQ keeps them for 420 s only: a longer run
+    (an agent, a workflow) has its job marked failed with ``AbandonedJobError`` by another worker's registry
+    cleanup while it still runs, and the worker drops out of RQ's worker list."""
+
+    def __init__(self, worker: SimpleWorker, job: Job, every_s: float) -> None:
+        self._worker, self._job, self._every_s = worker, job, every_s
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._thread = threading.Thread(target=self._run, name="loopsq-rq-job-beat", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._every_s):
+            with self._lock:
+                if self._stop.is_set():
+                    return
+                try:
+                    self._worker.maintain_heartbeats(self._job)
+                except redis.RedisError as exc:
+                    log.warning("could not renew RQ's heartbeat of job %s: %s", self._job.id, exc)
+
+    def stop(self) -> None:
+        """No heartbeat after this returns (RQ is about to record the job's end)."""
+        self._stop.set()
+        with self._lock:
+            pass
+
+
 class _Worker(SimpleWorker):
-    """SimpleWorker that tells loopsq when a (warm) shutdown is requested, so the grace period starts."""
+    """SimpleWorker that tells loopsq when a (warm) shutdown is requested, so the grace period starts, and keeps
+    RQ's heartbeats of the running job (``_JobBeat``)."""
 
     on_stop: Callable[[], None] | None = None
+    _beat: _JobBeat | None = None
 
     def request_stop(self, signum: Any, frame: Any) -> None:
         if self.on_stop is not None:
             self.on_stop()
         super().request_stop(signum, frame)  # type: ignore[no-untyped-call]
+
+    def perform_job(self, job: Job, queue: Queue) -> bool:
+        self._beat = _JobBeat(self, job, self.job_monitoring_interval)
+        try:
+            return bool(super().perform_job(job, queue))
+        finally:
+            self._stop_beat()
+
+    def _stop_beat(self) -> None:
+        if self._beat is not None:
+            self._beat.stop()
+            self._beat = None
+
+    def handle_job_success(self, *args: Any, **kwargs: Any) -> None:
+        self._stop_beat()
+        super().handle_job_success(*args, **kwargs)
+
+    def handle_job_failure(self, *args: Any, **kwargs: Any) -> None:
+        self._stop_beat()
+        super().handle_job_failure(*args, **kwargs)
 
 
 def make_worker(raw: redis.Redis, name: str, exception_handler: Callable[..., Any] | None = None,
