@@ -118,6 +118,16 @@ class Keys:
         return self._k("request", request_id)
 
     # -- processes ---------------------------------------------------------------------------------------------
+    @property
+    def hosts(self) -> str:
+        """Hash: host -> epoch ms of the latest liveness beat of a worker there (a host with a live worker reaps
+        its own orphans; runs there are left to it)."""
+        return self._k("hosts")
+
+    def host_runs(self, host: str) -> str:
+        """Set: the running runs whose process was started on ``host``."""
+        return self._k("host", host, "runs")
+
     def worker(self, worker_id: str) -> str:
         """String with a short TTL: a live worker's liveness record (JSON: host, pid, start time, runs)."""
         return self._k("worker", worker_id)

@@ -139,5 +139,9 @@ def kill_process_group(pgid: int, sig: int) -> bool:
 
 
 def hostname() -> str:
-    """Return this host's name, as recorded next to a pid so that liveness is only judged on the owning host."""
-    return socket.gethostname()
+    """Return this host's name, as recorded next to a pid so that liveness is only judged on the owning host.
+
+    ``LOOPSQ_HOST`` overrides it: for processes that share a pid namespace but not a host name (containers
+    with ``--pid=host``), or distinct "hosts" on one machine in tests.
+    """
+    return os.environ.get("LOOPSQ_HOST") or socket.gethostname()

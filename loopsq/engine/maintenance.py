@@ -111,9 +111,56 @@ def recovery_reason(rt: Runtime, run: LoopRun, lease: str | None, worker_alive: 
     return f"worker {run.worker_id} died before completion"
 
 
+def live_worker_hosts(rt: Runtime, now: datetime) -> set[str]:
+    """Hosts where a worker beat within the liveness TTL (each reaps its own host: ``reap_host``)."""
+    from loopsq.engine.runtime import LIVENESS_TTL_MS
+
+    beats = rt.client.hgetall(rt.keys.hosts)
+    since = to_ms(now) - LIVENESS_TTL_MS
+    return {str(host) for host, at in beats.items() if int(at) >= since}
+
+
+#: A host without a worker beat for this long leaves the hosts hash (containers get a new host name each time).
+HOST_FORGET_MS = 24 * 3600 * 1000
+
+
+def _forget_old_hosts(rt: Runtime, now: datetime) -> None:
+    beats = rt.client.hgetall(rt.keys.hosts)
+    old = [host for host, at in beats.items() if int(at) < to_ms(now) - HOST_FORGET_MS]
+    if old:
+        rt.client.hdel(rt.keys.hosts, *old)
+
+
 def recover_runs(rt: Runtime, now: datetime) -> list[LoopRun]:
-    """Abandon running runs whose lease expired or whose worker died; their loops advance (retry if allowed)."""
+    """Abandon running runs whose lease expired or whose worker died; their loops advance (retry if allowed).
+
+    A dead worker's run on another host where a worker is still live is left to that worker (``reap_host``)
+    while the run's lease lasts: only there can its process be checked and killed, and a run must never be
+    recovered while its process lives. Where no worker is live any more (the host is gone), or once the lease
+    has expired, it is recovered from here.
+    """
     running = rt.runs.get_many(rt.runs.running_ids())
+    if not running:
+        return []
+    elsewhere = {run.host for run in running if run.host and run.host != rt.owner.host}
+    return _recover(rt, running, now, defer_to=live_worker_hosts(rt, now) & elsewhere if elsewhere else set())
+
+
+def reap_host(rt: Runtime, now: datetime) -> list[LoopRun]:
+    """A worker's share of recovery, on its beat: the runs whose process was started on this host and whose
+    worker died (its orphaned process groups killed first), and the workflow runs with steps here."""
+    key = rt.keys.host_runs(rt.owner.host)
+    ids = sorted(str(i) for i in rt.client.smembers(key))
+    runs = rt.runs.get_many(ids) if ids else []
+    deleted = set(ids) - {run.id for run in runs}
+    if deleted:
+        rt.client.srem(key, *deleted)  # (a run that ends leaves the set in the same transition)
+    recovered = _recover(rt, [run for run in runs if run.status == "running"], now, defer_to=set())
+    recover_workflow_runs(rt, now, host=rt.owner.host)
+    return recovered
+
+
+def _recover(rt: Runtime, running: list[LoopRun], now: datetime, defer_to: set[str]) -> list[LoopRun]:
     if not running:
         return []
     pipe = rt.client.pipeline(transaction=False)
@@ -125,6 +172,8 @@ def recover_runs(rt: Runtime, now: datetime) -> list[LoopRun]:
     for i, run in enumerate(running):
         lease, alive = replies[2 * i], bool(replies[2 * i + 1])
         lease = lease.decode() if isinstance(lease, bytes) else lease
+        if lease is not None and run.host in defer_to:
+            continue
         reason = recovery_reason(rt, run, lease, alive)
         if reason is None:
             continue
@@ -146,10 +195,14 @@ def recover_runs(rt: Runtime, now: datetime) -> list[LoopRun]:
 PARENT_EXPIRED = "parent loop run lease expired before completion"
 
 
-def recover_workflow_runs(rt: Runtime, now: datetime) -> int:
+def recover_workflow_runs(rt: Runtime, now: datetime, host: str | None = None) -> int:
     """Fail the workflow runs of their own (``workflows run``, the API, the SDK) whose worker died: nothing else
     would ever end them. As for a loop run whose worker died, live step processes it left on this host are killed
-    first (nobody could record their outcome). Runs of a loop run are left to that run's recovery."""
+    first (nobody could record their outcome). Runs of a loop run are left to that run's recovery.
+
+    With ``host`` (a worker reaping its host), only the runs with a step running on that host; without it
+    (maintenance), all but those with a step running on another host where a worker is live (left to it).
+    """
     from loopsq.state.workflow_runs import WorkflowRunStore
 
     ids = sorted(str(i) for i in rt.client.smembers(rt.keys.wf_running))
@@ -157,6 +210,7 @@ def recover_workflow_runs(rt: Runtime, now: datetime) -> int:
         return 0
     store = WorkflowRunStore(rt.client, rt.keys, rt.committer)
     failed = 0
+    live: set[str] | None = None
     for run_id in ids:
         state = store.load(run_id)
         if state is None or state.terminal:
@@ -165,6 +219,13 @@ def recover_workflow_runs(rt: Runtime, now: datetime) -> int:
         owner = state.run.get("workerId")
         if state.run.get("loopRunId") or not owner or rt.client.exists(rt.keys.worker(str(owner))):
             continue
+        step_hosts = {str(s["host"]) for s in state.steps.values() if s.get("status") == "running" and s.get("host")}
+        if host is not None and host not in step_hosts:
+            continue
+        if host is None and step_hosts - {rt.owner.host}:
+            live = live_worker_hosts(rt, now) if live is None else live
+            if step_hosts & live - {rt.owner.host}:
+                continue
         for step in state.steps.values():
             pid = step.get("pid")
             if (step.get("status") == "running" and pid and step.get("host") == rt.owner.host
@@ -212,6 +273,7 @@ def maintain(rt: Runtime, now: datetime | None = None) -> Report:
     """One maintenance pass."""
     now = now or timeutil.now()
     report = Report()
+    _forget_old_hosts(rt, now)
     report.recovered = recover_runs(rt, now)
     report.workflows_failed = recover_workflow_runs(rt, now)
     loops = rt.loops.all()

@@ -31,6 +31,8 @@ log = logging.getLogger(__name__)
 
 LIVENESS_TTL_MS = 5_000
 LIVENESS_EVERY_S = 1.0
+#: How often a worker reaps its host: recovers runs whose process it started there and whose worker died.
+REAP_EVERY_S = 2.0
 BEAT_S = 0.2
 LEASE_LOST = "run lease lost"
 SHUTTING_DOWN = "worker shutting down"
@@ -79,6 +81,7 @@ class Runtime:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._next_liveness = 0.0
+        self._next_reap = time.monotonic() + REAP_EVERY_S
         self._shutdown_timer: threading.Timer | None = None
         self.started_at = timeutil.to_iso(timeutil.now())
 
@@ -185,14 +188,24 @@ class Runtime:
             "id": self.owner.worker_id, "role": self.role, "host": self.owner.host, "pid": self.owner.pid,
             "startedAt": self.started_at, "runs": self.held_ids(), "beatAt": timeutil.to_iso(timeutil.now()),
         }
-        self.client.set(self._liveness_key(), json.dumps(record), px=LIVENESS_TTL_MS)
+        pipe = self.client.pipeline(transaction=False)
+        pipe.set(self._liveness_key(), json.dumps(record), px=LIVENESS_TTL_MS)
+        if self.role == "worker":
+            pipe.hset(self.keys.hosts, self.owner.host, str(timeutil.to_ms(timeutil.now())))
+        pipe.execute()
         self._next_liveness = time.monotonic() + LIVENESS_EVERY_S
 
     def beat(self) -> None:
-        """One beat: liveness when due, lease renewals when due, cancel requests always."""
+        """One beat: liveness when due, lease renewals when due, cancel requests always; a worker also reaps its
+        host when due."""
         now_mono = time.monotonic()
         if now_mono >= self._next_liveness:
             self._refresh_liveness()
+        if self.role == "worker" and now_mono >= self._next_reap:
+            self._next_reap = now_mono + REAP_EVERY_S
+            from loopsq.engine.maintenance import reap_host
+
+            reap_host(self, timeutil.now())
         with self._lock:
             held = dict(self._held)
         if not held:

@@ -205,6 +205,8 @@ class RunStore(LoopMoves):
                 .set(self.keys.run(run_id), new.to_json())
                 .put("loop_runs", new.to_dict())
             )
+            if new.host and new.pid is not None and new.pid != run.pid:
+                tx.sadd(self.keys.host_runs(new.host), run_id)  # its process started there
             result = self.committer.commit(tx)
             if result.ok:
                 return new
@@ -306,6 +308,8 @@ class RunStore(LoopMoves):
                 .srem(self.keys.loop_active(run.loop_id), run_id)
                 .put("loop_runs", final.to_dict())
             )
+            if run.host:
+                tx.srem(self.keys.host_runs(run.host), run_id)
             result = self.committer.commit(tx)
             if result.ok:
                 return final, new_loop

@@ -36,7 +36,8 @@ SPEC = {"name": "two", "steps": [
 
 @pytest.fixture
 def rt(real_redis: redis.Redis) -> Iterator[Runtime]:
-    runtime = Runtime(client=real_redis, role="worker").start()  # its liveness key is a worker's
+    # Its liveness key is a worker's; role "test" runs no reaper of its own in the background.
+    runtime = Runtime(client=real_redis, role="test").start()
     yield runtime
     runtime.stop()
 
@@ -127,3 +128,23 @@ def test_a_worker_killed_mid_workflow_run_has_the_run_failed_within_fifteen_seco
     assert final.run["status"] == "failed"
     assert final.run["error"] == f"worker {cluster.worker_id(victim)} died before completion"
     assert not is_process_alive(pid, start_time)
+
+
+def test_a_run_with_a_step_on_another_live_host_is_left_to_a_worker_there(rt: Runtime) -> None:
+    store, state = started_run(rt, "worker:gone:3:fed")
+    assert store.mark_step_pid(state, "a", timeutil.now(), pid=2**22 + 1, start_time=1.0, host="host-b")
+    rt.client.hset(rt.keys.hosts, "host-b", str(timeutil.to_ms(timeutil.now())))  # a worker beats there
+    assert maintenance.recover_workflow_runs(rt, timeutil.now()) == 0
+    # A worker on host-b reaps it (its step's process is not alive there).
+    assert maintenance.recover_workflow_runs(rt, timeutil.now(), host="host-c") == 0
+    assert maintenance.recover_workflow_runs(rt, timeutil.now(), host="host-b") == 1
+    assert store.require(state.run_id).run["status"] == "failed"
+
+
+def test_a_run_with_a_step_on_a_host_without_live_workers_is_failed_by_maintenance(rt: Runtime) -> None:
+    store, state = started_run(rt, "worker:gone:4:cab")
+    assert store.mark_step_pid(state, "a", timeutil.now(), pid=2**22 + 1, start_time=1.0, host="host-b")
+    stale = timeutil.to_ms(timeutil.now()) - 60_000
+    rt.client.hset(rt.keys.hosts, "host-b", str(stale))  # its last worker beat a minute ago
+    assert maintenance.recover_workflow_runs(rt, timeutil.now()) == 1
+    assert store.require(state.run_id).run["status"] == "failed"

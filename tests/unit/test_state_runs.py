@@ -174,3 +174,23 @@ def test_a_settled_due_slot_moves_the_loop_past_it_instead_of_sticking(client: r
 def test_a_cancel_request_is_visible_to_the_executor(client: redis.Redis, store: RunStore) -> None:
     store.request_cancel("r1", "cancelled by user")
     assert store.cancel_reason("r1") == "cancelled by user"
+
+
+def test_a_run_is_listed_under_its_host_from_its_process_start_until_it_ends(
+    client: redis.Redis, store: RunStore
+) -> None:
+    loop_id = make_loop(client, maxAttempts=2)
+    first = store.claim(loop_id, at(10), W1, at(10))
+    assert isinstance(first, Claim)
+    assert client.smembers(KEYS.host_runs("host-a")) == set()  # claimed, no process yet
+    assert store.mark_started(first.run.id, first.token, at(11), pid=7, pid_start_time=1.0, host="host-a")
+    assert client.smembers(KEYS.host_runs("host-a")) == {first.run.id}
+    assert store.abandon(first.run.id, at(20), error="worker worker:a died", seen_lease=first.token)
+    assert client.smembers(KEYS.host_runs("host-a")) == set()
+    # Its retry runs on another host: listed there, and gone from there when finalized.
+    retry = store.claim(loop_id, at(10), W2, at(21))
+    assert isinstance(retry, Claim) and retry.run.attempt == 2
+    assert store.mark_started(retry.run.id, retry.token, at(22), pid=8, pid_start_time=2.0, host="host-b")
+    assert client.smembers(KEYS.host_runs("host-b")) == {retry.run.id}
+    assert finish(store, retry, "succeeded", at(23)) is not None
+    assert client.smembers(KEYS.host_runs("host-b")) == set()
