@@ -15,8 +15,9 @@ import pytest
 
 from loopsq import timeutil
 from loopsq.procs import is_process_alive
+from loopsq.runs import LoopRun
 from loopsq.timeutil import to_iso
-from tests.integration.processes import Cluster, open_cluster
+from tests.integration.processes import Cluster, Proc, open_cluster
 from tests.redis_server import RedisServer
 
 pytestmark = pytest.mark.integration
@@ -26,6 +27,17 @@ A, B = {"LOOPSQ_HOST": "host-a"}, {"LOOPSQ_HOST": "host-b"}
 @pytest.fixture
 def cluster(redis_server: RedisServer, tmp_path: Path) -> Iterator[Cluster]:
     yield from open_cluster(redis_server.url, tmp_path)
+
+
+def slow_run_on_host_b(cluster: Cluster) -> tuple[Proc, LoopRun]:
+    """A scheduler on host-a, a worker on host-b, and the slow loop's first run going on that worker."""
+    slow_loop(cluster)
+    cluster.start("scheduler", env=A)
+    victim = cluster.start("worker", env=B)
+    run = cluster.wait_until(lambda: next((r for r in cluster.runs("slow") if r.pid), None), 15,
+                             "the run to start on the victim")
+    assert run.host == "host-b" and run.pid is not None
+    return victim, run
 
 
 def slow_loop(cluster: Cluster) -> None:
@@ -39,12 +51,7 @@ def slow_loop(cluster: Cluster) -> None:
 
 @pytest.mark.timeout(60)
 def test_a_dead_workers_run_is_recovered_on_its_own_host_with_its_orphan_killed_first(cluster: Cluster) -> None:
-    slow_loop(cluster)
-    cluster.start("scheduler", env=A)
-    victim = cluster.start("worker", env=B)
-    run = cluster.wait_until(lambda: next((r for r in cluster.runs("slow") if r.pid), None), 15,
-                             "the run to start on the victim")
-    assert run.host == "host-b" and run.pid is not None
+    victim, run = slow_run_on_host_b(cluster)
     sibling = cluster.start("worker", env=B)
     victim.kill9()
     killed_at = time.monotonic()
@@ -52,7 +59,7 @@ def test_a_dead_workers_run_is_recovered_on_its_own_host_with_its_orphan_killed_
                                "attempt 2 to end")
     assert (final.status, final.worker_id) == ("succeeded", cluster.worker_id(sibling)), final.to_dict()
     assert time.monotonic() - killed_at <= 15 + 1  # recovered within 15 s; attempt 2 sleeps 1 s
-    assert not is_process_alive(run.pid, run.pid_start_time)
+    assert run.pid is not None and not is_process_alive(run.pid, run.pid_start_time)
     # The first attempt's process was killed before it could finish: it never wrote its end.
     assert cluster.ledger("slow") == [("start", "1"), ("start", "2"), ("end", "2")]
     assert f"killing orphaned process group {run.pid}" in sibling.text()
@@ -60,11 +67,7 @@ def test_a_dead_workers_run_is_recovered_on_its_own_host_with_its_orphan_killed_
 
 @pytest.mark.timeout(60)
 def test_with_no_worker_left_on_its_host_a_dead_workers_run_is_recovered_by_the_scheduler(cluster: Cluster) -> None:
-    slow_loop(cluster)
-    cluster.start("scheduler", env=A)
-    victim = cluster.start("worker", env=B)
-    run = cluster.wait_until(lambda: next((r for r in cluster.runs("slow") if r.pid), None), 15,
-                             "the run to start on the victim")
+    victim, run = slow_run_on_host_b(cluster)
     survivor = cluster.start("worker", env=A)
     victim.kill9()
     killed_at = time.monotonic()
