@@ -7,6 +7,7 @@ loop's timer, a lost RQ job, a worker killed mid-run — each leaves a state thi
 
 from __future__ import annotations
 
+import json
 import logging
 import signal
 from dataclasses import dataclass, field
@@ -208,16 +209,25 @@ def recover_workflow_runs(rt: Runtime, now: datetime, host: str | None = None) -
     ids = sorted(str(i) for i in rt.client.smembers(rt.keys.wf_running))
     if not ids:
         return 0
+    # Two round trips for the common case, where every owner lives: the runs, then their owners' liveness.
+    runs = [json.loads(raw) if raw else None for raw in rt.client.mget([rt.keys.wf_run(i) for i in ids])]
+    ended = [run_id for run_id, run in zip(ids, runs, strict=True) if run is None or run.get("status") != "running"]
+    if ended:
+        rt.client.srem(rt.keys.wf_running, *ended)  # deleted, or left by an older version
+    orphans = [(run_id, str(run["workerId"])) for run_id, run in zip(ids, runs, strict=True)
+               if run and run.get("status") == "running" and run.get("workerId") and not run.get("loopRunId")]
+    pipe = rt.client.pipeline(transaction=False)
+    for _, owner in orphans:
+        pipe.exists(rt.keys.worker(owner))
+    alive = pipe.execute() if orphans else []
+    orphans = [(run_id, owner) for (run_id, owner), live_owner in zip(orphans, alive, strict=True) if not live_owner]
     store = WorkflowRunStore(rt.client, rt.keys, rt.committer)
     failed = 0
     live: set[str] | None = None
-    for run_id in ids:
+    for run_id, owner in orphans:
         state = store.load(run_id)
         if state is None or state.terminal:
             rt.client.srem(rt.keys.wf_running, run_id)
-            continue
-        owner = state.run.get("workerId")
-        if state.run.get("loopRunId") or not owner or rt.client.exists(rt.keys.worker(str(owner))):
             continue
         step_hosts = {str(s["host"]) for s in state.steps.values() if s.get("status") == "running" and s.get("host")}
         if host is not None and host not in step_hosts:
