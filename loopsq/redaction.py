@@ -46,6 +46,9 @@ def public_run(run: Mapping[str, Any], show_output: bool = False) -> dict[str, A
     result = copy.deepcopy(dict(run))
     if not show_output:
         _redact_output(result)
+        for attempt in result.get("previousAttempts") or []:
+            if isinstance(attempt, dict):
+                _redact_output(attempt)
     return result
 
 

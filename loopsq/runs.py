@@ -63,6 +63,8 @@ class LoopRun:
     pid_start_time: float | None = None
     worker_id: str | None = None
     idempotency_key: str | None = None
+    #: The earlier attempts of this slot, oldest first (``attempt_history``): a retry reuses the row.
+    previous_attempts: list[dict[str, Any]] | None = None
     extra: dict[str, Any] = field(default_factory=dict, compare=False)
 
     def to_dict(self) -> dict[str, Any]:
@@ -97,6 +99,25 @@ class LoopRun:
     def terminal(self) -> bool:
         """True once the run has ended (any status but ``running``)."""
         return self.status in TERMINAL
+
+
+#: Earlier attempts kept on a run row, and the tail of each one's output (every transition rewrites the row).
+ATTEMPT_HISTORY_MAX = 5
+ATTEMPT_OUTPUT_TAIL = 2048
+
+
+def attempt_history(ended: LoopRun) -> list[dict[str, Any]]:
+    """The ``previousAttempts`` of the row's next attempt: ``ended``'s own, plus a summary of ``ended`` (status,
+    error, exit code, times, worker and host, the last ``ATTEMPT_OUTPUT_TAIL`` characters of its output). Only
+    the newest ``ATTEMPT_HISTORY_MAX`` are kept."""
+    summary: dict[str, Any] = {
+        "attempt": ended.attempt, "status": ended.status, "error": ended.error, "exitCode": ended.exit_code,
+        "startedAt": ended.started_at, "finishedAt": ended.finished_at, "durationMs": ended.duration_ms,
+        "workerId": ended.worker_id, "host": ended.host,
+        "stdout": (ended.stdout or "")[-ATTEMPT_OUTPUT_TAIL:], "stderr": (ended.stderr or "")[-ATTEMPT_OUTPUT_TAIL:],
+    }
+    summary = {k: v for k, v in summary.items() if v is not None and v != ""}
+    return [*(ended.previous_attempts or []), summary][-ATTEMPT_HISTORY_MAX:]
 
 
 def advances_at_finish(loop: Loop) -> bool:

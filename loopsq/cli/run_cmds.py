@@ -35,6 +35,10 @@ def _print_output(run: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _indent(text: str) -> str:
+    return "\n".join(f"    {line}" for line in text.split("\n"))
+
+
 @click.command("run-now")
 @click.argument("id_or_name")
 @click.option("--local", is_flag=True, help="Run in this process instead of on a worker.")
@@ -152,6 +156,12 @@ def runs(id_or_name: str | None, limit: int, status: str | None, show_output: bo
             lines.append(f"{r['id']}  {r['status']:<10}  attempt={r['attempt']}  slot={r['scheduledFor']}  {r['loopName']}")
             if show_output:
                 lines.append(_print_output(r))
+            for a in r.get("previousAttempts") or []:
+                exit_code = f"  exit={a['exitCode']}" if a.get("exitCode") is not None else ""
+                lines.append(f"  attempt {a['attempt']} {a['status']}{exit_code}  finished={a.get('finishedAt', '-')}"
+                             f"  {a.get('error') or ''}".rstrip())
+                if show_output:
+                    lines.append(_indent(_print_output(a)))
         return "\n".join(lines)
 
     app.emit([public_run(r, show_output) for r in rows], human)

@@ -166,6 +166,7 @@ LOOPSQ_COLUMNS: tuple[tuple[str, str, str], ...] = (
     ("loop_runs", "pid_start_time", "REAL"),
     ("loop_runs", "idempotency_key", "TEXT"),
     ("loop_runs", "worker_id", "TEXT"),
+    ("loop_runs", "previous_attempts_json", "TEXT"),
     ("workflow_specs", "max_parallel", "INTEGER"),
 )
 
@@ -197,7 +198,7 @@ MIRRORED_COLUMNS: dict[str, tuple[str, ...]] = {
 }
 
 # Columns holding JSON text; the entity key drops the ``_json`` suffix.
-JSON_COLUMNS = frozenset({"schedule_json", "target_json", "steps_json", "payload_json"})
+JSON_COLUMNS = frozenset({"schedule_json", "target_json", "steps_json", "payload_json", "previous_attempts_json"})
 
 
 @contextlib.contextmanager

@@ -142,7 +142,7 @@ class RunStore(LoopMoves):
                 run = existing.with_changes(
                     attempt=existing.attempt + 1, status="running", finished_at=None, pid=None, exit_code=None,
                     duration_ms=None, stdout=None, stderr=None, error=None, host=None, pid_start_time=None,
-                    updated_at=stamp,
+                    updated_at=stamp, previous_attempts=rules.attempt_history(existing),
                 )
             token = f"{owner.worker_id}:{run.id}:{run.attempt}:{gen_id()}"
             run = run.with_changes(

@@ -71,6 +71,9 @@ class RunOut(Entity):
     stdout: str | None = None
     stderr: str | None = None
     error: str | None = None
+    previousAttempts: list[dict[str, Any]] | None = Field(
+        None, description="The slot's earlier attempts, oldest first (at most 5; output tails redacted like the run's)."
+    )
 
 
 class Page(BaseModel):

@@ -104,6 +104,11 @@ def test_run_now_of_a_failed_slot_whose_retry_is_due_runs_the_retry(cluster: Clu
     assert (retried.id, retried.scheduled_for, retried.attempt) == (failed.id, slot, 2)
     assert cluster.ledger("flaky") == [(slot, failed.id), (slot, failed.id)]
     assert cluster.loop("flaky").get("retryScheduledFor") is None
+    # The row is the retry's now; the first attempt is kept on it and shown under it.
+    (row, attempt) = cluster.cli("runs", "flaky").stdout.splitlines()
+    assert row == f"{failed.id}  succeeded   attempt=2  slot={slot}  flaky"
+    assert attempt == (f"  attempt 1 failed  exit=1  finished={failed.finished_at}  "
+                       "process exited with code 1")
 
 
 # -- triggers ---------------------------------------------------------------------------------------------------

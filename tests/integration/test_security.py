@@ -58,6 +58,33 @@ def test_env_values_and_prompts_are_redacted_in_cli_output(redis_server: RedisSe
     client.close()
 
 
+def test_earlier_attempts_output_is_redacted_like_the_runs(redis_server: RedisServer, tmp_path: Path,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LOOPSQ_REDIS_URL", redis_server.url)
+    monkeypatch.setenv("LOOPSQ_DATA_DIR", str(tmp_path / "d"))
+    redis_server.client().flushall()
+    client = LoopsClient(redis_server.url)
+    # Every attempt prints a secret and fails; the retry is due at once.
+    client.create({"name": "f", "schedule": {"type": "interval", "everyMs": 1000}, "maxAttempts": 2,
+                   "retryDelayMs": 1, "target": {"type": "command", "command": "echo s3cr3t-$LOOPS_ATTEMPT; exit 3",
+                                                 "shell": True}})
+    client.close()
+    time.sleep(1.1)
+    assert CliRunner().invoke(cli, ["tick"]).exit_code == 0  # the first slot: attempt 1 fails
+    time.sleep(0.05)
+    assert CliRunner().invoke(cli, ["tick"]).exit_code == 0  # its retry: attempt 2 fails too
+    listed = json.loads(CliRunner().invoke(cli, ["--json", "runs", "f"]).stdout)
+    retried = next(r for r in listed if r["attempt"] == 2)
+    assert retried["stdout"] == "[redacted 9 chars]"
+    assert retried["previousAttempts"][0]["stdout"] == "[redacted 9 chars]"
+    assert "s3cr3t" not in CliRunner().invoke(cli, ["runs", "f"]).stdout
+    shown = json.loads(CliRunner().invoke(cli, ["--json", "runs", "f", "--show-output"]).stdout)
+    retried = next(r for r in shown if r["attempt"] == 2)
+    assert (retried["stdout"], retried["previousAttempts"][0]["stdout"]) == ("s3cr3t-2\n", "s3cr3t-1\n")
+    text = CliRunner().invoke(cli, ["runs", "f", "--show-output"]).stdout
+    assert "    stdout:\n    s3cr3t-1" in text
+
+
 def test_event_payloads_redact_env_prompts_and_outputs() -> None:
     event = {"id": "e", "workflowRunId": "r", "sequence": 2, "eventType": "step_failed", "createdAt": "t",
              "payload": {"error": "boom", "env": {"K": "v"}, "prompt": "secret", "stdout": "out", "nested": {"stderr": "e"}}}

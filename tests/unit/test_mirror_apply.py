@@ -87,6 +87,7 @@ def full_run(**overrides: Any) -> dict[str, Any]:
         "host": "box-1",
         "pidStartTime": 1714557600.25,
         "idempotencyKey": "key-1",
+        "previousAttempts": [{"attempt": 1, "status": "timed_out", "error": "timed out after 1s", "stdout": "o"}],
     }
     run.update(overrides)
     return run

@@ -68,6 +68,7 @@ EXPECTED_COLUMNS: dict[str, list[tuple[str, str, bool, bool]]] = {
         ("pid_start_time", "REAL", False, False),
         ("idempotency_key", "TEXT", False, False),
         ("worker_id", "TEXT", False, False),
+        ("previous_attempts_json", "TEXT", False, False),
     ],
     "daemon_lease": [
         ("id", "TEXT", False, True),
@@ -323,6 +324,19 @@ def test_a_0_2_0_step_runs_table_without_pid_gets_the_pid_column(tmp_path: Path)
         assert "pid" in [c[0] for c in _columns(db, "workflow_step_runs")]
     finally:
         db.close()
+
+
+def test_a_mirror_of_an_earlier_loopsq_gets_columns_added_since(tmp_path: Path) -> None:
+    path = tmp_path / "mirror.db"
+    db = open_db(path)
+    db.execute("INSERT INTO loop_runs (id, loop_id, loop_name, scheduled_for, attempt, status, created_at, updated_at)"
+               " VALUES ('r', 'l', 'n', 't', 1, 'succeeded', 't', 't')")
+    db.execute("ALTER TABLE loop_runs DROP COLUMN previous_attempts_json")  # as an earlier version made it
+    db.close()
+    db = open_db(path)
+    assert "previous_attempts_json" in schema.column_names(db, "loop_runs")
+    assert [tuple(r) for r in db.execute("SELECT id, previous_attempts_json FROM loop_runs")] == [("r", None)]
+    db.close()
 
 
 def test_add_column_if_missing_adds_once_and_then_reports_the_column_present(

@@ -151,3 +151,18 @@ def test_loop_runs_round_trip_their_camel_case_json() -> None:
     run = run_of(loop_at(EVERY_MIN), at(1), "failed").with_changes(pid=42, pid_start_time=12.5, worker_id="w")
     assert LoopRun.from_json(run.to_json()) == run
     assert run.to_dict()["pidStartTime"] == 12.5 and "stdout" not in run.to_dict()
+
+
+def test_the_attempt_history_keeps_each_ended_attempt_with_its_output_tail_and_only_the_newest_five() -> None:
+    loop = loop_at(EVERY_MIN)
+    run = run_of(loop, at(0), "failed").with_changes(
+        exit_code=1, started_at=to_iso(at(0)), finished_at=to_iso(at(0.1)), duration_ms=6000, worker_id="w1",
+        host="h1", stdout="x" * 5000 + "END", stderr="")
+    (first,) = rules.attempt_history(run)
+    assert first == {"attempt": 1, "status": "failed", "error": "process exited with code 1", "exitCode": 1,
+                     "startedAt": to_iso(at(0)), "finishedAt": to_iso(at(0.1)), "durationMs": 6000,
+                     "workerId": "w1", "host": "h1", "stdout": ("x" * 5000 + "END")[-rules.ATTEMPT_OUTPUT_TAIL:]}
+    for attempt in range(2, 9):
+        run = run.with_changes(attempt=attempt, previous_attempts=rules.attempt_history(run))
+    history = rules.attempt_history(run)
+    assert [a["attempt"] for a in history] == [4, 5, 6, 7, 8]

@@ -194,3 +194,22 @@ def test_a_run_is_listed_under_its_host_from_its_process_start_until_it_ends(
     assert client.smembers(KEYS.host_runs("host-b")) == {retry.run.id}
     assert finish(store, retry, "succeeded", at(23)) is not None
     assert client.smembers(KEYS.host_runs("host-b")) == set()
+
+
+def test_a_retry_keeps_the_earlier_attempts_on_the_row(client: redis.Redis, store: RunStore) -> None:
+    loop_id = make_loop(client, maxAttempts=3)
+    first = store.claim(loop_id, at(10), W1, at(10))
+    assert isinstance(first, Claim)
+    assert finish(store, first, "failed", at(11)) is not None
+    second = store.claim(loop_id, at(10), W2, at(12))
+    assert isinstance(second, Claim) and second.run.attempt == 2
+    assert second.run.previous_attempts == [{
+        "attempt": 1, "status": "failed", "error": "boom", "exitCode": 1, "startedAt": to_iso(at(10)),
+        "finishedAt": to_iso(at(11)), "durationMs": 5, "workerId": "worker:a", "host": "host-a", "stdout": "out",
+    }]
+    assert finish(store, second, "succeeded", at(13)) is not None
+    final = store.get(second.run.id)
+    assert final is not None and final.status == "succeeded"
+    assert [a["attempt"] for a in final.previous_attempts or []] == [1]
+    row = json.loads(str(client.xrange(KEYS.changes)[-1][1]["data"]))["upsert"]["loop_runs"][0]
+    assert row["previousAttempts"][0]["error"] == "boom"  # the mirror gets it with the row
