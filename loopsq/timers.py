@@ -6,6 +6,10 @@
 - rq-scheduler's own ``run()`` loop and lock are not used (its lock release does not check the owner, issue
   #312); ``loopsq scheduler`` calls ``enqueue_jobs()`` under loopsq's owner-checked lock. Duplicated moves are
   harmless anyway: every slot attempt is claimed with SET NX.
+- A fire job goes on to take the timer jobs queued right behind it (``take_fire``), without RQ's per-job
+  bookkeeping; a taken job is marked started by its worker until done, as RQ would mark it.
+- loopsq's worker class renews RQ's heartbeats of the job it runs (``_JobBeat``), which RQ's ``SimpleWorker``
+  does not do by itself.
 - RQ wants a connection without ``decode_responses``; callers pass such a "raw" client.
 
 Switching the timer (for example to RQ's own scheduler) touches this file only.

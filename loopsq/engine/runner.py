@@ -4,7 +4,8 @@ and triggered runs.
 The order of one slot is: overlap policy → claim (SET NX on the slot attempt; fixed-rate and cron loops move to
 their next slot in the same transition, and that slot's timer is armed at once) → execute with the lease held
 → fenced finalize that also advances the loop → re-arm. A crash anywhere leaves state that maintenance repairs:
-an expired lease or dead worker is recovered, a missing timer re-armed.
+an expired lease or dead worker is recovered, a missing timer re-armed. A fire job then fires the timer jobs
+queued behind it (``fire_queued``).
 """
 
 from __future__ import annotations
