@@ -38,9 +38,9 @@ def fire(loop_id: str) -> dict[str, int]:
     (``runner.fire_queued``)."""
     rt = _runtime()
     result = runner.fire(rt, loop_id)
-    more = runner.fire_queued(rt)
-    return {"claimed": result.claimed + more.claimed, "completed": result.completed + more.completed,
-            "skipped": result.skipped + more.skipped, "taken": more.taken}
+    result.absorb(runner.fire_queued(rt))
+    return {"claimed": result.claimed, "completed": result.completed, "skipped": result.skipped,
+            "taken": result.taken}
 
 
 #: Prefix of a run-now request's answer when the worker could not claim the run (followed by the reason).

@@ -12,6 +12,7 @@ import logging
 import signal
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import TYPE_CHECKING
 
 from loopsq import runs as rules
 from loopsq import timers, timeutil
@@ -22,6 +23,9 @@ from loopsq.runs import LoopRun
 from loopsq.schedules import initial_next_run
 from loopsq.state.commit import Tx
 from loopsq.timeutil import from_iso, to_iso, to_ms
+
+if TYPE_CHECKING:
+    from loopsq.state.workflow_runs import WorkflowRunState
 
 log = logging.getLogger("loopsq.maintenance")
 
@@ -70,13 +74,19 @@ def live_step_processes(rt: Runtime, loop_run_id: str) -> list[tuple[str, int]]:
     out: list[tuple[str, int]] = []
     for wf_run_id in store.for_loop_run(loop_run_id):
         state = store.load(wf_run_id)
-        if state is None or state.terminal:
-            continue
-        for step in state.steps.values():
-            pid = step.get("pid")
-            if (step.get("status") == "running" and pid and step.get("host") == rt.owner.host
-                    and is_process_alive(int(pid), step.get("pidStartTime"))):
-                out.append((str(step["stepId"]), int(pid)))
+        if state is not None and not state.terminal:
+            out += _live_steps(state, rt.owner.host)
+    return out
+
+
+def _live_steps(state: WorkflowRunState, host: str) -> list[tuple[str, int]]:
+    """(step id, pid) of a workflow run's running steps whose process is alive on ``host`` (pid + start time)."""
+    out: list[tuple[str, int]] = []
+    for step in state.steps.values():
+        pid = step.get("pid")
+        if (step.get("status") == "running" and pid and step.get("host") == host
+                and is_process_alive(int(pid), step.get("pidStartTime"))):
+            out.append((str(step["stepId"]), int(pid)))
     return out
 
 
@@ -112,39 +122,36 @@ def recovery_reason(rt: Runtime, run: LoopRun, lease: str | None, worker_alive: 
     return f"worker {run.worker_id} died before completion"
 
 
-def live_worker_hosts(rt: Runtime, now: datetime) -> set[str]:
-    """Hosts where a worker beat within the liveness TTL (each reaps its own host: ``reap_host``)."""
-    from loopsq.engine.runtime import LIVENESS_TTL_MS
-
-    beats = rt.client.hgetall(rt.keys.hosts)
-    since = to_ms(now) - LIVENESS_TTL_MS
-    return {str(host) for host, at in beats.items() if int(at) >= since}
-
-
 #: A host without a worker beat for this long leaves the hosts hash (containers get a new host name each time).
 HOST_FORGET_MS = 24 * 3600 * 1000
 
 
-def _forget_old_hosts(rt: Runtime, now: datetime) -> None:
-    beats = rt.client.hgetall(rt.keys.hosts)
-    old = [host for host, at in beats.items() if int(at) < to_ms(now) - HOST_FORGET_MS]
+def live_worker_hosts(rt: Runtime, now: datetime) -> set[str]:
+    """Hosts where a worker beat within the liveness TTL (each reaps its own host: ``reap_host``). Hosts silent
+    for ``HOST_FORGET_MS`` are dropped from the hash on the way."""
+    from loopsq.engine.runtime import LIVENESS_TTL_MS
+
+    beats = {str(host): int(at) for host, at in rt.client.hgetall(rt.keys.hosts).items()}
+    old = [host for host, at in beats.items() if at < to_ms(now) - HOST_FORGET_MS]
     if old:
         rt.client.hdel(rt.keys.hosts, *old)
+    since = to_ms(now) - LIVENESS_TTL_MS
+    return {host for host, at in beats.items() if at >= since}
 
 
-def recover_runs(rt: Runtime, now: datetime) -> list[LoopRun]:
+def recover_runs(rt: Runtime, now: datetime, live_hosts: set[str] | None = None) -> list[LoopRun]:
     """Abandon running runs whose lease expired or whose worker died; their loops advance (retry if allowed).
 
     A dead worker's run on another host where a worker is still live is left to that worker (``reap_host``)
     while the run's lease lasts: only there can its process be checked and killed, and a run must never be
     recovered while its process lives. Where no worker is live any more (the host is gone), or once the lease
-    has expired, it is recovered from here.
+    has expired, it is recovered from here. ``live_hosts``: ``live_worker_hosts``, when the caller has it.
     """
     running = rt.runs.get_many(rt.runs.running_ids())
     if not running:
         return []
-    elsewhere = {run.host for run in running if run.host and run.host != rt.owner.host}
-    return _recover(rt, running, now, defer_to=live_worker_hosts(rt, now) & elsewhere if elsewhere else set())
+    live = live_hosts if live_hosts is not None else live_worker_hosts(rt, now)
+    return _recover(rt, running, now, defer_to=live - {rt.owner.host})
 
 
 def reap_host(rt: Runtime, now: datetime) -> list[LoopRun]:
@@ -196,13 +203,15 @@ def _recover(rt: Runtime, running: list[LoopRun], now: datetime, defer_to: set[s
 PARENT_EXPIRED = "parent loop run lease expired before completion"
 
 
-def recover_workflow_runs(rt: Runtime, now: datetime, host: str | None = None) -> int:
+def recover_workflow_runs(rt: Runtime, now: datetime, host: str | None = None,
+                          live_hosts: set[str] | None = None) -> int:
     """Fail the workflow runs of their own (``workflows run``, the API, the SDK) whose worker died: nothing else
     would ever end them. As for a loop run whose worker died, live step processes it left on this host are killed
     first (nobody could record their outcome). Runs of a loop run are left to that run's recovery.
 
     With ``host`` (a worker reaping its host), only the runs with a step running on that host; without it
-    (maintenance), all but those with a step running on another host where a worker is live (left to it).
+    (maintenance), all but those with a step running on another host where a worker is live (left to it;
+    ``live_hosts``: ``live_worker_hosts``, when the caller has it).
     """
     from loopsq.state.workflow_runs import WorkflowRunStore
 
@@ -223,7 +232,6 @@ def recover_workflow_runs(rt: Runtime, now: datetime, host: str | None = None) -
     orphans = [(run_id, owner) for (run_id, owner), live_owner in zip(orphans, alive, strict=True) if not live_owner]
     store = WorkflowRunStore(rt.client, rt.keys, rt.committer)
     failed = 0
-    live: set[str] | None = None
     for run_id, owner in orphans:
         state = store.load(run_id)
         if state is None or state.terminal:
@@ -233,16 +241,12 @@ def recover_workflow_runs(rt: Runtime, now: datetime, host: str | None = None) -
         if host is not None and host not in step_hosts:
             continue
         if host is None and step_hosts - {rt.owner.host}:
-            live = live_worker_hosts(rt, now) if live is None else live
-            if step_hosts & live - {rt.owner.host}:
+            live_hosts = live_worker_hosts(rt, now) if live_hosts is None else live_hosts
+            if step_hosts & live_hosts - {rt.owner.host}:
                 continue
-        for step in state.steps.values():
-            pid = step.get("pid")
-            if (step.get("status") == "running" and pid and step.get("host") == rt.owner.host
-                    and is_process_alive(int(pid), step.get("pidStartTime"))):
-                log.warning("killing orphaned process group %d of step %s (workflow run %s)", pid, step["stepId"],
-                            run_id)
-                kill_process_group(int(pid), signal.SIGKILL)
+        for step_id, pid in _live_steps(state, rt.owner.host):
+            log.warning("killing orphaned process group %d of step %s (workflow run %s)", pid, step_id, run_id)
+            kill_process_group(pid, signal.SIGKILL)
         error = f"worker {owner} died before completion"
         store.fail_for_owner(run_id, now, error)
         log.info("workflow run %s failed: %s", run_id, error)
@@ -283,9 +287,9 @@ def maintain(rt: Runtime, now: datetime | None = None) -> Report:
     """One maintenance pass."""
     now = now or timeutil.now()
     report = Report()
-    _forget_old_hosts(rt, now)
-    report.recovered = recover_runs(rt, now)
-    report.workflows_failed = recover_workflow_runs(rt, now)
+    live_hosts = live_worker_hosts(rt, now)
+    report.recovered = recover_runs(rt, now, live_hosts)
+    report.workflows_failed = recover_workflow_runs(rt, now, live_hosts=live_hosts)
     loops = rt.loops.all()
     running = rt.runs.get_many(rt.runs.running_ids())
     active_loops = {run.loop_id for run in running}

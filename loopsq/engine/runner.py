@@ -48,6 +48,14 @@ class FireResult:
     #: Timer jobs taken from the queue (``fire_queued``).
     taken: int = 0
 
+    def absorb(self, other: FireResult) -> None:
+        """Add ``other``'s counts and runs to this one's."""
+        self.claimed += other.claimed
+        self.completed += other.completed
+        self.skipped += other.skipped
+        self.runs.extend(other.runs)
+        self.taken += other.taken
+
 
 def ensure_timer(rt: Runtime, loop: Loop | None) -> None:
     """Arm the loop's timer at its next due time (or remove it when nothing is due)."""
@@ -241,14 +249,10 @@ def fire_queued(rt: Runtime, budget_s: float = DRAIN_BUDGET_S) -> FireResult:
             done, loop_id = taken
             out.taken += 1
             try:
-                result = fire(rt, loop_id)
+                out.absorb(fire(rt, loop_id))
             except Exception:
                 log.exception("fire of loop=%s (timer job %s, taken from the queue) failed", loop_id, done)
                 raise
-            out.claimed += result.claimed
-            out.completed += result.completed
-            out.skipped += result.skipped
-            out.runs.extend(result.runs)
     finally:
         if done is not None:
             _finish_taken(rt, done)
