@@ -31,18 +31,19 @@ sys.path.insert(0, str(ROOT))
 
 import redis  # noqa: E402
 
-from loopsq import runs as rules  # noqa: E402
-from loopsq import timers, timeutil  # noqa: E402
-from loopsq.keys import Keys  # noqa: E402
-from loopsq.loop_spec import new_loop  # noqa: E402
+from loopsq.domain import run_rules as rules  # noqa: E402
+from loopsq.domain import timeutil  # noqa: E402
+from loopsq.domain.loop_spec import new_loop  # noqa: E402
+from loopsq.domain.workflow_spec import workflow_body_from_json  # noqa: E402
+from loopsq.engine import timers  # noqa: E402
 from loopsq.mirror.apply import row_to_entity  # noqa: E402
 from loopsq.mirror.follow import mirror_lag  # noqa: E402
 from loopsq.mirror.schema import MIRRORED_COLUMNS, open_db  # noqa: E402
+from loopsq.state.keys import Keys  # noqa: E402
 from loopsq.state.loops import LoopStore  # noqa: E402
 from loopsq.state.runs import RunStore  # noqa: E402
 from loopsq.state.snapshot import snapshot_tables  # noqa: E402
 from loopsq.state.workflows import WorkflowStore  # noqa: E402
-from loopsq.workflow_spec import workflow_body_from_json  # noqa: E402
 from tests.redis_server import RedisServer  # noqa: E402
 
 KEYS = Keys()

@@ -175,10 +175,10 @@ run_scheduler(os.environ["LOOPSQ_REDIS_URL"], stop, maintenance_s=float(sys.argv
 
 def run_loopsq(h: hx.Harness, n_loops: int, n_workers: int, duration: float, maintenance_s: float | None) -> Phase:
     """The loopsq phase: real scheduler and worker processes."""
-    from loopsq import timers
-    from loopsq.keys import Keys
-    from loopsq.loop_spec import new_loop
-    from loopsq.redis_conn import connect
+    from loopsq.domain.loop_spec import new_loop
+    from loopsq.engine import timers
+    from loopsq.state.connection import connect
+    from loopsq.state.keys import Keys
     from loopsq.state.loops import LoopStore
 
     phase = Phase("loopsq scheduler + workers" + ("" if maintenance_s is None else

@@ -60,13 +60,13 @@ def pid_alive(pid: int) -> bool:
 
 def one_repetition(h: hx.Harness, url: str, i: int, retry_delay_ms: int) -> dict[str, Any]:
     """Run one kill/recover cycle; return its figures (seconds after the kill)."""
-    from loopsq import timers
-    from loopsq.keys import Keys
-    from loopsq.loop_spec import new_loop
-    from loopsq.redis_conn import connect
+    from loopsq.domain.loop_spec import new_loop
+    from loopsq.domain.timeutil import from_iso
+    from loopsq.engine import timers
+    from loopsq.state.connection import connect
+    from loopsq.state.keys import Keys
     from loopsq.state.loops import LoopStore
     from loopsq.state.runs import RunStore
-    from loopsq.timeutil import from_iso
 
     client = connect(url)
     raw = timers.raw_from(client)

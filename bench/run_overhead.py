@@ -72,7 +72,7 @@ class Bench:
     """One private Redis, loopsq's Runtime in this process, and both queues."""
 
     def __init__(self, h: hx.Harness) -> None:
-        from loopsq import timers
+        from loopsq.engine import timers
         from loopsq.engine.runtime import Runtime
         from loopsq.engine.worker_process import set_current_runtime
         from loopsq.state.loops import LoopStore
@@ -89,8 +89,8 @@ class Bench:
         self.serial = 0
 
     def prepare_loopsq(self, k: int) -> None:
-        from loopsq.loop_spec import new_loop
-        from loopsq.timeutil import from_iso
+        from loopsq.domain.loop_spec import new_loop
+        from loopsq.domain.timeutil import from_iso
 
         now = datetime.now(UTC)
         for _ in range(k):
@@ -204,8 +204,7 @@ class SelfTimer:
 def breakdown(b: Bench, k: int) -> tuple[float, SelfTimer]:
     """One instrumented burst of k loopsq runs."""
     import worker.jobs
-    from loopsq import timers
-    from loopsq.engine import runner
+    from loopsq.engine import runner, timers
     from loopsq.state.loops import LoopStore
     from loopsq.state.runs import RunStore
 

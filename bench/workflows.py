@@ -67,10 +67,10 @@ class Bench:
     def __init__(self, server: RedisServer, steps: int) -> None:
         from rq import Queue
 
-        from loopsq import timeutil
+        from loopsq.domain import timeutil
+        from loopsq.domain.workflow_spec import workflow_body_from_json
         from loopsq.engine.runtime import Runtime
         from loopsq.state.workflows import WorkflowStore
-        from loopsq.workflow_spec import workflow_body_from_json
 
         self.steps = steps
         self.client = server.client()

@@ -9,64 +9,20 @@ idempotency key, run now, read runs.
 from __future__ import annotations
 
 import builtins
-import json
 from collections.abc import Mapping
 from typing import Any
 
 import redis
 
-from loopsq import timers, timeutil
-from loopsq.errors import ValidationError
-from loopsq.keys import Keys
-from loopsq.loop_spec import new_loop
-from loopsq.models import Loop
-from loopsq.redis_conn import connect
-from loopsq.runs import LoopRun
-from loopsq.state.commit import Committer, Tx
+from loopsq.domain import timeutil
+from loopsq.domain.loop_spec import new_loop
+from loopsq.domain.models import Loop
+from loopsq.domain.run_rules import LoopRun
+from loopsq.engine.triggers import DEFAULT_IDEMPOTENCY_WINDOW_MS, trigger_with
+from loopsq.state.connection import connect
+from loopsq.state.keys import Keys
 from loopsq.state.loops import LoopStore
 from loopsq.state.runs import RunStore
-from loopsq.timeutil import gen_id, to_iso, to_ms
-
-#: How long a trigger's idempotency key stands for its run.
-DEFAULT_IDEMPOTENCY_WINDOW_MS = 24 * 3600 * 1000
-
-
-def trigger_with(
-    client: redis.Redis,
-    keys: Keys,
-    id_or_name: str,
-    idempotency_key: str | None,
-    *,
-    window_ms: int = DEFAULT_IDEMPOTENCY_WINDOW_MS,
-    enqueue: bool = True,
-) -> tuple[str, bool]:
-    """Reserve a triggered run of a loop; returns ``(run_id, created)``.
-
-    With an idempotency key, the first trigger reserves the run id with ``SET NX`` (in the same transition that
-    records the trigger) and every later trigger with the same key within ``window_ms`` gets that run id back
-    and starts nothing. With ``enqueue`` the run is handed to a worker (``worker.jobs.run_triggered``).
-    """
-    if idempotency_key is not None and (not isinstance(idempotency_key, str) or not idempotency_key.strip()):
-        raise ValidationError(f"idempotency key must be a non-empty string, got {json.dumps(idempotency_key)}")
-    if window_ms <= 0:
-        raise ValidationError(f"idempotency window must be > 0 ms, got {window_ms}")
-    loop = LoopStore(client, keys).require(id_or_name)
-    now = timeutil.now()
-    run_id = gen_id()
-    request = json.dumps({"loopId": loop.id, "at": to_iso(now), "key": idempotency_key})
-    tx = Tx("run_triggered", to_iso(now))
-    if idempotency_key is not None:
-        idem = keys.idempotency(loop.id, idempotency_key)
-        tx.expect(idem, None).set(idem, run_id, px=window_ms)
-    tx.set(keys.trigger(run_id), request, px=window_ms).zadd(keys.triggers, to_ms(now), run_id)
-    if not Committer(client, keys).commit(tx).ok:
-        existing = client.get(keys.idempotency(loop.id, str(idempotency_key)))
-        if existing:
-            return (existing.decode() if isinstance(existing, bytes) else str(existing)), False
-        return trigger_with(client, keys, id_or_name, idempotency_key, window_ms=window_ms, enqueue=enqueue)
-    if enqueue:
-        timers.enqueue(timers.raw_from(client), "worker.jobs.run_triggered", run_id, job_id=f"loopsq-trigger-{run_id}")
-    return run_id, True
 
 
 class LoopsClient:
@@ -74,7 +30,7 @@ class LoopsClient:
 
     def __init__(self, redis_url: str | None = None, *, client: redis.Redis | None = None,
                  keys: Keys | None = None) -> None:
-        from loopsq.config import resolve_redis_url
+        from loopsq.system.config import resolve_redis_url
 
         self.client = client if client is not None else connect(resolve_redis_url(redis_url))
         self.keys = keys or Keys()

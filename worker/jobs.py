@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from loopsq.engine import runner
+from loopsq.engine.recovery import reap_host
 from loopsq.engine.runtime import Runtime
 from loopsq.engine.worker_process import current_runtime, set_current_runtime
 
@@ -16,7 +17,7 @@ def _runtime() -> Runtime:
         # Executed by a plain ``rq worker``: derive our client from the job's connection.
         from rq import get_current_job
 
-        from loopsq.redis_conn import Redis
+        from loopsq.state.connection import Redis
 
         job = get_current_job()
         if job is None:
@@ -28,7 +29,7 @@ def _runtime() -> Runtime:
         client = Redis(connection_pool=pool.__class__(connection_class=pool.connection_class, **kwargs))
         # The RQ worker's name as our worker id, as ``loopsq worker`` does: maintenance judges a fired timer's
         # job by the liveness key of the RQ worker that runs it.
-        rt = Runtime(client=client, role="worker", worker_id=job.worker_name or None).start()
+        rt = Runtime(client=client, role="worker", worker_id=job.worker_name or None, reaper=reap_host).start()
         set_current_runtime(rt)
     return rt
 
@@ -50,8 +51,8 @@ REFUSED = "!"
 def run_now(loop_id: str, request_id: str) -> str:
     """Run a loop now on this worker; the run id is published under the request id for the waiting CLI."""
     rt = _runtime()
-    from loopsq.runs import LoopRun
-    from loopsq.timeutil import gen_id
+    from loopsq.domain.run_rules import LoopRun
+    from loopsq.domain.timeutil import gen_id
 
     def publish(run: LoopRun) -> None:
         # Only once claimed: a retry or due slot keeps its existing row's id, and the CLI waits on this one.
@@ -76,7 +77,7 @@ def run_triggered(run_id: str) -> str | None:
 
 def trigger(loop: str, idempotency_key: str | None = None, **_ignored: Any) -> str:
     """Trigger a loop from another service by dotted path; returns the run id (the same for a repeated key)."""
-    from loopsq.sdk import trigger_with
+    from loopsq.engine.triggers import trigger_with
 
     rt = _runtime()
     run_id, created = trigger_with(rt.client, rt.keys, loop, idempotency_key, enqueue=False)

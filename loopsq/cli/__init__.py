@@ -1,6 +1,7 @@
 """The ``loopsq`` command line: the reference's command surface on Redis, with one error line per failure.
 
 Exit codes: 0 success; 1 not found or failed; 2 bad input (flags, spec files, schedules); 3 Redis unreachable.
+The top interface: may import every layer (the web app too, which ``loopsq web`` serves); only ``worker/`` is above.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from typing import Any, ClassVar
 import click
 import redis
 
-from loopsq import __version__, config
+from loopsq import __version__
 from loopsq.cli import (
     create,
     health_cmds,
@@ -28,7 +29,8 @@ from loopsq.cli import (
 )
 from loopsq.cli.app import App, echo_err
 from loopsq.errors import LoopsqError
-from loopsq.redis_conn import unavailable
+from loopsq.state.connection import unavailable
+from loopsq.system import config
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_REDIS = 0, 1, 2, 3
 

@@ -14,13 +14,14 @@ from typing import Any
 import click
 import redis
 
-from loopsq import config, timeutil
-from loopsq.keys import Keys
+from loopsq.domain import timeutil
 from loopsq.mirror.follow import catch_up
 from loopsq.mirror.schema import open_db
-from loopsq.redis_conn import connect
+from loopsq.state.connection import connect
+from loopsq.state.keys import Keys
 from loopsq.state.loops import LoopStore
 from loopsq.state.workflows import WorkflowStore
+from loopsq.system import config
 
 
 @dataclass

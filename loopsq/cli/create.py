@@ -16,11 +16,11 @@ from loopsq.cli.options import (
     schedule_body,
     schedule_options,
 )
+from loopsq.domain.loop_spec import new_loop, validate_name
+from loopsq.domain.models import Loop
+from loopsq.domain.redaction import public_loop
+from loopsq.domain.targets import PROVIDERS
 from loopsq.errors import ValidationError
-from loopsq.loop_spec import new_loop, validate_name
-from loopsq.models import Loop
-from loopsq.redaction import public_loop
-from loopsq.targets import PROVIDERS
 
 
 @click.group("create")
@@ -48,7 +48,7 @@ def _store(body: dict[str, Any], preflight: bool) -> Loop:
     app = get_app()
     loop = new_loop(body, app.now())
     if preflight:
-        from loopsq.preflight import preflight_loop_target
+        from loopsq.executor.preflight import preflight_loop_target
 
         preflight_loop_target(loop.target, loop, app)
     return app.loops().create(loop)

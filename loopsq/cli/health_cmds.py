@@ -14,7 +14,7 @@ def doctor() -> None:
 
     Exit status 1 when a check fails (warnings do not fail).
     """
-    from loopsq.doctor import run_doctor
+    from loopsq.ops.doctor import run_doctor
 
     app = get_app()
     ok, checks = run_doctor(app.redis_url, app.data_dir, app.keys)
@@ -27,7 +27,7 @@ def doctor() -> None:
 @json_flag
 def status() -> None:
     """Live schedulers and workers (host, pid, current runs), queue depth, mirror lag, loops and runs by status."""
-    from loopsq.health import status_report
+    from loopsq.ops.health import status_report
 
     app = get_app()
     report = status_report(app.client(), app.keys, app.mirror())

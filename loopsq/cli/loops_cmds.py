@@ -5,10 +5,10 @@ from __future__ import annotations
 import click
 
 from loopsq.cli.app import get_app, json_flag
+from loopsq.domain.models import LOOP_STATUSES, Loop
+from loopsq.domain.redaction import public_loop
 from loopsq.errors import NotFoundError, ValidationError
 from loopsq.mirror import queries
-from loopsq.models import LOOP_STATUSES, Loop
-from loopsq.redaction import public_loop
 
 
 @click.command("list")

@@ -11,12 +11,12 @@ from types import FrameType
 import click
 import redis
 
-from loopsq import config
 from loopsq.cli.app import get_app, json_flag
 from loopsq.mirror import queries
 from loopsq.mirror.follow import catch_up, follow, mirror_id, rebuild
 from loopsq.mirror.schema import open_db
-from loopsq.redis_conn import connect, mask_url
+from loopsq.state.connection import connect, mask_url
+from loopsq.system import config
 
 log = logging.getLogger("loopsq.mirror")
 

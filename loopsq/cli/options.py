@@ -11,12 +11,12 @@ from typing import Any
 
 import click
 
-from loopsq.cron import host_timezone_name, validate_cron, validate_timezone
-from loopsq.durations import parse_duration
+from loopsq.domain.cron import host_timezone_name, validate_cron, validate_timezone
+from loopsq.domain.durations import parse_duration
+from loopsq.domain.models import OVERLAP_POLICIES, RETRY_BACKOFFS
+from loopsq.domain.schedules import CATCH_UP_POLICIES, parse_time
+from loopsq.domain.timeutil import to_iso
 from loopsq.errors import ValidationError
-from loopsq.models import OVERLAP_POLICIES, RETRY_BACKOFFS
-from loopsq.schedules import CATCH_UP_POLICIES, parse_time
-from loopsq.timeutil import to_iso
 
 NO_TIMEOUT_WORDS = ("none", "unlimited", "null", "never", "off", "false")
 

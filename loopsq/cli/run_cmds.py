@@ -7,13 +7,14 @@ from typing import Any
 
 import click
 
-from loopsq import timers, timeutil
 from loopsq.cli.app import App, get_app, json_flag
+from loopsq.domain import timeutil
+from loopsq.domain.redaction import public_run
+from loopsq.domain.run_rules import RUN_STATUSES, TERMINAL, LoopRun
+from loopsq.domain.timeutil import gen_id
+from loopsq.engine import timers
 from loopsq.errors import LoopsqError, NotFoundError, ValidationError
 from loopsq.mirror import queries
-from loopsq.redaction import public_run
-from loopsq.runs import RUN_STATUSES, TERMINAL, LoopRun
-from loopsq.timeutil import gen_id
 
 SHOW_OUTPUT_LIMIT = 32 * 1024
 
@@ -106,7 +107,7 @@ def _run_on_worker(app: App, loop_id: str, wait_s: float) -> LoopRun:
 @json_flag
 def tick() -> None:
     """One scheduler pass here: recover, expire, and run every due loop in this process."""
-    from loopsq import runs as rules
+    from loopsq.domain import run_rules as rules
     from loopsq.engine.maintenance import maintain
     from loopsq.engine.runner import fire
 
@@ -173,7 +174,7 @@ def runs(id_or_name: str | None, limit: int, status: str | None, show_output: bo
 @json_flag
 def trigger(id_or_name: str, key: str | None) -> None:
     """Start a run of a loop on a worker now; prints its run id."""
-    from loopsq.sdk import trigger_with
+    from loopsq.engine.triggers import trigger_with
 
     if key is not None and not key.strip():
         raise ValidationError(f"--key must not be empty, got '{key}'")

@@ -11,11 +11,12 @@ from types import FrameType
 
 import click
 
-from loopsq import config, install
 from loopsq.cli.app import get_app, json_flag
 from loopsq.cli.options import duration_flag, positive_int_flag
 from loopsq.errors import LoopsqError, ValidationError
-from loopsq.up import API_TOKEN_ENV, API_TOKEN_FILENAME, UpConfig, api_token, run_up
+from loopsq.ops import install
+from loopsq.ops.up import API_TOKEN_ENV, API_TOKEN_FILENAME, UpConfig, api_token, run_up
+from loopsq.system import config
 
 
 def _root_param(name: str) -> str | None:

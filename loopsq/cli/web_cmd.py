@@ -10,7 +10,7 @@ import click
 
 from loopsq.cli.app import get_app
 from loopsq.errors import ValidationError
-from loopsq.redis_conn import mask_url
+from loopsq.state.connection import mask_url
 
 TOKEN_ENV = "LOOPSQ_API_TOKEN"
 LOOPBACK = frozenset({"127.0.0.1", "localhost", "::1"})

@@ -9,15 +9,16 @@ from typing import Any
 
 import click
 
-from loopsq import timers, timeutil
 from loopsq.cli.app import App, get_app, json_flag
 from loopsq.cli.workflows_cmds import workflows
+from loopsq.domain import timeutil
+from loopsq.domain.redaction import public_event, public_step_run, public_workflow_run
+from loopsq.domain.timeutil import gen_id
+from loopsq.engine import timers
+from loopsq.engine.recovery import step_alive
 from loopsq.errors import NotFoundError, ValidationError
 from loopsq.mirror import queries
-from loopsq.procs import hostname, is_process_alive
-from loopsq.redaction import public_event, public_step_run, public_workflow_run
 from loopsq.state.workflow_runs import WorkflowRunStore
-from loopsq.timeutil import gen_id
 
 
 def _store(app: App) -> WorkflowRunStore:
@@ -166,24 +167,6 @@ def cancel(run_id: str, reason: str) -> None:
     app.emit(public_workflow_run(state.run), f"{run_id} {state.run['status']}")
 
 
-def step_alive(app: App, state_run: dict[str, Any]) -> Any:
-    """A liveness test for a step's process that is right across hosts: on this host the pid with its start
-    time; on another host, whether the worker executing the run is still alive."""
-    client = app.client()
-    local = hostname()
-
-    def alive(step: dict[str, Any]) -> bool:
-        pid = step.get("pid")
-        if not pid:
-            return False
-        if step.get("host", local) == local:
-            return is_process_alive(int(pid), step.get("pidStartTime"))
-        worker = state_run.get("workerId")
-        return bool(worker and client.exists(app.keys.worker(worker)))
-
-    return alive
-
-
 @workflows.command("recover")
 @click.argument("run_id")
 @click.option("--reason", default="manual recovery", show_default=True, help="Recorded on the reset steps.")
@@ -193,7 +176,7 @@ def recover(run_id: str, reason: str) -> None:
     app = get_app()
     store = _store(app)
     state = store.require(run_id)
-    state, recovered = store.recover(run_id, timeutil.now(), reason, step_alive(app, state.run))
+    state, recovered = store.recover(run_id, timeutil.now(), reason, step_alive(app.client(), app.keys, state.run))
     app.emit({"workflowRun": public_workflow_run(state.run), "recoveredSteps": recovered},
              f"{run_id} recovered={len(recovered)}")
 

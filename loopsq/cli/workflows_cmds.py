@@ -7,10 +7,10 @@ from typing import Any, ClassVar
 import click
 
 from loopsq.cli.app import get_app, json_flag
+from loopsq.domain.redaction import public_workflow
+from loopsq.domain.workflow_spec import load_workflow_file, workflow_body_from_json
 from loopsq.errors import NotFoundError, ValidationError
 from loopsq.mirror import queries
-from loopsq.redaction import public_workflow
-from loopsq.workflow_spec import load_workflow_file, workflow_body_from_json
 
 
 class AliasGroup(click.Group):
@@ -43,7 +43,7 @@ def validate(file: str, name: str | None, preflight: bool) -> None:
     body = _read_spec(file, name)
     result: dict[str, Any] = {"valid": True, "workflow": public_workflow({"id": "validation", **body})}
     if preflight:
-        from loopsq.preflight import preflight_workflow_body
+        from loopsq.executor.preflight import preflight_workflow_body
 
         result["preflight"] = preflight_workflow_body(body)
     get_app().emit(result, f"valid workflow {body['name']} steps={len(body['steps'])}")

@@ -14,7 +14,7 @@ import time
 
 import redis
 
-from loopsq.keys import Keys
+from loopsq.state.keys import Keys
 
 CHUNK_BYTES = 16 * 1024
 MAX_CHUNKS = 64

@@ -19,16 +19,18 @@ from datetime import datetime, timedelta
 
 import redis
 
-from loopsq import runs as rules
-from loopsq import timers, timeutil
+from loopsq.domain import run_rules as rules
+from loopsq.domain import timeutil
+from loopsq.domain.models import Loop
+from loopsq.domain.run_rules import LoopRun
+from loopsq.domain.timeutil import from_iso, to_iso
+from loopsq.engine import timers
 from loopsq.engine.faults import crash_point
 from loopsq.engine.live import LiveWriter
 from loopsq.engine.runtime import LEASE_LOST, SHUTTING_DOWN, Runtime
+from loopsq.engine.workflow_runner import execute_workflow
 from loopsq.executor import RunMetadata, SpawnInfo, execute_target
-from loopsq.models import Loop
-from loopsq.runs import LoopRun
 from loopsq.state.runs import Claim, Refusal
-from loopsq.timeutil import from_iso, to_iso
 
 log = logging.getLogger("loopsq.runs")
 
@@ -144,8 +146,6 @@ def _run_workflow_target(
     rt: Runtime, loop: Loop, run: LoopRun, cancel: threading.Event, on_spawn: Callable[[SpawnInfo], None]
 ) -> tuple[str, int | None, str, str, str | None, int | None, int]:
     """A workflow loop target (§5.5): idempotent per slot attempt, with the target's timeout for the whole run."""
-    from loopsq.engine.workflow_runner import execute_workflow
-
     workflow_id = str(loop.target.get("workflowId"))
     spec = rt.workflows.get(workflow_id)
     if spec is None:

@@ -13,19 +13,22 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import datetime
 
 import redis
 
-from loopsq import timeutil
-from loopsq.keys import Keys
-from loopsq.procs import hostname
-from loopsq.redis_conn import connect
+from loopsq.domain import timeutil
+from loopsq.domain.timeutil import gen_id
+from loopsq.engine.timers import raw_from
 from loopsq.state.commit import Committer
+from loopsq.state.connection import connect
+from loopsq.state.keys import Keys
 from loopsq.state.loops import LoopStore
 from loopsq.state.runs import Owner, RunStore
 from loopsq.state.workflows import WorkflowStore
-from loopsq.timeutil import gen_id
+from loopsq.system.procs import hostname
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +63,10 @@ class Runtime:
         keys: Keys | None = None,
         role: str = "worker",
         worker_id: str | None = None,
+        reaper: Callable[[Runtime, datetime], object] | None = None,
     ) -> None:
+        """``reaper``: called on the beat every ``REAP_EVERY_S`` (a worker passes ``recovery.reap_host``, its
+        share of recovery on its own host); None for processes that reap nothing."""
         if client is None:
             if url is None:
                 raise ValueError("Runtime needs a url or a client")
@@ -83,14 +89,13 @@ class Runtime:
         self._next_liveness = 0.0
         self._next_reap = time.monotonic() + REAP_EVERY_S
         self._shutdown_timer: threading.Timer | None = None
+        self._reaper = reaper
         self.started_at = timeutil.to_iso(timeutil.now())
 
     @property
     def raw(self) -> redis.Redis:
         """A bytes-responses client for RQ on the same server."""
         if self._raw is None:
-            from loopsq.timers import raw_from
-
             self._raw = raw_from(self.client)
         return self._raw
 
@@ -196,16 +201,14 @@ class Runtime:
         self._next_liveness = time.monotonic() + LIVENESS_EVERY_S
 
     def beat(self) -> None:
-        """One beat: liveness when due, lease renewals when due, cancel requests always; a worker also reaps its
-        host when due."""
+        """One beat: liveness when due, lease renewals when due, cancel requests always; the reaper (a worker's
+        share of recovery on its host) when due."""
         now_mono = time.monotonic()
         if now_mono >= self._next_liveness:
             self._refresh_liveness()
-        if self.role == "worker" and now_mono >= self._next_reap:
+        if self._reaper is not None and now_mono >= self._next_reap:
             self._next_reap = now_mono + REAP_EVERY_S
-            from loopsq.engine.maintenance import reap_host
-
-            reap_host(self, timeutil.now())
+            self._reaper(self, timeutil.now())
         with self._lock:
             held = dict(self._held)
         if not held:

@@ -14,7 +14,8 @@ import threading
 
 import redis
 
-from loopsq import timers, timeutil
+from loopsq.domain import timeutil
+from loopsq.engine import timers
 from loopsq.engine.maintenance import maintain
 from loopsq.engine.runtime import Runtime
 

@@ -10,7 +10,8 @@ from functools import partial
 
 import redis
 
-from loopsq import timers
+from loopsq.engine import timers
+from loopsq.engine.recovery import kill_orphans_of, reap_host
 from loopsq.engine.runtime import Runtime
 
 log = logging.getLogger("loopsq.worker")
@@ -32,8 +33,6 @@ def set_current_runtime(rt: Runtime | None) -> None:
 def kill_orphans(rt: Runtime) -> int:
     """Kill process groups (runs and workflow steps) whose worker died on this host: nobody can record their
     outcome, and their runs are about to be retried."""
-    from loopsq.engine.maintenance import kill_orphans_of
-
     killed = 0
     for run in rt.runs.get_many(rt.runs.running_ids()):
         if run.worker_id == rt.owner.worker_id or rt.client.exists(rt.keys.worker(run.worker_id or "-")):
@@ -49,7 +48,7 @@ def run_worker(url: str, *, burst: bool = False, stop: threading.Event | None = 
     while True:
         rt: Runtime | None = None
         try:
-            rt = Runtime(url, role="worker").start()
+            rt = Runtime(url, role="worker", reaper=reap_host).start()
             set_current_runtime(rt)
             kill_orphans(rt)
             worker = timers.make_worker(rt.raw, rt.owner.worker_id, on_stop=partial(rt.begin_shutdown, grace_s))

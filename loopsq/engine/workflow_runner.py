@@ -18,13 +18,14 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import Any
 
-from loopsq import timeutil
+from loopsq.domain import timeutil
+from loopsq.domain.workflow_spec import execution_order
 from loopsq.engine import live
 from loopsq.engine.runtime import Runtime
 from loopsq.executor import ExecutorResult, RunMetadata, SpawnInfo, execute_target
-from loopsq.preflight import step_target
-from loopsq.state.workflow_runs import DONE_STEP, StepEnd, WorkflowRunState, WorkflowRunStore
-from loopsq.workflow_spec import execution_order
+from loopsq.executor.preflight import step_target
+from loopsq.state.workflow_run_state import DONE_STEP, StepEnd, WorkflowRunState
+from loopsq.state.workflow_runs import WorkflowRunStore
 
 log = logging.getLogger("loopsq.workflows")
 

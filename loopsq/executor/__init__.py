@@ -1,7 +1,8 @@
 """The executor: run one command or coding-agent target as a process group and report how it ended.
 
 Public API: ``build_spec``, ``agent_args``, ``preflight_target``, ``execute_target`` and their value types;
-``resolve_account_env`` for account routing (§6).
+``resolve_account_env`` for account routing (§6); ``preflight`` checks a loop's target without running it.
+May import ``loopsq.system``, ``loopsq.domain`` and ``loopsq.errors``; never state, the engine or above.
 """
 
 from __future__ import annotations

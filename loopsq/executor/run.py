@@ -15,13 +15,13 @@ from collections.abc import Callable, Mapping
 from datetime import datetime
 from typing import Any
 
+from loopsq.domain.timeutil import now, to_iso
 from loopsq.errors import LoopsqError
 from loopsq.executor.output import DEFAULT_MAX_OUTPUT_BYTES
 from loopsq.executor.result import ExecutorResult, SpawnInfo
 from loopsq.executor.spec import RunMetadata, build_spec, check_executable
 from loopsq.executor.supervisor import OnOutput, Supervisor
-from loopsq.procs import hostname, process_start_time
-from loopsq.timeutil import now, to_iso
+from loopsq.system.procs import hostname, process_start_time
 
 log = logging.getLogger(__name__)
 

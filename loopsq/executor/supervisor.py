@@ -21,7 +21,7 @@ from collections.abc import Callable
 
 from loopsq.executor.output import BoundedOutput
 from loopsq.executor.spec import CommandSpec
-from loopsq.procs import kill_process_group
+from loopsq.system.procs import kill_process_group
 
 log = logging.getLogger(__name__)
 

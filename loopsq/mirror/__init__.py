@@ -1,7 +1,8 @@
 """The SQLite query mirror: the reference's schema, fed idempotently from the change stream, read by the CLI.
 
 ``schema`` opens and migrates the database, ``apply`` writes changes into it, ``queries`` reads entities back.
-Nothing here talks to Redis; the stream consumer hands changes to ``apply_changes``.
+``follow`` is the stream consumer that hands changes to ``apply_changes`` (and rebuilds from a Redis snapshot).
+May import ``loopsq.state``, ``loopsq.system``, ``loopsq.domain`` and ``loopsq.errors``; never the engine or above.
 """
 
 from __future__ import annotations

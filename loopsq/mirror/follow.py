@@ -21,10 +21,10 @@ from typing import Any
 
 import redis
 
-from loopsq.keys import Keys
 from loopsq.mirror.apply import REDIS_INSTANCE_KEY, apply_changes, get_meta, last_applied_id, replace_all
-from loopsq.procs import hostname
+from loopsq.state.keys import Keys
 from loopsq.state.snapshot import snapshot_tables
+from loopsq.system.procs import hostname
 
 log = logging.getLogger(__name__)
 

@@ -16,8 +16,8 @@ import stat
 from collections.abc import Iterator
 from pathlib import Path
 
+from loopsq.domain.timeutil import now, to_iso
 from loopsq.errors import LoopsqError
-from loopsq.timeutil import now, to_iso
 
 INITIAL_MIGRATION = "0001_initial_and_workflows"
 LOOPSQ_MIGRATION = "0100_loopsq_columns"

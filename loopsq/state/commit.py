@@ -15,8 +15,8 @@ from typing import Any
 
 import redis
 
-from loopsq.keys import Keys
-from loopsq.timeutil import gen_id
+from loopsq.domain.timeutil import gen_id
+from loopsq.state.keys import Keys
 
 #: Approximate cap on the change stream (an entry is ~1 KB, a run makes ~3: about 200 MB and, at 1,000 runs a
 #: minute, an hour of history). A mirror that falls further behind than this rebuilds itself from Redis.

@@ -11,12 +11,12 @@ from datetime import datetime
 
 import redis
 
-from loopsq import lifecycle
+from loopsq.domain import lifecycle
+from loopsq.domain.models import Loop
+from loopsq.domain.timeutil import to_iso
 from loopsq.errors import ConflictError, NotFoundError
-from loopsq.keys import Keys
-from loopsq.models import Loop
 from loopsq.state.commit import Committer, Tx
-from loopsq.timeutil import to_iso
+from loopsq.state.keys import Keys
 
 MAX_RETRIES = 20
 TABLE = "loops"

@@ -7,13 +7,13 @@ from datetime import datetime
 
 import redis
 
-from loopsq import runs as rules
-from loopsq.keys import Keys
-from loopsq.models import Loop
-from loopsq.runs import LoopRun
-from loopsq.schedules import compute_next_after
+from loopsq.domain import run_rules as rules
+from loopsq.domain.models import Loop
+from loopsq.domain.run_rules import LoopRun
+from loopsq.domain.schedules import compute_next_after
+from loopsq.domain.timeutil import gen_id, to_iso, to_ms
 from loopsq.state.commit import Committer, Tx
-from loopsq.timeutil import gen_id, to_iso, to_ms
+from loopsq.state.keys import Keys
 
 MAX_RETRIES = 50
 

@@ -14,13 +14,13 @@ from datetime import datetime, timedelta
 
 import redis
 
-from loopsq import runs as rules
-from loopsq.keys import Keys
-from loopsq.models import Loop
-from loopsq.runs import LoopRun
+from loopsq.domain import run_rules as rules
+from loopsq.domain.models import Loop
+from loopsq.domain.run_rules import LoopRun
+from loopsq.domain.timeutil import gen_id, to_iso, to_ms
 from loopsq.state.commit import Committer, Tx
+from loopsq.state.keys import Keys
 from loopsq.state.run_moves import LoopMoves, _s
-from loopsq.timeutil import gen_id, to_iso, to_ms
 
 MAX_RETRIES = 50
 #: How long a (loop, slot, attempt) claim is remembered. Far longer than any lease: a claim must never lapse
@@ -358,7 +358,7 @@ class RunStore(LoopMoves):
         def build(run: LoopRun) -> LoopRun:
             duration = None
             if run.started_at:
-                from loopsq.timeutil import from_iso
+                from loopsq.domain.timeutil import from_iso
 
                 duration = max(0, to_ms(now) - to_ms(from_iso(run.started_at)))
             return run.with_changes(

@@ -7,7 +7,7 @@ from typing import Any
 
 import redis
 
-from loopsq.keys import Keys
+from loopsq.state.keys import Keys
 
 
 def _ids(client: redis.Redis, key: str) -> list[str]:

@@ -3,30 +3,16 @@ failure (§3.8) and recover (§5.7). Each is one atomic transition with its chan
 
 from __future__ import annotations
 
-import json
-from collections.abc import Mapping
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import redis
 
+from loopsq.domain.timeutil import to_iso
 from loopsq.errors import ConflictError
-from loopsq.keys import Keys
 from loopsq.state.commit import Tx
-from loopsq.timeutil import to_iso
-
-if TYPE_CHECKING:
-    from loopsq.state.workflow_runs import WorkflowRunState
-
-MAX_RETRIES = 50
-
-
-def _dumps(value: Mapping[str, Any]) -> str:
-    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
-
-
-def _clean(d: dict[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in d.items() if v is not None}
+from loopsq.state.keys import Keys
+from loopsq.state.workflow_run_state import MAX_RETRIES, WorkflowRunState, drop_none, dumps_compact
 
 
 class WorkflowRunControl:
@@ -58,15 +44,15 @@ class WorkflowRunControl:
                 Tx(change, stamp)
                 .expect(self.keys.wf_run(run_id), state.run_raw)
                 .expect_length(self.keys.wf_events(run_id), state.events)
-                .set(self.keys.wf_run(run_id), _dumps(run))
+                .set(self.keys.wf_run(run_id), dumps_compact(run))
                 .srem(self.keys.wf_running, run_id)
                 .put("workflow_runs", run)
             )
             for step_id, step in state.steps.items():
                 if step["status"] in ("pending", "running"):
-                    new = _clean({**step, "status": step_status, "error": error, "pid": None, "updatedAt": stamp})
+                    new = drop_none({**step, "status": step_status, "error": error, "pid": None, "updatedAt": stamp})
                     tx.expect_field(self.keys.wf_steps(run_id), step_id, state.steps_raw[step_id])
-                    tx.hset(self.keys.wf_steps(run_id), step_id, _dumps(new)).put("workflow_step_runs", new)
+                    tx.hset(self.keys.wf_steps(run_id), step_id, dumps_compact(new)).put("workflow_step_runs", new)
             self._event(state, tx, event_type, now, payload=payload)
             tx.set(self.keys.cancel(run_id), error, px=3_600_000)
             if self._commit(tx):
@@ -111,7 +97,7 @@ class WorkflowRunControl:
                                     "host", "pidStartTime")}
                 new.update(status="pending", error=reason, updatedAt=stamp)
                 tx.expect_field(self.keys.wf_steps(run_id), step["stepId"], state.steps_raw[step["stepId"]])
-                tx.hset(self.keys.wf_steps(run_id), step["stepId"], _dumps(new)).put("workflow_step_runs", new)
+                tx.hset(self.keys.wf_steps(run_id), step["stepId"], dumps_compact(new)).put("workflow_step_runs", new)
             ids = [s["stepId"] for s in running]
             self._event(state, tx, "recovered", now, payload={"reason": reason, "recoveredSteps": ids})
             if self._commit(tx):

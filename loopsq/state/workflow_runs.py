@@ -9,75 +9,25 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
 import redis
 
+from loopsq.domain.timeutil import gen_id, to_iso, to_ms
 from loopsq.errors import ConflictError, NotFoundError
-from loopsq.keys import Keys
 from loopsq.state.commit import Committer, Tx
+from loopsq.state.keys import Keys
 from loopsq.state.workflow_control import WorkflowRunControl
-from loopsq.timeutil import gen_id, to_iso, to_ms
-
-TERMINAL_RUN = frozenset({"succeeded", "failed", "timed_out", "cancelled"})
-DONE_STEP = frozenset({"succeeded", "skipped", "cancelled"})
-CLAIMABLE_STEP = frozenset({"pending", "failed", "timed_out"})
-MAX_RETRIES = 50
-
-
-def _s(value: object) -> str | None:
-    if value is None:
-        return None
-    return value.decode() if isinstance(value, bytes) else str(value)
-
-
-def _dumps(value: Mapping[str, Any]) -> str:
-    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
-
-
-def _clean(d: dict[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in d.items() if v is not None}
-
-
-@dataclass
-class WorkflowRunState:
-    """A workflow run as last read or written: raw JSON of the run and of each step, and the event count."""
-
-    run_id: str
-    run_raw: str
-    steps_raw: dict[str, str]
-    events: int
-    run: dict[str, Any] = field(init=False)
-    steps: dict[str, dict[str, Any]] = field(init=False)
-
-    def __post_init__(self) -> None:
-        self.run = json.loads(self.run_raw)
-        self.steps = {k: json.loads(v) for k, v in self.steps_raw.items()}
-
-    @property
-    def terminal(self) -> bool:
-        """True once the run ended (succeeded, failed, timed_out or cancelled)."""
-        return self.run.get("status") in TERMINAL_RUN
-
-    def ordered_steps(self) -> list[dict[str, Any]]:
-        """Step runs by their ``sequence`` (spec order)."""
-        return sorted(self.steps.values(), key=lambda s: int(s["sequence"]))
-
-
-@dataclass(frozen=True)
-class StepEnd:
-    """How a running step ended, to be recorded (alone, or with the start of the next step)."""
-
-    step_id: str
-    at: datetime
-    status: str  # succeeded | failed | timed_out
-    exit_code: int | None
-    duration_ms: int
-    stdout: str
-    stderr: str
-    error: str | None
+from loopsq.state.workflow_run_state import (
+    CLAIMABLE_STEP,
+    MAX_RETRIES,
+    StepEnd,
+    WorkflowRunState,
+    as_str,
+    drop_none,
+    dumps_compact,
+)
 
 
 class WorkflowRunStore(WorkflowRunControl):
@@ -99,7 +49,7 @@ class WorkflowRunStore(WorkflowRunControl):
         raw, steps, events = pipe.execute()
         if not raw:
             return None
-        return WorkflowRunState(run_id, str(_s(raw)), {str(_s(k)): str(_s(v)) for k, v in steps.items()}, int(events))
+        return WorkflowRunState(run_id, str(as_str(raw)), {str(as_str(k)): str(as_str(v)) for k, v in steps.items()}, int(events))
 
     def require(self, run_id: str) -> WorkflowRunState:
         """Like ``load``; raises ``NotFoundError('workflow run not found: <id>')``."""
@@ -110,28 +60,28 @@ class WorkflowRunStore(WorkflowRunControl):
 
     def events(self, run_id: str, limit: int = 200) -> list[dict[str, Any]]:
         """The first ``limit`` events of a run, by sequence."""
-        return [json.loads(str(_s(e))) for e in self.client.lrange(self.keys.wf_events(run_id), 0, limit - 1)]
+        return [json.loads(str(as_str(e))) for e in self.client.lrange(self.keys.wf_events(run_id), 0, limit - 1)]
 
     def by_idempotency(self, workflow_id: str, key: str) -> str | None:
         """The run id an idempotency key stands for."""
-        return _s(self.client.get(self.keys.wf_idempotency(workflow_id, key)))
+        return as_str(self.client.get(self.keys.wf_idempotency(workflow_id, key)))
 
     def ids(self, limit: int = 100) -> list[str]:
         """Newest workflow run ids first."""
-        return [str(_s(i)) for i in self.client.zrevrange(self.keys.wf_runs, 0, limit - 1)]
+        return [str(as_str(i)) for i in self.client.zrevrange(self.keys.wf_runs, 0, limit - 1)]
 
     def for_loop_run(self, loop_run_id: str) -> list[str]:
         """Workflow runs started for a loop run."""
-        return sorted(str(_s(i)) for i in self.client.smembers(self.keys.loop_run_workflows(loop_run_id)))
+        return sorted(str(as_str(i)) for i in self.client.smembers(self.keys.loop_run_workflows(loop_run_id)))
 
     # -- helpers --------------------------------------------------------------------------------------------
     def _event(self, state: WorkflowRunState, tx: Tx, event_type: str, now: datetime, *, step_id: str | None = None,
                payload: Any = None, offset: int = 0) -> dict[str, Any]:
-        event = _clean({
+        event = drop_none({
             "id": gen_id(), "workflowRunId": state.run_id, "sequence": state.events + offset + 1,
             "eventType": event_type, "stepId": step_id, "payload": payload, "createdAt": to_iso(now),
         })
-        tx.rpush(self.keys.wf_events(state.run_id), _dumps(event)).put("workflow_events", event)
+        tx.rpush(self.keys.wf_events(state.run_id), dumps_compact(event)).put("workflow_events", event)
         return event
 
     def _commit(self, tx: Tx) -> bool:
@@ -165,7 +115,7 @@ class WorkflowRunStore(WorkflowRunControl):
                         return state, False
             rid = run_id or gen_id()
             stamp = to_iso(now)
-            run = _clean({
+            run = drop_none({
                 "id": rid, "workflowId": wf_id, "workflowName": spec["name"],
                 "loopId": (loop or {}).get("id"), "loopRunId": (loop_run or {}).get("id"),
                 "scheduledFor": scheduled_for or (loop_run or {}).get("scheduledFor"),
@@ -175,12 +125,12 @@ class WorkflowRunStore(WorkflowRunControl):
             steps: dict[str, dict[str, Any]] = {}
             for index, step in enumerate(spec["steps"]):
                 account = step.get("account") or step["target"].get("account") or {}
-                steps[step["id"]] = _clean({
+                steps[step["id"]] = drop_none({
                     "id": gen_id(), "workflowRunId": rid, "stepId": step["id"], "sequence": index,
                     "status": "pending", "accountProfile": account.get("profile"), "accountTool": account.get("tool"),
                     "createdAt": stamp, "updatedAt": stamp,
                 })
-            state = WorkflowRunState(rid, _dumps(run), {k: _dumps(v) for k, v in steps.items()}, 0)
+            state = WorkflowRunState(rid, dumps_compact(run), {k: dumps_compact(v) for k, v in steps.items()}, 0)
             tx = Tx("workflow_run_created", stamp).expect(self.keys.wf_run(rid), None)
             if idempotency_key is not None:
                 idem = self.keys.wf_idempotency(wf_id, idempotency_key)
@@ -191,7 +141,7 @@ class WorkflowRunStore(WorkflowRunControl):
             tx.zadd(self.keys.wf_runs, to_ms(now), rid).sadd(self.keys.wf_running, rid)
             if loop_run is not None:
                 tx.sadd(self.keys.loop_run_workflows(str(loop_run["id"])), rid)
-            payload = _clean({"workflowId": wf_id, "workflowName": spec["name"], "stepCount": len(steps),
+            payload = drop_none({"workflowId": wf_id, "workflowName": spec["name"], "stepCount": len(steps),
                               "loopId": run.get("loopId"), "loopRunId": run.get("loopRunId")})
             self._event(state, tx, "created", now, payload=payload)
             if self._commit(tx):
@@ -209,11 +159,11 @@ class WorkflowRunStore(WorkflowRunControl):
             tx.expect(self.keys.wf_run(state.run_id), state.run_raw)
         tx.expect_field(self.keys.wf_steps(state.run_id), step_id, state.steps_raw[step_id])
         tx.expect_length(self.keys.wf_events(state.run_id), state.events)
-        tx.hset(self.keys.wf_steps(state.run_id), step_id, _dumps(new_step)).put("workflow_step_runs", new_step)
+        tx.hset(self.keys.wf_steps(state.run_id), step_id, dumps_compact(new_step)).put("workflow_step_runs", new_step)
         return tx
 
     def _apply_step(self, state: WorkflowRunState, step_id: str, new_step: dict[str, Any], events: int) -> None:
-        state.steps_raw[step_id] = _dumps(new_step)
+        state.steps_raw[step_id] = dumps_compact(new_step)
         state.steps[step_id] = new_step
         state.events += events
 
@@ -248,7 +198,7 @@ class WorkflowRunStore(WorkflowRunControl):
             ended = self._ended(state, after)
             key = self.keys.wf_steps(state.run_id)
             tx.expect_field(key, after.step_id, state.steps_raw[after.step_id])
-            tx.hset(key, after.step_id, _dumps(ended)).put("workflow_step_runs", ended)
+            tx.hset(key, after.step_id, dumps_compact(ended)).put("workflow_step_runs", ended)
             tx.note(f"workflow_step_{after.status}")
             self._end_event(state, tx, after)
         self._event(state, tx, "step_started", now, step_id=step_id, offset=0 if after is None else 1)
@@ -277,7 +227,7 @@ class WorkflowRunStore(WorkflowRunControl):
                     "updatedAt": to_iso(now)}
             tx = Tx("workflow_step_pid", to_iso(now))
             tx.expect_field(self.keys.wf_steps(state.run_id), step_id, state.steps_raw[step_id])
-            tx.hset(self.keys.wf_steps(state.run_id), step_id, _dumps(step)).put("workflow_step_runs", step)
+            tx.hset(self.keys.wf_steps(state.run_id), step_id, dumps_compact(step)).put("workflow_step_runs", step)
             if self._commit(tx):
                 self._apply_step(state, step_id, step, 0)
                 return True
@@ -309,13 +259,13 @@ class WorkflowRunStore(WorkflowRunControl):
     @staticmethod
     def _ended(state: WorkflowRunState, end: StepEnd) -> dict[str, Any]:
         stamp = to_iso(end.at)
-        return _clean({**state.steps[end.step_id], "status": end.status, "finishedAt": stamp,
+        return drop_none({**state.steps[end.step_id], "status": end.status, "finishedAt": stamp,
                        "exitCode": end.exit_code, "durationMs": end.duration_ms, "stdout": end.stdout,
                        "stderr": end.stderr, "error": end.error, "pid": None, "updatedAt": stamp})
 
     def _end_event(self, state: WorkflowRunState, tx: Tx, end: StepEnd) -> None:
         self._event(state, tx, f"step_{end.status}", end.at, step_id=end.step_id,
-                    payload=_clean({"exitCode": end.exit_code, "error": end.error}))
+                    payload=drop_none({"exitCode": end.exit_code, "error": end.error}))
 
     def skip_steps(self, state: WorkflowRunState, step_ids: Sequence[str], reason: str, now: datetime) -> None:
         """pending|running -> skipped with ``reason``; one ``step_skipped`` event each (one transition each)."""
@@ -323,7 +273,7 @@ class WorkflowRunStore(WorkflowRunControl):
             for _ in range(MAX_RETRIES):
                 if state.steps[step_id]["status"] not in ("pending", "running"):
                     break
-                step = _clean({**state.steps[step_id], "status": "skipped", "error": reason, "pid": None,
+                step = drop_none({**state.steps[step_id], "status": "skipped", "error": reason, "pid": None,
                                "finishedAt": to_iso(now), "updatedAt": to_iso(now)})
                 tx = self._step_tx(state, step_id, step, "workflow_step_skipped", now, guard_run=False)
                 self._event(state, tx, "step_skipped", now, step_id=step_id, payload={"reason": reason})
@@ -342,22 +292,22 @@ class WorkflowRunStore(WorkflowRunControl):
             started = state.run.get("startedAt")
             duration = None
             if started:
-                from loopsq.timeutil import from_iso
+                from loopsq.domain.timeutil import from_iso
 
                 duration = max(0, to_ms(now) - to_ms(from_iso(started)))
-            run = _clean({**state.run, "status": status, "finishedAt": to_iso(now), "durationMs": duration,
+            run = drop_none({**state.run, "status": status, "finishedAt": to_iso(now), "durationMs": duration,
                           "error": error, "updatedAt": to_iso(now)})
             tx = (
                 Tx(f"workflow_run_{status}", to_iso(now))
                 .expect(self.keys.wf_run(state.run_id), state.run_raw)
                 .expect_length(self.keys.wf_events(state.run_id), state.events)
-                .set(self.keys.wf_run(state.run_id), _dumps(run))
+                .set(self.keys.wf_run(state.run_id), dumps_compact(run))
                 .srem(self.keys.wf_running, state.run_id)
                 .put("workflow_runs", run)
             )
-            self._event(state, tx, status, now, payload=_clean({"error": error}) or None)
+            self._event(state, tx, status, now, payload=drop_none({"error": error}) or None)
             if self._commit(tx):
-                state.run_raw, state.run = _dumps(run), run
+                state.run_raw, state.run = dumps_compact(run), run
                 state.events += 1
                 return True
             self._reload(state)

@@ -9,10 +9,10 @@ from typing import Any
 
 import redis
 
+from loopsq.domain.timeutil import gen_id, to_iso
 from loopsq.errors import ConflictError, NotFoundError
-from loopsq.keys import Keys
 from loopsq.state.commit import Committer, Tx
-from loopsq.timeutil import gen_id, to_iso
+from loopsq.state.keys import Keys
 
 MAX_RETRIES = 20
 TABLE = "workflow_specs"

@@ -8,14 +8,14 @@ import redis
 from fastapi import APIRouter, Body, Header, Path, Query
 from fastapi.responses import JSONResponse
 
+from loopsq.domain.loop_spec import new_loop, show
+from loopsq.domain.models import LOOP_STATUSES
+from loopsq.domain.redaction import public_loop, public_run
+from loopsq.domain.run_rules import RUN_STATUSES
+from loopsq.engine.triggers import trigger_with
 from loopsq.errors import LoopsqError, NotFoundError, RedisUnavailableError, ValidationError
-from loopsq.loop_spec import new_loop, show
 from loopsq.mirror import queries
 from loopsq.mirror.follow import mirror_lag
-from loopsq.models import LOOP_STATUSES
-from loopsq.redaction import public_loop, public_run
-from loopsq.runs import RUN_STATUSES
-from loopsq.sdk import trigger_with
 from loopsq.state.loops import LoopStore
 from loopsq.state.workflows import WorkflowStore
 from loopsq.web import schemas

@@ -7,18 +7,17 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, Body, Path, Query
 from fastapi.responses import JSONResponse
 
-from loopsq import timers
-from loopsq.cli.app import App
-from loopsq.cli.workflow_run_cmds import step_alive
+from loopsq.domain.redaction import public_event, public_step_run, public_workflow, public_workflow_run
+from loopsq.domain.timeutil import gen_id
+from loopsq.domain.workflow_spec import workflow_body_from_json
+from loopsq.engine import timers
+from loopsq.engine.recovery import step_alive
 from loopsq.errors import NotFoundError
 from loopsq.mirror import queries
-from loopsq.redaction import public_event, public_step_run, public_workflow, public_workflow_run
 from loopsq.state.workflow_runs import WorkflowRunStore
 from loopsq.state.workflows import WorkflowStore
-from loopsq.timeutil import gen_id
 from loopsq.web import schemas
 from loopsq.web.deps import Ctx, Limit, Offset, ShowOutput, json_object, page, responses
-from loopsq.workflow_spec import workflow_body_from_json
 
 router = APIRouter(prefix="/api")
 
@@ -140,6 +139,5 @@ def recover_workflow_run(ctx: Ctx, run_id: str, body: Reason = None) -> JSONResp
     reason = body.reason if body is not None and body.reason else "manual recovery"
     store = WorkflowRunStore(ctx.client, ctx.keys)
     state = store.require(run_id)
-    app = App(redis_url=ctx.settings.redis_url, data_dir=ctx.settings.data_dir, keys=ctx.keys, _client=ctx.client)
-    state, recovered = store.recover(run_id, ctx.now(), reason, step_alive(app, state.run))
+    state, recovered = store.recover(run_id, ctx.now(), reason, step_alive(ctx.client, ctx.keys, state.run))
     return JSONResponse({"workflowRun": public_workflow_run(state.run), "recoveredSteps": recovered})

@@ -19,11 +19,13 @@ from pathlib import Path
 
 import redis
 
-from loopsq import config, timers, timeutil
-from loopsq.keys import Keys
+from loopsq.domain import timeutil
+from loopsq.engine import timers
 from loopsq.mirror.follow import catch_up, follow, mirror_id
 from loopsq.mirror.schema import open_db
-from loopsq.redis_conn import connect, mask_url
+from loopsq.state.connection import connect, mask_url
+from loopsq.state.keys import Keys
+from loopsq.system import config
 
 log = logging.getLogger(__name__)
 
@@ -82,7 +84,7 @@ class WebContext:
             return self._raw
 
     def now(self) -> datetime:
-        """The clock (``loopsq.timeutil.now``, which tests patch)."""
+        """The clock (``loopsq.domain.timeutil.now``, which tests patch)."""
         return timeutil.now()
 
     @contextlib.contextmanager

@@ -13,11 +13,11 @@ from urllib.parse import parse_qs
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 
-from loopsq.durations import format_duration
+from loopsq.domain.durations import format_duration
+from loopsq.domain.redaction import public_event
 from loopsq.errors import NotFoundError, ValidationError
 from loopsq.mirror import queries
-from loopsq.redaction import public_event
-from loopsq.state.workflow_runs import TERMINAL_RUN
+from loopsq.state.workflow_run_state import TERMINAL_RUN
 from loopsq.web import auth, dag
 from loopsq.web.context import WebContext
 from loopsq.web.deps import Ctx

@@ -8,8 +8,8 @@ from typing import Annotated, Any, TypeVar
 from fastapi import Depends, Query, Request
 from pydantic import BaseModel
 
+from loopsq.domain.loop_spec import show
 from loopsq.errors import ValidationError
-from loopsq.loop_spec import show
 from loopsq.web.context import WebContext
 from loopsq.web.schemas import ErrorBody
 

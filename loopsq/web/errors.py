@@ -20,7 +20,7 @@ from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from loopsq.errors import ConflictError, LoopsqError, NotFoundError, RedisUnavailableError, ValidationError
-from loopsq.redis_conn import unavailable
+from loopsq.state.connection import unavailable
 
 log = logging.getLogger(__name__)
 

@@ -22,9 +22,9 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from loopsq import timers
-from loopsq.health import live_processes
-from loopsq.models import LOOP_STATUSES
+from loopsq.domain.models import LOOP_STATUSES
+from loopsq.engine import timers
+from loopsq.ops.health import live_processes
 from loopsq.web.context import WebContext
 from loopsq.web.deps import error_responses
 

@@ -13,8 +13,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from loopsq.models import LOOP_STATUSES
-from loopsq.runs import RUN_STATUSES
+from loopsq.domain.models import LOOP_STATUSES
+from loopsq.domain.run_rules import RUN_STATUSES
 
 
 class Entity(BaseModel):

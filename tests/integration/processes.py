@@ -21,9 +21,9 @@ from typing import Any, TypeVar
 
 import redis
 
-from loopsq.keys import Keys
-from loopsq.runs import LoopRun
-from loopsq.timeutil import from_iso
+from loopsq.domain.run_rules import LoopRun
+from loopsq.domain.timeutil import from_iso
+from loopsq.state.keys import Keys
 
 T = TypeVar("T")
 
@@ -234,7 +234,7 @@ class Cluster:
 
     def timer_at(self, name: str) -> float | None:
         """Epoch seconds of the loop's armed (not yet fired) timer, None when it has none armed."""
-        from loopsq import timers
+        from loopsq.engine import timers
 
         raw = redis.Redis.from_url(self.url)
         try:

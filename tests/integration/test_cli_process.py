@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from loopsq.timeutil import from_iso
+from loopsq.domain.timeutil import from_iso
 from tests.redis_server import RedisServer
 
 pytestmark = pytest.mark.integration

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from loopsq import timeutil
-from loopsq.procs import is_process_alive
-from loopsq.runs import LoopRun
-from loopsq.timeutil import to_iso
+from loopsq.domain import timeutil
+from loopsq.domain.run_rules import LoopRun
+from loopsq.domain.timeutil import to_iso
+from loopsq.system.procs import is_process_alive
 from tests.integration.processes import Cluster, Proc, open_cluster
 from tests.redis_server import RedisServer
 

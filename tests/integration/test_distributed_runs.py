@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from loopsq.timeutil import from_iso
+from loopsq.domain.timeutil import from_iso
 from tests.integration.processes import Cluster, gaps, open_cluster
 from tests.redis_server import RedisServer
 

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from loopsq.keys import Keys
+from loopsq.domain.run_rules import TERMINAL
 from loopsq.mirror.follow import rebuild
 from loopsq.mirror.schema import MIRRORED_COLUMNS, open_db
-from loopsq.runs import TERMINAL
+from loopsq.state.keys import Keys
 from tests.integration.processes import Cluster, open_cluster
 from tests.redis_server import RedisServer
 

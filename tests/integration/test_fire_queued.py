@@ -11,12 +11,12 @@ import pytest
 import redis
 from rq.job import Job
 
-from loopsq import timers, timeutil
-from loopsq.engine import maintenance, runner
+from loopsq.domain import timeutil
+from loopsq.domain.loop_spec import new_loop
+from loopsq.domain.models import Loop
+from loopsq.domain.timeutil import from_iso
+from loopsq.engine import maintenance, runner, timers
 from loopsq.engine.runtime import Runtime
-from loopsq.loop_spec import new_loop
-from loopsq.models import Loop
-from loopsq.timeutil import from_iso
 
 pytestmark = pytest.mark.integration
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from loopsq.procs import is_process_alive
+from loopsq.system.procs import is_process_alive
 from tests.integration.processes import Cluster, Proc, open_cluster
 from tests.redis_server import RedisServer
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from loopsq import timeutil
+from loopsq.domain import timeutil
 from tests.integration.processes import Cluster, open_cluster
 from tests.redis_server import RedisServer
 

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from loopsq.runs import LoopRun
-from loopsq.timeutil import from_iso, to_iso
+from loopsq.domain.run_rules import LoopRun
+from loopsq.domain.timeutil import from_iso, to_iso
 from tests.integration.processes import Cluster, gaps, open_cluster, slots_ms
 from tests.redis_server import RedisServer
 

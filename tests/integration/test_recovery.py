@@ -13,11 +13,12 @@ import redis
 from rq.job import Job
 from rq.registry import StartedJobRegistry
 
-from loopsq import timers, timeutil
-from loopsq.keys import Keys
-from loopsq.procs import is_process_alive
+from loopsq.domain import timeutil
+from loopsq.domain.timeutil import from_iso, to_iso
+from loopsq.engine import timers
 from loopsq.sdk import LoopsClient
-from loopsq.timeutil import from_iso, to_iso
+from loopsq.state.keys import Keys
+from loopsq.system.procs import is_process_alive
 from tests.integration.processes import Cluster, gaps, open_cluster
 from tests.redis_server import RedisServer
 

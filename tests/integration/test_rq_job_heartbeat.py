@@ -12,7 +12,7 @@ from rq import get_current_job
 from rq.job import Job
 from rq.registry import FailedJobRegistry, StartedJobRegistry
 
-from loopsq import timers
+from loopsq.engine import timers
 
 pytestmark = pytest.mark.integration
 

@@ -13,9 +13,9 @@ import pytest
 import redis
 import rq
 
-from loopsq.runs import LoopRun
+from loopsq.domain.run_rules import LoopRun
+from loopsq.domain.timeutil import from_iso
 from loopsq.sdk import LoopsClient
-from loopsq.timeutil import from_iso
 from tests.integration.processes import Cluster, open_cluster
 from tests.redis_server import RedisServer
 

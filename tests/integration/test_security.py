@@ -15,8 +15,8 @@ import redis
 from click.testing import CliRunner
 
 from loopsq.cli import cli
+from loopsq.domain.redaction import public_event
 from loopsq.executor import RunMetadata, execute_target
-from loopsq.redaction import public_event
 from loopsq.sdk import LoopsClient
 from tests.redis_server import RedisServer, free_port
 

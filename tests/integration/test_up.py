@@ -25,9 +25,9 @@ import psutil
 import pytest
 from click.testing import CliRunner
 
-from loopsq import config
 from loopsq.cli import cli
-from loopsq.supervisor import ChildSpec, Printer, Supervisor
+from loopsq.ops.supervisor import ChildSpec, Printer, Supervisor
+from loopsq.system import config
 from tests.redis_server import RedisServer, free_port
 
 ROOT = Path(__file__).parents[2]

@@ -17,14 +17,15 @@ import redis
 from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
-from loopsq import timers, timeutil
+from loopsq.domain import timeutil
+from loopsq.engine import timers
 from loopsq.engine.runtime import Runtime
 from loopsq.engine.workflow_runner import execute_workflow
-from loopsq.keys import Keys
-from loopsq.procs import hostname, process_start_time
 from loopsq.state.commit import Committer, Tx
+from loopsq.state.keys import Keys
 from loopsq.state.workflow_runs import WorkflowRunStore
 from loopsq.state.workflows import WorkflowStore
+from loopsq.system.procs import hostname, process_start_time
 from loopsq.web import WebSettings, create_app
 from tests.redis_server import RedisServer, free_port
 

@@ -18,8 +18,8 @@ import redis
 from click.testing import CliRunner
 from fastapi.testclient import TestClient
 
-from loopsq import timeutil
 from loopsq.cli import cli
+from loopsq.domain import timeutil
 from loopsq.state.workflow_runs import WorkflowRunStore
 from loopsq.state.workflows import WorkflowStore
 from loopsq.web import WebSettings, auth, create_app

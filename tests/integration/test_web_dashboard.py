@@ -18,10 +18,10 @@ import redis
 import uvicorn
 from fastapi.testclient import TestClient
 
-from loopsq import timeutil
+from loopsq.domain import timeutil
+from loopsq.domain.loop_spec import new_loop
 from loopsq.engine.runtime import Runtime
 from loopsq.engine.workflow_runner import execute_workflow
-from loopsq.loop_spec import new_loop
 from loopsq.state.loops import LoopStore
 from loopsq.state.workflows import WorkflowStore
 from loopsq.web import WebSettings, create_app

@@ -18,8 +18,8 @@ from hypothesis import strategies as st
 from schemathesis import GenerationMode
 from schemathesis.checks import not_a_server_error
 
-from loopsq import timeutil
-from loopsq.loop_spec import new_loop
+from loopsq.domain import timeutil
+from loopsq.domain.loop_spec import new_loop
 from loopsq.state.loops import LoopStore
 from loopsq.state.workflow_runs import WorkflowRunStore
 from loopsq.state.workflows import WorkflowStore

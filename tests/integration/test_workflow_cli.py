@@ -14,13 +14,13 @@ from typing import Any
 
 import pytest
 
-from loopsq import timeutil
+from loopsq.domain import timeutil
+from loopsq.domain.workflow_spec import workflow_body_from_json
 from loopsq.engine.runtime import Runtime
 from loopsq.engine.workflow_runner import execute_workflow
-from loopsq.procs import hostname, process_start_time
 from loopsq.state.workflow_runs import WorkflowRunStore
 from loopsq.state.workflows import WorkflowStore
-from loopsq.workflow_spec import workflow_body_from_json
+from loopsq.system.procs import hostname, process_start_time
 from tests.integration.processes import KEYS, Cluster, open_cluster
 from tests.redis_server import RedisServer
 

@@ -14,15 +14,16 @@ from typing import Any
 import pytest
 import redis
 
-from loopsq import timeutil
-from loopsq.engine import maintenance
+from loopsq.domain import timeutil
+from loopsq.domain.timeutil import gen_id
+from loopsq.domain.workflow_spec import workflow_body_from_json
+from loopsq.engine import maintenance, recovery
 from loopsq.engine.runtime import Runtime
-from loopsq.keys import Keys
-from loopsq.procs import is_process_alive, process_start_time
-from loopsq.state.workflow_runs import WorkflowRunState, WorkflowRunStore
+from loopsq.state.keys import Keys
+from loopsq.state.workflow_run_state import WorkflowRunState
+from loopsq.state.workflow_runs import WorkflowRunStore
 from loopsq.state.workflows import WorkflowStore
-from loopsq.timeutil import gen_id
-from loopsq.workflow_spec import workflow_body_from_json
+from loopsq.system.procs import is_process_alive, process_start_time
 from tests.integration.processes import Cluster, open_cluster
 from tests.redis_server import RedisServer
 
@@ -134,10 +135,10 @@ def test_a_run_with_a_step_on_another_live_host_is_left_to_a_worker_there(rt: Ru
     store, state = started_run(rt, "worker:gone:3:fed")
     assert store.mark_step_pid(state, "a", timeutil.now(), pid=2**22 + 1, start_time=1.0, host="host-b")
     rt.client.hset(rt.keys.hosts, "host-b", str(timeutil.to_ms(timeutil.now())))  # a worker beats there
-    assert maintenance.recover_workflow_runs(rt, timeutil.now()) == 0
+    assert recovery.recover_workflow_runs(rt, timeutil.now()) == 0
     # A worker on host-b reaps it (its step's process is not alive there).
-    assert maintenance.recover_workflow_runs(rt, timeutil.now(), host="host-c") == 0
-    assert maintenance.recover_workflow_runs(rt, timeutil.now(), host="host-b") == 1
+    assert recovery.recover_workflow_runs(rt, timeutil.now(), host="host-c") == 0
+    assert recovery.recover_workflow_runs(rt, timeutil.now(), host="host-b") == 1
     assert store.require(state.run_id).run["status"] == "failed"
 
 
@@ -146,5 +147,5 @@ def test_a_run_with_a_step_on_a_host_without_live_workers_is_failed_by_maintenan
     assert store.mark_step_pid(state, "a", timeutil.now(), pid=2**22 + 1, start_time=1.0, host="host-b")
     stale = timeutil.to_ms(timeutil.now()) - 60_000
     rt.client.hset(rt.keys.hosts, "host-b", str(stale))  # its last worker beat a minute ago
-    assert maintenance.recover_workflow_runs(rt, timeutil.now()) == 1
+    assert recovery.recover_workflow_runs(rt, timeutil.now()) == 1
     assert store.require(state.run_id).run["status"] == "failed"

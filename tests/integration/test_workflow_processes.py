@@ -16,9 +16,10 @@ from typing import Any
 
 import pytest
 
-from loopsq import timeutil
-from loopsq.procs import is_process_alive
-from loopsq.state.workflow_runs import WorkflowRunState, WorkflowRunStore
+from loopsq.domain import timeutil
+from loopsq.state.workflow_run_state import WorkflowRunState
+from loopsq.state.workflow_runs import WorkflowRunStore
+from loopsq.system.procs import is_process_alive
 from tests.integration.processes import KEYS, Cluster, open_cluster
 from tests.redis_server import RedisServer
 

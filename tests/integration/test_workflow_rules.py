@@ -18,17 +18,18 @@ from typing import Any
 import pytest
 import redis
 
-from loopsq import timeutil
+from loopsq.domain import timeutil
+from loopsq.domain.workflow_spec import workflow_body_from_json
 from loopsq.engine import runner
 from loopsq.engine.runtime import Runtime
 from loopsq.engine.workflow_runner import WorkflowOutcome, execute_workflow
 from loopsq.errors import ConflictError
-from loopsq.keys import Keys
-from loopsq.procs import is_process_alive
 from loopsq.sdk import LoopsClient
-from loopsq.state.workflow_runs import WorkflowRunState, WorkflowRunStore
+from loopsq.state.keys import Keys
+from loopsq.state.workflow_run_state import WorkflowRunState
+from loopsq.state.workflow_runs import WorkflowRunStore
 from loopsq.state.workflows import WorkflowStore
-from loopsq.workflow_spec import workflow_body_from_json
+from loopsq.system.procs import is_process_alive
 
 pytestmark = pytest.mark.integration
 

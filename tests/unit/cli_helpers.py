@@ -61,7 +61,7 @@ def make_cli(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Cli:
         return fakeredis.FakeRedis(server=server, decode_responses=True)
 
     monkeypatch.setattr("loopsq.cli.app.connect", fake_connect)
-    monkeypatch.setattr("loopsq.timeutil.now", lambda: NOW)
+    monkeypatch.setattr("loopsq.domain.timeutil.now", lambda: NOW)
     data_dir = tmp_path / "data"
     monkeypatch.setenv("LOOPSQ_DATA_DIR", str(data_dir))
     monkeypatch.setenv("TZ", "UTC")

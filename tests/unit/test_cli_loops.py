@@ -85,7 +85,7 @@ def test_resume_after_stop_schedules_the_next_slot_again(cli: Cli, monkeypatch: 
 
     cli.ok("create", "command", "hello", "--every", "10s", "--cmd", "echo hi")
     cli.ok("stop", "hello")
-    monkeypatch.setattr("loopsq.timeutil.now", lambda: datetime(2026, 1, 1, 1, 0, 0, tzinfo=UTC))
+    monkeypatch.setattr("loopsq.domain.timeutil.now", lambda: datetime(2026, 1, 1, 1, 0, 0, tzinfo=UTC))
     resumed = cli.json("resume", "hello")
     assert resumed["status"] == "active"
     assert resumed["nextRunAt"] == "2026-01-01T01:00:10.000Z"

@@ -6,8 +6,8 @@ import json
 
 import redis
 
-from loopsq.keys import Keys
 from loopsq.state.commit import Committer, Tx
+from loopsq.state.keys import Keys
 
 KEYS = Keys()
 

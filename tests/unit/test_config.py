@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from loopsq import config
+from loopsq.system import config
 
 EMBEDDED = "redis://:secret@127.0.0.1:40001/0"
 

@@ -1,4 +1,4 @@
-"""Tests for loopsq.cron: standard syntax through croniter, exact errors, zones and the DST rule."""
+"""Tests for loopsq.domain.cron: standard syntax through croniter, exact errors, zones and the DST rule."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from datetime import UTC, datetime
 
 import pytest
 
-from loopsq.cron import (
+from loopsq.domain.cron import (
     MACROS,
     host_timezone_name,
     load_zone,
@@ -15,8 +15,8 @@ from loopsq.cron import (
     validate_cron,
     validate_timezone,
 )
+from loopsq.domain.timeutil import from_iso, to_iso
 from loopsq.errors import ValidationError
-from loopsq.timeutil import from_iso, to_iso
 
 NEW_YORK = "America/New_York"
 BERLIN = "Europe/Berlin"

@@ -12,11 +12,11 @@ from zoneinfo import ZoneInfo
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from loopsq.cron import next_cron_run, prev_cron_run, validate_cron
-from loopsq.durations import parse_duration
+from loopsq.domain.cron import next_cron_run, prev_cron_run, validate_cron
+from loopsq.domain.durations import parse_duration
+from loopsq.domain.schedules import Schedule, due_slots, parse_time
+from loopsq.domain.timeutil import to_ms
 from loopsq.errors import ValidationError
-from loopsq.schedules import Schedule, due_slots, parse_time
-from loopsq.timeutil import to_ms
 
 EXAMPLES = settings(max_examples=int(os.environ.get("LOOPSQ_FUZZ_EXAMPLES", "300")), deadline=None, database=None)
 ZONES = [

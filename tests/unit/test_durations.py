@@ -1,10 +1,10 @@
-"""Tests for loopsq.durations: the reference's parseDuration grammar and the CLI's compact format."""
+"""Tests for loopsq.domain.durations: the reference's parseDuration grammar and the CLI's compact format."""
 
 from __future__ import annotations
 
 import pytest
 
-from loopsq.durations import MAX_DURATION_MS, format_duration, parse_duration
+from loopsq.domain.durations import MAX_DURATION_MS, format_duration, parse_duration
 from loopsq.errors import ValidationError
 
 

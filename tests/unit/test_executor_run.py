@@ -14,10 +14,10 @@ from typing import Any
 
 import pytest
 
+from loopsq.domain.timeutil import from_iso, is_iso
 from loopsq.errors import ExecutionError
 from loopsq.executor import RunMetadata, SpawnInfo, execute_target, preflight_target
-from loopsq.procs import hostname, is_process_alive, process_start_time
-from loopsq.timeutil import from_iso, is_iso
+from loopsq.system.procs import hostname, is_process_alive, process_start_time
 
 PY = sys.executable
 

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner, Result
 
-from loopsq import install
 from loopsq.cli import cli
+from loopsq.ops import install
 
 UNITS = ("loopsq-scheduler.service", "loopsq-worker.service", "loopsq-web.service")
 PLISTS = ("com.loopsq.scheduler.plist", "com.loopsq.worker.plist", "com.loopsq.web.plist")

@@ -11,12 +11,12 @@ from typing import Any
 
 import redis
 
-from loopsq.keys import Keys
-from loopsq.loop_spec import new_loop
+from loopsq.domain.loop_spec import new_loop
 from loopsq.mirror import queries
 from loopsq.mirror.apply import last_applied_id
 from loopsq.mirror.follow import catch_up, follow, mirror_id, rebuild
 from loopsq.mirror.schema import open_db
+from loopsq.state.keys import Keys
 from loopsq.state.loops import LoopStore
 from loopsq.state.workflows import WorkflowStore
 

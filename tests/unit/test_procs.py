@@ -1,4 +1,4 @@
-"""Tests of loopsq.procs: process start times, liveness (pid reuse, zombies, EPERM), group kills, host name."""
+"""Tests of loopsq.system.procs: process start times, liveness (pid reuse, zombies, EPERM), group kills, host name."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from loopsq.procs import hostname, is_process_alive, kill_process_group, process_start_time
+from loopsq.system.procs import hostname, is_process_alive, kill_process_group, process_start_time
 
 UNUSED_PID = 2**22 + 1  # above any pid_max Linux allows, so never a live process
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from loopsq.redaction import (
+from loopsq.domain.redaction import (
     public_event,
     public_loop,
     public_run,

@@ -6,11 +6,11 @@ import random
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from loopsq import runs as rules
-from loopsq.loop_spec import new_loop
-from loopsq.models import Loop
-from loopsq.runs import LoopRun
-from loopsq.timeutil import to_iso
+from loopsq.domain import run_rules as rules
+from loopsq.domain.loop_spec import new_loop
+from loopsq.domain.models import Loop
+from loopsq.domain.run_rules import LoopRun
+from loopsq.domain.timeutil import to_iso
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 

@@ -1,4 +1,4 @@
-"""Tests for loopsq.schedules: schedule shapes, the first run, the next slot and due slots (§3.3-§3.5)."""
+"""Tests for loopsq.domain.schedules: schedule shapes, the first run, the next slot and due slots (§3.3-§3.5)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,7 @@ from typing import Any
 
 import pytest
 
-from loopsq.errors import ValidationError
-from loopsq.schedules import (
+from loopsq.domain.schedules import (
     CATCH_UP_POLICIES,
     Schedule,
     compute_next_after,
@@ -16,7 +15,8 @@ from loopsq.schedules import (
     initial_next_run,
     parse_time,
 )
-from loopsq.timeutil import from_iso, to_iso
+from loopsq.domain.timeutil import from_iso, to_iso
+from loopsq.errors import ValidationError
 
 NEW_YORK = "America/New_York"
 EVERY_MINUTE = Schedule(type="interval", every_ms=60_000)

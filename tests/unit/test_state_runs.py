@@ -8,11 +8,11 @@ from datetime import UTC, datetime, timedelta
 import pytest
 import redis
 
-from loopsq.keys import Keys
-from loopsq.loop_spec import new_loop
+from loopsq.domain.loop_spec import new_loop
+from loopsq.domain.timeutil import to_iso
+from loopsq.state.keys import Keys
 from loopsq.state.loops import LoopStore
 from loopsq.state.runs import Claim, Owner, Refusal, RunStore
-from loopsq.timeutil import to_iso
 
 KEYS = Keys()
 T0 = datetime(2026, 1, 1, tzinfo=UTC)

@@ -9,9 +9,9 @@ from datetime import UTC, datetime, timedelta
 import pytest
 import redis
 
+from loopsq.domain.loop_spec import new_loop
 from loopsq.errors import ConflictError, NotFoundError
-from loopsq.keys import Keys
-from loopsq.loop_spec import new_loop
+from loopsq.state.keys import Keys
 from loopsq.state.loops import LoopStore
 from loopsq.state.workflows import WorkflowStore
 

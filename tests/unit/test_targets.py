@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
+from loopsq.domain.targets import PROVIDERS, short_repr, validate_executable_target, validate_target
 from loopsq.errors import ValidationError
-from loopsq.targets import PROVIDERS, short_repr, validate_executable_target, validate_target
 
 LABEL = "workflow.steps[0].target"
 

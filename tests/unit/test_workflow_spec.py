@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
+from loopsq.domain.workflow_spec import execution_order, load_workflow_file, workflow_body_from_json
 from loopsq.errors import ValidationError
-from loopsq.workflow_spec import execution_order, load_workflow_file, workflow_body_from_json
 
 REFERENCE_EXAMPLE: dict[str, Any] = {
     "name": "repo-morning",
@@ -365,7 +365,7 @@ def test_an_unreadable_spec_file_is_reported_with_the_reason(
     def refuse(*_args: Any, **_kwargs: Any) -> Any:
         raise PermissionError(13, "Permission denied")
 
-    monkeypatch.setattr("loopsq.workflow_spec.open", refuse, raising=False)
+    monkeypatch.setattr("loopsq.domain.workflow_spec.open", refuse, raising=False)
     with pytest.raises(ValidationError) as caught:
         load_workflow_file(str(path))
     assert caught.value.message == f"workflow file is not readable: {path}: Permission denied"

@@ -8,9 +8,9 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from loopsq.domain.targets import PROVIDERS, validate_executable_target, validate_target
+from loopsq.domain.workflow_spec import execution_order, workflow_body_from_json
 from loopsq.errors import ValidationError
-from loopsq.targets import PROVIDERS, validate_executable_target, validate_target
-from loopsq.workflow_spec import execution_order, workflow_body_from_json
 
 EXAMPLES = settings(max_examples=int(os.environ.get("LOOPSQ_FUZZ_EXAMPLES", "300")), deadline=None)
 

@@ -16,8 +16,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from loopsq.embedded_redis import write_private
 from loopsq.errors import ValidationError
+from loopsq.ops.embedded_redis import write_private
 
 TARGETS = ("systemd", "launchd")
 SERVICES = ("scheduler", "worker", "web")

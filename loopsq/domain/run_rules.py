@@ -14,10 +14,10 @@ from dataclasses import dataclass, field, fields, replace
 from datetime import datetime, timedelta
 from typing import Any
 
-from loopsq.cron import next_cron_run
-from loopsq.models import Loop
-from loopsq.schedules import compute_next_after, due_slots
-from loopsq.timeutil import from_iso, to_iso
+from loopsq.domain.cron import next_cron_run
+from loopsq.domain.models import Loop
+from loopsq.domain.schedules import compute_next_after, due_slots
+from loopsq.domain.timeutil import from_iso, to_iso
 
 RUN_STATUSES = ("running", "succeeded", "failed", "timed_out", "abandoned", "skipped")
 TERMINAL = frozenset({"succeeded", "failed", "timed_out", "abandoned", "skipped"})

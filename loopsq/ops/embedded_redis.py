@@ -28,8 +28,8 @@ from pathlib import Path
 import psutil
 import redis
 
-from loopsq import config
 from loopsq.errors import LoopsqError
+from loopsq.system import config
 
 REDIS_DIRNAME = "redis"
 CONF_FILENAME = "redis.conf"

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from loopsq.models import Loop
-from loopsq.schedules import initial_next_run
-from loopsq.timeutil import to_iso
+from loopsq.domain.models import Loop
+from loopsq.domain.schedules import initial_next_run
+from loopsq.domain.timeutil import to_iso
 
 
 def pause(loop: Loop, now: datetime, reason: str | None = None) -> Loop:

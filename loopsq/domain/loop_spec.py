@@ -12,13 +12,13 @@ from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
 
-from loopsq import models
-from loopsq.cron import host_timezone_name, validate_timezone
+from loopsq.domain import models
+from loopsq.domain.cron import host_timezone_name, validate_timezone
+from loopsq.domain.models import Loop
+from loopsq.domain.schedules import CATCH_UP_POLICIES, Schedule, initial_next_run, parse_time
+from loopsq.domain.targets import validate_target
+from loopsq.domain.timeutil import gen_id, to_iso
 from loopsq.errors import ValidationError
-from loopsq.models import Loop
-from loopsq.schedules import CATCH_UP_POLICIES, Schedule, initial_next_run, parse_time
-from loopsq.targets import validate_target
-from loopsq.timeutil import gen_id, to_iso
 
 MAX_NAME_LENGTH = 200
 

@@ -1,5 +1,5 @@
 """``loopsq up``: the whole system as supervised children (embedded Redis, scheduler, workers, mirror, web), on
-the supervisor of ``loopsq.supervisor``."""
+the supervisor of ``loopsq.ops.supervisor``."""
 
 from __future__ import annotations
 
@@ -13,12 +13,12 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from loopsq import config
-from loopsq.embedded_redis import EmbeddedRedis, find_redis_server, server_version, write_private
 from loopsq.errors import LoopsqError
-from loopsq.redis_conn import connect, mask_url
-from loopsq.redis_conn import server_version as redis_version
-from loopsq.supervisor import ChildSpec, Printer, Supervisor, describe_exit
+from loopsq.ops.embedded_redis import EmbeddedRedis, find_redis_server, server_version, write_private
+from loopsq.ops.supervisor import ChildSpec, Printer, Supervisor, describe_exit
+from loopsq.state.connection import connect, mask_url
+from loopsq.state.connection import server_version as redis_version
+from loopsq.system import config
 
 API_TOKEN_ENV = "LOOPSQ_API_TOKEN"
 API_TOKEN_FILENAME = "api.token"
@@ -177,8 +177,8 @@ def run_up(cfg: UpConfig, stop: threading.Event, force: threading.Event | None =
         if url is None or stop.is_set():
             return
         if cfg.demo:
-            from loopsq import timeutil
-            from loopsq.demo import create_demo
+            from loopsq.domain import timeutil
+            from loopsq.ops.demo import create_demo
 
             client = connect(url)
             try:

@@ -7,13 +7,13 @@ from typing import Any
 
 import redis
 
+from loopsq.domain.loop_spec import new_loop
+from loopsq.domain.workflow_spec import workflow_body_from_json
+from loopsq.engine.triggers import trigger_with
 from loopsq.errors import ConflictError
-from loopsq.keys import Keys
-from loopsq.loop_spec import new_loop
-from loopsq.sdk import trigger_with
+from loopsq.state.keys import Keys
 from loopsq.state.loops import LoopStore
 from loopsq.state.workflows import WorkflowStore
-from loopsq.workflow_spec import workflow_body_from_json
 
 HELLO_LOOP = "demo-hello"
 WORKFLOW = "demo-workflow"

@@ -11,9 +11,9 @@ from typing import Any
 
 import redis
 
-from loopsq import timers
-from loopsq.keys import Keys
+from loopsq.engine import timers
 from loopsq.mirror.follow import mirror_lag
+from loopsq.state.keys import Keys
 
 
 def _text(value: Any) -> str:

@@ -20,8 +20,7 @@ import math
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
-from loopsq.errors import ValidationError
-from loopsq.targets import (
+from loopsq.domain.targets import (
     is_positive_int,
     js_trim,
     short_repr,
@@ -29,6 +28,7 @@ from loopsq.targets import (
     validate_executable_target,
     validate_timeout_ms,
 )
+from loopsq.errors import ValidationError
 
 
 def _is_number(value: Any) -> bool:

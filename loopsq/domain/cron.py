@@ -19,8 +19,8 @@ from zoneinfo import ZoneInfo
 
 from croniter import croniter
 
+from loopsq.domain.timeutil import truncate_ms
 from loopsq.errors import ValidationError
-from loopsq.timeutil import truncate_ms
 
 MACROS: dict[str, str] = {
     "@yearly": "0 0 1 1 *",

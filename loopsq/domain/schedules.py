@@ -11,10 +11,10 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from loopsq.cron import load_zone, next_cron_run, prev_cron_run, validate_cron
-from loopsq.durations import MAX_DURATION_MS
+from loopsq.domain.cron import load_zone, next_cron_run, prev_cron_run, validate_cron
+from loopsq.domain.durations import MAX_DURATION_MS
+from loopsq.domain.timeutil import from_ms, to_ms, truncate_ms
 from loopsq.errors import ValidationError
-from loopsq.timeutil import from_ms, to_ms, truncate_ms
 
 SCHEDULE_TYPES = ("once", "interval", "cron", "dynamic")
 ANCHORS = ("fixed_rate", "fixed_delay")

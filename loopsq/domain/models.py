@@ -10,7 +10,7 @@ import json
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from loopsq.schedules import Schedule
+from loopsq.domain.schedules import Schedule
 
 LOOP_STATUSES = ("active", "paused", "stopped", "expired")
 OVERLAP_POLICIES = ("skip", "allow", "replace")

@@ -13,11 +13,11 @@ from typing import Any
 
 import redis
 
-from loopsq import config
 from loopsq.errors import LoopsqError
 from loopsq.executor import PROVIDER_EXECUTABLES
-from loopsq.keys import Keys
-from loopsq.redis_conn import connect, server_version
+from loopsq.state.connection import connect, server_version
+from loopsq.state.keys import Keys
+from loopsq.system import config
 
 
 @dataclass(frozen=True)
@@ -92,10 +92,10 @@ def run_doctor(url: str, data_dir: Path, keys: Keys | None = None) -> tuple[bool
 
 
 def _redis_checks(client: redis.Redis, keys: Keys, data_dir: Path) -> list[Check]:
-    from loopsq.health import live_processes
+    from loopsq.executor.preflight import preflight_loop_target
     from loopsq.mirror.follow import mirror_lag
     from loopsq.mirror.schema import open_db
-    from loopsq.preflight import preflight_loop_target
+    from loopsq.ops.health import live_processes
     from loopsq.state.loops import LoopStore
     from loopsq.state.workflows import WorkflowStore
 

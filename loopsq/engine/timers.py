@@ -31,8 +31,8 @@ from rq.utils import now as utcnow
 from rq.utils import utcformat
 from rq_scheduler import Scheduler
 
-from loopsq.keys import Keys
-from loopsq.timeutil import gen_id, to_ms
+from loopsq.domain.timeutil import gen_id, to_ms
+from loopsq.state.keys import Keys
 
 log = logging.getLogger("loopsq.timers")
 

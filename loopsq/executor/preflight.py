@@ -9,10 +9,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Protocol
 
+from loopsq.domain.models import Loop
+from loopsq.domain.workflow_spec import execution_order
 from loopsq.errors import LoopsqError, ValidationError
 from loopsq.executor import RunMetadata, preflight_target
-from loopsq.models import Loop
-from loopsq.workflow_spec import execution_order
 
 
 class WorkflowSource(Protocol):
