@@ -178,7 +178,10 @@ def fire(rt: Runtime, loop_id: str) -> FireResult:
     # The time this fire armed the loop's timer at, while the loop it last wrote still wants exactly that: then the
     # re-arm at the end has nothing to do. (Whoever else changed the loop meanwhile made finalize see it.)
     armed_at: datetime | None = None
-    for index, slot in enumerate(rules.due(loop, timeutil.now())):
+    fired_at = timeutil.now()
+    slots = rules.due(loop, fired_at)
+    cut = rules.backlog_cut(loop, slots, fired_at)
+    for index, slot in enumerate(slots):
         now = timeutil.now()
         current = loop if index == 0 else rt.loops.get(loop_id)
         if current is None or current.status != "active":
@@ -192,7 +195,7 @@ def fire(rt: Runtime, loop_id: str) -> FireResult:
             if is_retry:
                 rt.runs.defer_retry(loop_id, now + RETRY_DEFER, now)
                 break
-            skipped = rt.runs.skip(loop_id, slot, now)
+            skipped = rt.runs.skip(loop_id, slot, now, ends_backlog=slot == cut)
             log.info("slot %s of loop=%s skipped: %s", slot_iso, current.name, rules.SKIP_ERROR)
             out.skipped += 1
             if skipped is not None:
@@ -201,7 +204,7 @@ def fire(rt: Runtime, loop_id: str) -> FireResult:
         if active and current.overlap == "replace":
             for run_id in active:
                 rt.runs.request_cancel(run_id, f"{rules.REPLACED_ERROR}{slot_iso}")
-        claim = rt.runs.claim(loop_id, slot, rt.owner, now, source="scheduled")
+        claim = rt.runs.claim(loop_id, slot, rt.owner, now, source="scheduled", ends_backlog=slot == cut)
         if isinstance(claim, Refusal):
             reread = True
             if claim.reason in ("done", "exhausted"):

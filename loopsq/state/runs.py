@@ -103,11 +103,13 @@ class RunStore(LoopMoves):
         source: str = "scheduled",
         run_id: str | None = None,
         idempotency_key: str | None = None,
+        ends_backlog: bool = False,
     ) -> Claim | Refusal:
         """Claim the next attempt of ``(loop, slot)`` for ``owner``: at most one claimer ever wins an attempt.
 
-        Scheduled, due-slot and retry-slot claims also move the loop (``runs.after_claim``) in the same
-        transition; ad-hoc and triggered runs never move it.
+        Scheduled, due-slot and retry-slot claims also move the loop (``run_rules.after_claim``, with
+        ``ends_backlog`` for the last slot of a catch-up batch) in the same transition; ad-hoc and triggered runs
+        never move it.
         """
         slot_iso = to_iso(slot)
         for _ in range(MAX_RETRIES):
@@ -152,7 +154,9 @@ class RunStore(LoopMoves):
             )
             moves_loop = source in ("scheduled", "due_slot", "retry_slot")
             new_loop = (
-                rules.after_claim(loop, slot, now, is_retry=loop.retry_scheduled_for == slot_iso) if moves_loop else loop
+                rules.after_claim(loop, slot, now, is_retry=loop.retry_scheduled_for == slot_iso, ends_backlog=ends_backlog)
+                if moves_loop
+                else loop
             )
             claim_key = self.keys.claim(loop_id, slot_iso, run.attempt)
             tx = (
