@@ -19,13 +19,14 @@ from loopsq import __version__
 from loopsq.cli import (
     create,
     health_cmds,
+    logs_cmd,
     loops_cmds,
     mirror_cmd,
     process_cmds,
     run_cmds,
     up_cmds,
     web_cmd,
-    workflow_run_cmds,
+    workflow_run_cmds,  # noqa: F401  (registers `workflows run|runs|events|inspect|cancel|recover`)
     workflows_cmds,
 )
 from loopsq.cli.app import App, echo_err
@@ -114,7 +115,7 @@ cli.add_command(create.create)
 for _command in (loops_cmds.list_loops, loops_cmds.show, loops_cmds.pause, loops_cmds.resume, loops_cmds.stop,
                  loops_cmds.remove, workflows_cmds.workflows, mirror_cmd.mirror, run_cmds.run_now, run_cmds.tick,
                  run_cmds.runs, run_cmds.trigger, process_cmds.scheduler, process_cmds.worker,
-                 health_cmds.doctor, health_cmds.status, up_cmds.up, up_cmds.install_services, workflow_run_cmds.logs,
+                 health_cmds.doctor, health_cmds.status, up_cmds.up, up_cmds.install_services, logs_cmd.logs,
                  web_cmd.web):
     cli.add_command(_command)
 
