@@ -29,6 +29,9 @@ SKIP_ERROR = "previous run still active"
 SHUTDOWN_ERROR = "worker shut down before completion"
 #: The error of a run that overlap ``replace`` cancelled for a newer slot (``replaced by slot <slot>``).
 REPLACED_ERROR = "replaced by slot "
+#: The error of a run cancelled on request (``loopsq cancel``, the API, the SDK, the dashboard), with
+#: ``: <reason>`` when one was given. Such a run is settled: never retried.
+USER_CANCEL_ERROR = "cancelled by user"
 
 
 def _camel(name: str) -> str:
@@ -183,6 +186,14 @@ def _next_regular(loop: Loop, slot: datetime, now: datetime, *, ends_backlog: bo
     return compute_next_after(schedule, slot, now, loop.timezone)
 
 
+def user_cancel_error(reason: str | None) -> str:
+    """The error recorded on a run cancelled on request (``cancelled by user[: <reason>]``)."""
+    text = (reason or "").strip()
+    if not text or text == USER_CANCEL_ERROR:
+        return USER_CANCEL_ERROR
+    return f"{USER_CANCEL_ERROR}: {text}"
+
+
 def backlog_cut(loop: Loop, slots: list[datetime], now: datetime) -> datetime | None:
     """The last of ``slots`` (from ``due``) when catch-up ``all`` cut a longer backlog at ``catchUpLimit``: once
     it is taken, the loop moves to the first slot after ``now`` (the reference runs exactly the oldest
@@ -250,7 +261,7 @@ def after_finish(loop: Loop, run: LoopRun, finished_at: datetime, rng: random.Ra
     retry of the same slot; a settled slot updates the failure streak, and a streak reaching
     ``pauseAfterFailures`` pauses the loop with the reason recorded; loops scheduling from the end of a run get
     their next slot (a once loop stops). A run that overlap ``replace`` cancelled for a newer slot is settled, not
-    retried: its retry would in turn replace the newer run.
+    retried: its retry would in turn replace the newer run; nor is one cancelled on request.
     """
     stamp = to_iso(finished_at)
     if run.source in ("ad_hoc", "trigger"):
@@ -258,7 +269,7 @@ def after_finish(loop: Loop, run: LoopRun, finished_at: datetime, rng: random.Ra
     succeeded = run.status == "succeeded"
     if loop.status != "active":
         return Advance(loop, "none")
-    replaced = run.status == "failed" and (run.error or "").startswith(REPLACED_ERROR)
+    replaced = run.status == "failed" and (run.error or "").startswith((REPLACED_ERROR, USER_CANCEL_ERROR))
     if run.status == "abandoned" and run.error == SHUTDOWN_ERROR:
         return Advance(loop.with_changes(retry_scheduled_for=run.scheduled_for, retry_at=stamp, updated_at=stamp),
                        "retry_scheduled")
