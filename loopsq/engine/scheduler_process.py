@@ -1,9 +1,10 @@
 """``loopsq scheduler``: move due timers onto the queue (rq-scheduler) and run maintenance.
 
-Any number may run on any hosts. One at a time leads, under an owner-checked lock (``SET NX PX`` to take it,
-compare-and-extend to keep it, compare-and-delete to give it up), unlike rq-scheduler's own lock whose release
-deletes whoever holds it. If the leader dies another takes over within ``LOCK_MS``. Even two leaders would
-only duplicate fire jobs, which slot claims make harmless.
+Any number may run on any hosts. Every one moves due timers (``timers.move_due`` is atomic per entry, so racing
+movers never queue a timer twice, and killing one scheduler delays no slot). One at a time leads and runs
+maintenance, under an owner-checked lock (``SET NX PX`` to take it, compare-and-extend to keep it,
+compare-and-delete to give it up), unlike rq-scheduler's own lock whose release deletes whoever holds it. If the
+leader dies another takes over within ``LOCK_MS``; two leaders would only repeat maintenance, which is idempotent.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
+import time
 
 import redis
 
@@ -129,16 +131,20 @@ def _loop(rt: Runtime, stop: threading.Event, poll_s: float, maintenance_s: floa
     maintainer = _Maintainer(rt, leading, done, maintenance_s)
     maintainer.start()
     try:
+        next_lead_check = 0.0
         while not stop.is_set():
-            if lead.keep():
-                leading.set()
-                timers.move_due(rt.raw)
-                due_in = timers.next_due_in(rt.raw)
-                wait = poll_s if due_in is None else max(0.0, min(poll_s, due_in))
-            else:
-                leading.clear()
-                wait = LOCK_MS / 3000.0
-            stop.wait(wait)
+            # Every scheduler moves due timers (the scripted mover never moves one twice), so a scheduler killed
+            # -9 costs no slot its lateness; the lead only decides who runs maintenance.
+            now = time.monotonic()
+            if now >= next_lead_check:
+                if lead.keep():
+                    leading.set()
+                else:
+                    leading.clear()
+                next_lead_check = now + LOCK_MS / 3000.0
+            timers.move_due(rt.raw)
+            due_in = timers.next_due_in(rt.raw)
+            stop.wait(poll_s if due_in is None else max(0.0, min(poll_s, due_in)))
     finally:
         leading.clear()
         done.set()
