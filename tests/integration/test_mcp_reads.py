@@ -5,13 +5,14 @@ worker process executed; and the HTTP transport's token check (issue 17, points 
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-from mcp import Client
+from mcp import Client, StdioServerParameters
 from mcp.shared.exceptions import MCPError
 
 from loopsq import __version__
@@ -269,3 +270,24 @@ def test_the_http_transport_refuses_a_missing_or_wrong_token(deployment: Deploym
                                                                          f"Bearer {TOKEN}"}, timeout=10)
     assert good.status_code == 200 and '"serverInfo"' in good.text
 
+
+
+def test_the_readmes_mcp_configuration_snippet_starts_a_working_server(deployment: Deployment) -> None:
+    readme = (Path(__file__).parents[2] / "README.md").read_text()
+    section = readme[readme.index("## MCP server"):]
+    snippet = json.loads(section[section.index("```json") + len("```json"):section.index("```\n", section.index(
+        "```json") + 7)])
+    entry = snippet["mcpServers"]["loopsq"]
+    assert (entry["command"], entry["args"]) == ("loopsq", ["mcp"])
+    assert entry["env"]["LOOPSQ_REDIS_URL"].startswith("redis://")
+    env = {**deployment.cluster.env, **entry["env"], "LOOPSQ_REDIS_URL": deployment.cluster.url,
+           "LOOPSQ_DATA_DIR": str(deployment.cluster.tmp / "snippet-data")}
+    params = StdioServerParameters(command=str(Path(sys.executable).with_name(entry["command"])),
+                                   args=entry["args"], env=env, cwd=str(deployment.cluster.tmp))
+
+    async def scenario(client: Client) -> tuple[int, list[str]]:
+        listed = ok(await client.call_tool("loops_list", {}))
+        return len((await client.list_tools()).tools), [loop["name"] for loop in listed["items"]]
+
+    assert deployment.run("stdio", scenario, params=params) == (len(READ_TOOLS) + len(MUTATION_TOOLS),
+                                                               ["echo-loop", "agent-loop"])
