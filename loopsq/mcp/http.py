@@ -8,6 +8,7 @@ checks (DNS-rebinding protection) are off: the token, which a foreign page canno
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import AsyncIterator
 
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
@@ -24,6 +25,8 @@ class HttpTransport:
     lifespan (a new manager per run, as a manager runs only once)."""
 
     def __init__(self, ctx: McpContext) -> None:
+        # The SDK logs every stateless request at INFO ("Terminating session: None"); the web log keeps its own.
+        logging.getLogger("mcp").setLevel(logging.WARNING)
         self.ctx = ctx
         self.server = build_server(ctx)
         self.manager = self._new_manager()

@@ -28,7 +28,7 @@ from loopsq.state.workflow_runs import WorkflowRunStore
 from loopsq.state.workflows import WorkflowStore
 
 #: How long ``run_cancel`` waits for a cancelled loop run to be recorded before it answers.
-CANCEL_WAIT_S = 5.0
+CANCEL_WAIT_S = 10.0
 CANCEL_KEY_TTL_MS = 3_600_000
 DEFAULT_REASON = "cancelled by user"
 #: The loop body's optional fields a create tool passes through as given.
