@@ -16,24 +16,34 @@ from loopsq.state.runs import RunStore
 from loopsq.state.workflow_runs import WorkflowRunStore
 
 
-def cancel_run(client: redis.Redis, keys: Keys, run_id: str, now: datetime, reason: str | None = None) -> LoopRun:
-    """Ask the worker executing ``run_id`` to stop it; returns the run as it stands (still ``running``).
-
-    Raises:
-        NotFoundError: ``run not found: <id>``.
-        ConflictError: ``run <id> is not running (<status>)``.
-    """
-    runs = RunStore(client, keys)
-    run = runs.get(run_id)
-    if run is None:
-        raise NotFoundError(f"run not found: {run_id}")
-    if run.status != "running":
-        raise ConflictError(f"run {run_id} is not running ({run.status})")
+def request_run_cancel(client: redis.Redis, keys: Keys, run_id: str, now: datetime,
+                       reason: str | None = None) -> tuple[LoopRun, bool] | None:
+    """Ask the worker executing a running loop run to stop it (``cancelled by user[: reason]``), and cancel the
+    workflow run of a workflow loop's run. Returns the run as read and whether it was still running (only then is
+    anything requested); None when Redis holds no such run."""
     error = rules.user_cancel_error(reason)
-    runs.request_cancel(run_id, error)
+    found = RunStore(client, keys).request_cancel_if_running(run_id, error)
+    if found is None or not found[1]:
+        return found
     workflows = WorkflowRunStore(client, keys)
     for wf_run_id in workflows.for_loop_run(run_id):
         state = workflows.load(wf_run_id)
         if state is not None and not state.terminal:
             workflows.cancel(wf_run_id, now, error)
+    return found
+
+
+def cancel_run(client: redis.Redis, keys: Keys, run_id: str, now: datetime, reason: str | None = None) -> LoopRun:
+    """``request_run_cancel`` for a run that must be running; returns the run as it stands (still ``running``).
+
+    Raises:
+        NotFoundError: ``run not found: <id>``.
+        ConflictError: ``run <id> is not running (<status>)``.
+    """
+    found = request_run_cancel(client, keys, run_id, now, reason)
+    if found is None:
+        raise NotFoundError(f"run not found: {run_id}")
+    run, requested = found
+    if not requested:
+        raise ConflictError(f"run {run_id} is not running ({run.status})")
     return run

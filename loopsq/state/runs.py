@@ -18,6 +18,7 @@ from loopsq.domain import run_rules as rules
 from loopsq.domain.models import Loop
 from loopsq.domain.run_rules import LoopRun
 from loopsq.domain.timeutil import gen_id, to_iso, to_ms
+from loopsq.errors import ConflictError
 from loopsq.state.commit import Committer, Tx
 from loopsq.state.keys import Keys
 from loopsq.state.run_moves import LoopMoves, _s
@@ -258,6 +259,30 @@ class RunStore(LoopMoves):
     def request_cancel(self, run_id: str, reason: str, ttl_ms: int = 3_600_000) -> None:
         """Ask whichever process executes ``run_id`` to stop it (it polls this key)."""
         self.client.set(self.keys.cancel(run_id), reason, px=ttl_ms)
+
+    def request_cancel_if_running(self, run_id: str, reason: str,
+                                  ttl_ms: int = 3_600_000) -> tuple[LoopRun, bool] | None:
+        """``request_cancel`` only while the run is still running, in one optimistic transaction (WATCH on the
+        run): a run that ended meanwhile gets no stale request, which an attempt reusing the row would inherit.
+        Returns the run as read and whether the request was made; None when Redis holds no such run."""
+        key = self.keys.run(run_id)
+        for _ in range(MAX_RETRIES):  # the beat rewrites a running run at each lease renewal; a retry then wins
+            with self.client.pipeline() as pipe:
+                try:
+                    pipe.watch(key)  # type: ignore[no-untyped-call]  # redis-py leaves watch untyped
+                    raw = _s(pipe.get(key))
+                    if raw is None:
+                        return None
+                    run = LoopRun.from_json(raw)
+                    if run.status != "running":
+                        return run, False
+                    pipe.multi()
+                    pipe.set(self.keys.cancel(run_id), reason, px=ttl_ms)
+                    pipe.execute()
+                    return run, True
+                except redis.WatchError:
+                    continue
+        raise ConflictError(f"run {run_id} kept changing; try again")
 
     # -- ending -----------------------------------------------------------------------------------------------
     def _finish(
