@@ -75,9 +75,9 @@ def run_scheduler(url: str, stop: threading.Event, *, poll_s: float = POLL_S, ma
         RedisUnavailableError: on a configuration error (wrong password, bad URL), with its one-line message.
     """
     rt = Runtime(url, role="scheduler", ride_until=stop)
+    if not wait_for_redis(rt.direct, rt.outage, stop):
+        return
     try:
-        if not wait_for_redis(rt.direct, rt.outage, stop):
-            return
         rt.start()
         log.info("started id=%s", rt.owner.worker_id)
         while not stop.is_set():

@@ -62,10 +62,10 @@ def run_worker(url: str, *, burst: bool = False, stop: threading.Event | None = 
     """
     stop = stop or threading.Event()
     rt = Runtime(url, role="worker", reaper=reap_host, ride_until=stop)
+    if not _between_incarnations(stop, lambda: wait_for_redis(rt.direct, rt.outage, stop)):
+        return
     set_current_runtime(rt)
     try:
-        if not _between_incarnations(stop, lambda: wait_for_redis(rt.direct, rt.outage, stop)):
-            return
         try:
             rt.start()
             log.info("started id=%s", rt.owner.worker_id)
