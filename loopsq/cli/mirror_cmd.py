@@ -70,10 +70,13 @@ def _run(url: str, keys: Keys, path: Path) -> None:
     group = mirror_id(str(path))
     client = connect(url, check=False)  # a malformed URL is a configuration error, raised here
     outage = OutageLog(url, log)
-    log.info("following %s as %s into %s", mask_url(url), group, path)
+    announced = False
     while not stop.is_set():
         if not wait_for_redis(client, outage, stop):
             break
+        if not announced:
+            log.info("following %s as %s into %s", mask_url(url), group, path)
+            announced = True
         conn = open_db(str(path))
         try:
             follow(client, keys, conn, group, stop, on_applied=lambda n: log.info("applied %d change(s)", n))

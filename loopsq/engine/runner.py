@@ -302,12 +302,15 @@ def claim_slot(rt: Runtime, loop_id: str, slot: datetime, now: datetime, *, sour
 
 def _claim_ad_hoc(rt: Runtime, loop: Loop, slot: datetime, source: str, run_id: str | None,
                   key: str | None) -> Claim | Refusal:
-    """Claim an ad-hoc slot at ``slot``; a slot taken by another run at the same millisecond moves 1 ms on."""
+    """Claim an ad-hoc slot at ``slot``; a slot taken by another run at the same millisecond moves 1 ms on (also
+    when that run won it while this claim was being made). ``claimed`` is final only for this very run."""
     result: Claim | Refusal = Refusal("gone")
     for _ in range(50):
         result = claim_slot(rt, loop.id, slot, timeutil.now(), source=source, run_id=run_id, idempotency_key=key)
-        if isinstance(result, Claim) or result.reason in ("gone", "claimed"):
+        if isinstance(result, Claim) or result.reason == "gone":
             return result
+        if result.reason == "claimed" and run_id is not None and rt.runs.get(run_id) is not None:
+            return result  # this run is taken (its request executed twice)
         slot = slot + timedelta(milliseconds=1)
     return result
 
@@ -334,6 +337,8 @@ def run_now(rt: Runtime, id_or_name: str, run_id: str | None = None,
         if isinstance(claim, Refusal) and claim.reason in ("done", "exhausted"):
             rt.runs.advance_past(loop.id, slot, now)
             source = "ad_hoc"
+        elif isinstance(claim, Refusal) and claim.reason == "inactive":
+            source = "ad_hoc"  # paused meanwhile: run-now of a loop that is not active is an ad-hoc run
     if source == "ad_hoc":
         claim = _claim_ad_hoc(rt, loop, now, "ad_hoc", run_id, None)
     if isinstance(claim, Refusal):

@@ -49,7 +49,8 @@ class Claim:
 @dataclass(frozen=True)
 class Refusal:
     """A claim that was not won, and why: ``claimed`` (someone else has it), ``done`` (slot settled),
-    ``exhausted`` (no attempts left), ``running`` (the slot's run is still going), ``gone`` (no loop)."""
+    ``exhausted`` (no attempts left), ``running`` (the slot's run is still going), ``gone`` (no loop),
+    ``inactive`` (a claim that would move the loop, of a loop no longer active)."""
 
     reason: str
     run: LoopRun | None = None
@@ -121,6 +122,9 @@ class RunStore(LoopMoves):
             if loop_raw is None:
                 return Refusal("gone")
             loop = Loop.from_json(loop_raw)
+            moves_loop = source in ("scheduled", "due_slot", "retry_slot")
+            if moves_loop and loop.status != "active":
+                return Refusal("inactive")  # paused or stopped since the caller looked (the loop guard sees to that)
             existing_id = _s(slot_reply)
             existing_raw = _s(self.client.get(self.keys.run(existing_id))) if existing_id else None
             existing = LoopRun.from_json(existing_raw) if existing_raw else None
@@ -152,7 +156,6 @@ class RunStore(LoopMoves):
                 lease_expires_at=to_iso(now + timedelta(milliseconds=loop.lease_ms)), source=source,
                 idempotency_key=idempotency_key or run.idempotency_key,
             )
-            moves_loop = source in ("scheduled", "due_slot", "retry_slot")
             new_loop = (
                 rules.after_claim(loop, slot, now, is_retry=loop.retry_scheduled_for == slot_iso) if moves_loop else loop
             )

@@ -240,3 +240,46 @@ def test_the_processes_up_supervises_ride_out_a_restart_of_its_embedded_redis(tm
         assert exited == ["redis"], up.text()[mark:]
     finally:
         up.cleanup()
+
+
+@pytest.mark.timeout(90)
+def test_processes_started_while_redis_is_away_wait_for_it_and_a_wrong_password_ends_them_with_one_line(
+    tmp_path: Path,
+) -> None:
+    from tests.redis_server import free_port
+
+    port = free_port()
+    url = f"redis://:hunter2@127.0.0.1:{port}/0"
+    masked = f"redis://:***@127.0.0.1:{port}/0"
+    env = {**os.environ, "LOOPSQ_REDIS_URL": url, "LOOPSQ_DATA_DIR": str(tmp_path / "d"), "PYTHONUNBUFFERED": "1"}
+    cluster = Cluster(url, tmp_path, env, None)  # type: ignore[arg-type]
+    procs = [cluster.start(role, wait=False) for role in ("scheduler", "worker", "mirror")]
+    server: subprocess.Popen[bytes] | None = None
+    try:
+        for proc in procs:
+            cluster.wait_until(lambda p=proc: DOWN in p.text() or not p.alive(), 20, f"{proc.name} to wait")
+        server = subprocess.Popen(["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+                                   "--appendonly", "no", "--requirepass", "hunter2"], stdout=subprocess.DEVNULL)
+        cluster.wait_started(procs[0], procs[1])
+        cluster.wait_until(lambda: "following " in procs[2].text(), 20, "the mirror to follow")
+        assert_rode_it_out(cluster, procs)
+        assert "hunter2" not in "".join(p.text() for p in procs)
+
+        # A configuration error ends them at once, with one line and exit status 3: no password, a wrong one.
+        for bad, reason in ((f"redis://127.0.0.1:{port}/0", "Authentication required."),
+                            (f"redis://:nope@127.0.0.1:{port}/0",
+                             "invalid username-password pair or user is disabled.")):
+            shown = bad.replace(":nope@", ":***@")
+            for role in ("scheduler", "worker", "mirror"):
+                done = subprocess.run([sys.executable, "-m", "loopsq", "--redis-url", bad, role],
+                                      capture_output=True, text=True, timeout=30, env=env)
+                assert (done.returncode, done.stdout, done.stderr) == (
+                    3, "", f"error: cannot reach Redis at {shown}: {reason}\n"), role
+        assert masked in procs[0].text()
+    finally:
+        for proc in cluster.procs:
+            if proc.alive():
+                proc.terminate()
+        if server is not None:
+            server.kill()
+            server.wait(10)
