@@ -74,7 +74,8 @@ class Fleet:
 
     def kill(self, name: str) -> None:
         proc = self.procs[name]
-        os.kill(proc.pid, signal.SIGKILL)
+        if proc.poll() is None:  # (one that exited by itself is reported, not killed)
+            os.kill(proc.pid, signal.SIGKILL)
         proc.wait()
 
     def stop_all(self) -> None:

@@ -20,6 +20,7 @@ from typing import TypeVar
 
 import redis
 
+from loopsq.domain import run_rules as rules
 from loopsq.domain import timeutil
 from loopsq.domain.timeutil import gen_id
 from loopsq.engine.timers import raw_from
@@ -212,8 +213,7 @@ class Runtime:
 
     @staticmethod
     def _renew_every(lease_ms: int) -> float:
-        # A third of the lease (the reference's cadence), at least 10 ms, at most a minute.
-        return max(0.01, min(60.0, lease_ms / 3000.0))
+        return rules.lease_renew_every_ms(lease_ms) / 1000.0
 
     def _registry(self) -> str:
         return self.keys.workers if self.role != "scheduler" else self.keys.schedulers

@@ -105,6 +105,30 @@ def test_a_run_that_finishes_during_an_outage_keeps_its_result_and_is_recorded_o
 
 
 @pytest.mark.timeout(120)
+def test_an_outage_just_shorter_than_the_lease_that_starts_right_before_a_renewal_keeps_the_result(
+    cluster: Cluster, aof_server: RedisServer
+) -> None:
+    # Lease 10 s, renewed every 3.3 s: the outage (8 s) starts just before a renewal is due, when the lease has
+    # the least left; the lease key, living a renewal period longer than the lease, outlasts it.
+    cmd = f'echo "start $LOOPS_ATTEMPT" >> {cluster.ledger_dir}/ledger-edge; sleep 7; echo kept'
+    cluster.create("edge", cmd, "--at", timeutil.to_iso(timeutil.now()), "--attempts", "2", "--lease", "10s")
+    procs = cluster.start_all(schedulers=1, workers=1)
+    run = cluster.wait_until(lambda: next((r for r in cluster.runs("edge") if r.pid), None), 20,
+                             "the run's process to start")
+    renewed = cluster.wait_until(lambda: (r := cluster.run(run.id)) and r.lease_expires_at != run.lease_expires_at
+                                 and r, 10, "the lease's first renewal")
+    time.sleep(3.0)  # the next renewal is due 3.3 s after that one
+    current = cluster.run(run.id)
+    assert current is not None and current.lease_expires_at == renewed.lease_expires_at, "renewed again already"
+    outage(aof_server, 8)
+
+    final = cluster.wait_until(lambda: (r := cluster.run(run.id)) and r.terminal and r, 30, "the run to be recorded")
+    assert (final.status, final.stdout, final.attempt) == ("succeeded", "kept\n", 1), final.to_dict()
+    assert cluster.ledger("edge") == [("start", "1")]
+    assert_rode_it_out(cluster, procs)
+
+
+@pytest.mark.timeout(120)
 def test_an_outage_longer_than_the_lease_drops_the_late_result_and_the_run_is_retried_after_the_grace(
     cluster: Cluster, aof_server: RedisServer
 ) -> None:

@@ -166,3 +166,11 @@ def test_the_attempt_history_keeps_each_ended_attempt_with_its_output_tail_and_o
         run = run.with_changes(attempt=attempt, previous_attempts=rules.attempt_history(run))
     history = rules.attempt_history(run)
     assert [a["attempt"] for a in history] == [4, 5, 6, 7, 8]
+
+
+def test_a_lease_key_lives_one_renewal_period_longer_than_the_lease() -> None:
+    from loopsq.domain.run_rules import lease_renew_every_ms, lease_ttl_ms
+
+    # Renewed at a third of the lease, at most a minute apart: the key outlives any outage shorter than the lease.
+    assert [lease_renew_every_ms(ms) for ms in (15, 3_000, 10_000, 1_800_000)] == [10, 1_000, 3_333, 60_000]
+    assert [lease_ttl_ms(ms) for ms in (3_000, 10_000, 1_800_000)] == [4_000, 13_333, 1_860_000]
