@@ -1,11 +1,14 @@
 """Redis outages with real processes (issue 13): Redis on AOF with ``appendfsync always``, killed with -9 and
-restarted from its AOF on the same port, under a scheduler, workers, a mirror and the web app.
+restarted from its AOF on the same port, under a scheduler, workers, a mirror, the web app and ``up``.
 
 - A run that finishes during an outage keeps its result (status, exit code, output), is recorded once and never
-  executed again; its worker, and every other process, rides the outage out with one log line when it starts and
-  one when it ends.
-- An outage longer than a run's lease: the run's late result is fenced off, the run is recorded abandoned once the
-  grace after the outage is over, and retried.
+  executed again, with one worker and with two, even when its worker reaches Redis seconds after the others;
+  also for an outage just shorter than the lease that starts right before a renewal.
+- An outage longer than a run's lease: the run's late result is fenced off, the run is recorded abandoned once
+  the grace after the outage is over, and retried.
+- Every process rides an outage out (a scheduler, a worker and a mirror through 15 s; the web app answering 503
+  then 200; ``up``'s children through a restart of its Redis; processes started while Redis is away), with one
+  log line when it starts and one when it ends; only a configuration error ends one, with its one line.
 """
 
 from __future__ import annotations
@@ -307,3 +310,23 @@ def test_processes_started_while_redis_is_away_wait_for_it_and_a_wrong_password_
         if server is not None:
             server.kill()
             server.wait(10)
+
+
+@pytest.mark.timeout(120)
+def test_up_with_a_configured_redis_that_is_away_waits_for_it(tmp_path: Path) -> None:
+    from tests.integration.test_up import Up, clean_env
+
+    server = RedisServer()
+    url = server.url
+    up = Up(clean_env(tmp_path, LOOPSQ_REDIS_URL=url), tmp_path / "up.log", "--workers", "1", "--no-web")
+    try:
+        up.wait_for(rf"^up \| redis unavailable \(cannot reach Redis at {re.escape(url)}: .*\); waiting for it", 30)
+        server.start()
+        up.wait_for(rf"^up \| using Redis at {re.escape(url)} \(redis-server ", 30)
+        up.wait_for(r"^up \| running; Ctrl-C stops everything", 60)
+        assert len(re.findall(r"^up \| redis unavailable", up.text(), re.MULTILINE)) == 1
+        assert len(re.findall(r"^up \| redis reachable again after ", up.text(), re.MULTILINE)) == 1
+        assert "up | started redis" not in up.text()  # a configured Redis: none of its own
+    finally:
+        up.cleanup()
+        server.cleanup()
