@@ -123,6 +123,18 @@ def attempt_history(ended: LoopRun) -> list[dict[str, Any]]:
     return [*(ended.previous_attempts or []), summary][-ATTEMPT_HISTORY_MAX:]
 
 
+def lease_renew_every_ms(lease_ms: int) -> int:
+    """How often a held lease is renewed: at a third of its length (the reference's cadence), at least every 10 ms,
+    at most every minute."""
+    return max(10, min(60_000, lease_ms // 3))
+
+
+def lease_ttl_ms(lease_ms: int) -> int:
+    """The TTL the lease key gets at each claim or renewal: the lease plus one renewal period. The key was renewed
+    at most a period before any moment, so it outlives any Redis outage shorter than the lease itself."""
+    return lease_ms + lease_renew_every_ms(lease_ms)
+
+
 def advances_at_finish(loop: Loop) -> bool:
     """Fixed-delay, dynamic and once loops compute their next slot when a run ends; the others when it starts."""
     schedule = loop.schedule

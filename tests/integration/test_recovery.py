@@ -133,6 +133,12 @@ def test_a_worker_killed_in_a_fire_it_took_from_the_queue_has_that_run_retried_a
     at = to_iso(now + timedelta(seconds=2.5))
     cluster.create("slow", cmd, "--at", at, "--attempts", "2", "--retry-delay", "500ms")
     raw = redis.Redis.from_url(cluster.url)
+    # Both timers armed before any scheduler runs, so they reach the queue in the order of their times however
+    # long the commands above took. (Left to maintenance, whose first pass arms the loops in no set order, a
+    # slot already past by then could be moved onto the queue before the other was armed: slow's job first.)
+    for name in ("quick", "slow"):
+        loop = cluster.loop(name)
+        timers.arm(raw, KEYS, loop["id"], from_iso(loop["nextRunAt"]))
     cluster.start("scheduler")
     cluster.wait_until(lambda: timers.queue_depth(raw) == 2, 15, "both timers to reach the queue")
     quick_job = str(cluster.client.get(KEYS.timer(cluster.loop("quick")["id"])))
