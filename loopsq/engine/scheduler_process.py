@@ -18,6 +18,7 @@ from loopsq.domain import timeutil
 from loopsq.engine import timers
 from loopsq.engine.maintenance import maintain
 from loopsq.engine.runtime import Runtime
+from loopsq.state.connection import sibling
 
 log = logging.getLogger("loopsq.scheduler")
 
@@ -95,10 +96,8 @@ class _Maintainer(threading.Thread):
     def __init__(self, rt: Runtime, leading: threading.Event, stop: threading.Event, every_s: float) -> None:
         super().__init__(name="loopsq-maintenance", daemon=True)
         # A second client for this thread; the same identity (no second liveness registration).
-        self.rt = Runtime(client=redis.Redis(connection_pool=rt.client.connection_pool.__class__(
-            connection_class=rt.client.connection_pool.connection_class,
-            **rt.client.connection_pool.connection_kwargs)), keys=rt.keys, role="scheduler",
-            worker_id=rt.owner.worker_id)
+        self.rt = Runtime(client=sibling(rt.client, decode_responses=True), keys=rt.keys, role="scheduler",
+                          worker_id=rt.owner.worker_id)
         self.leading, self.stop, self.every_s = leading, stop, every_s
         self.failed: BaseException | None = None
 
