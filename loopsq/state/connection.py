@@ -12,7 +12,8 @@ import os
 from typing import Any
 
 import redis
-from redis.sentinel import Sentinel, SentinelConnectionPool
+from redis.sentinel import Sentinel, SentinelConnectionPool, SentinelManagedConnection
+from redis.utils import SENTINEL
 
 from loopsq.domain.redis_url import (
     CERT_REQS_ENV,
@@ -29,6 +30,21 @@ Redis = redis.Redis
 #: Query options passed to redis-py's connections under the same name.
 _PASSTHROUGH = ("socket_timeout", "socket_connect_timeout", "health_check_interval", "client_name",
                 "ssl_cert_reqs", "ssl_ca_certs", "ssl_check_hostname", "ssl_certfile", "ssl_keyfile")
+
+
+class SentinelConnection(SentinelManagedConnection):
+    """redis-py's Sentinel connection, closed on any error while reading a reply, as its plain ``Connection`` is.
+
+    redis-py's ``SentinelManagedConnection.read_response`` defaults ``disconnect_on_error`` to False: a read
+    interrupted by an exception (RQ's stop request raised from the SIGTERM handler, during its blocking dequeue)
+    left the blocked command's reply pending on the connection, and the next command on it (RQ's
+    ``register_death``) waited for a reply that never matched: the worker hung on SIGTERM.
+    """
+
+    def read_response(self, disable_decoding: bool = False, *, timeout: float | object = SENTINEL,
+                      disconnect_on_error: bool | None = True, push_request: bool | None = False) -> Any:
+        return super().read_response(disable_decoding, timeout=timeout, disconnect_on_error=disconnect_on_error,
+                                     push_request=push_request)
 
 
 def target_of(url: str | RedisUrl, source: str | None = None) -> RedisUrl:
@@ -66,7 +82,7 @@ def client_for(url: str | RedisUrl, *, decode_responses: bool = True, timeout: f
         sentinel = Sentinel(list(target.hosts), min_other_sentinels=target.options.get("min_other_sentinels", 0),
                             sentinel_kwargs=sentinel_kwargs)  # type: ignore[no-untyped-call]
         client: redis.Redis = sentinel.master_for(  # type: ignore[no-untyped-call]
-            target.service_name, redis_class=redis.Redis, **kwargs)
+            target.service_name, redis_class=redis.Redis, connection_class=SentinelConnection, **kwargs)
         return client
     if target.socket_path is not None:
         return redis.Redis(unix_socket_path=target.socket_path, **kwargs)

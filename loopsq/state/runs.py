@@ -18,6 +18,7 @@ from loopsq.domain import run_rules as rules
 from loopsq.domain.models import Loop
 from loopsq.domain.run_rules import LoopRun
 from loopsq.domain.timeutil import gen_id, to_iso, to_ms
+from loopsq.state import durability
 from loopsq.state.commit import Committer, Tx
 from loopsq.state.keys import Keys
 from loopsq.state.run_moves import LoopMoves, _s
@@ -62,6 +63,8 @@ class RunStore(LoopMoves):
         self.client = client
         self.keys = keys or Keys()
         self.committer = committer or Committer(client, self.keys)
+        #: Replicas that must acknowledge a claim before its run starts (``durability.claim_replicas``).
+        self.claim_replicas = durability.claim_replicas(client)
 
     # -- reads ----------------------------------------------------------------------------------------------
     def get(self, run_id: str) -> LoopRun | None:
@@ -175,8 +178,13 @@ class RunStore(LoopMoves):
             if new_loop != loop:
                 tx.set(self.keys.loop(loop_id), new_loop.to_json()).put("loops", new_loop.to_dict())
                 tx.note("loop_advanced")
-            result = self.committer.commit(tx)
+            # Across a failover an unreplicated claim is lost, and its slot would run again (``durability``).
+            replicas = self.claim_replicas
+            result = self.committer.commit(tx, replicas=replicas, wait_ms=durability.WAIT_MS)
             if result.ok:
+                if (result.replicated or 0) < replicas and not durability.confirm(
+                        self.client, claim_key, token, CLAIM_TTL_MS, replicas):
+                    return Refusal("claimed", None)
                 return Claim(run, new_loop, token)
             if result.failed_guard == 0:
                 return Refusal("claimed", existing)

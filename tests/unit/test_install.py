@@ -5,7 +5,6 @@ from __future__ import annotations
 import fcntl
 import os
 import plistlib
-import shutil
 import stat
 import subprocess
 import sys
@@ -16,6 +15,7 @@ from click.testing import CliRunner, Result
 
 from loopsq.cli import cli
 from loopsq.ops import install
+from tests.tools import needs_tool
 
 #: An explicit URL: install never connects, and no command falls back to a default Redis.
 URL = "redis://redis.example:6379/0"
@@ -170,7 +170,7 @@ def test_exec_start_quotes_words_with_spaces_percents_dollars_and_quotes_as_syst
     assert 'Environment="LOOPSQ_REDIS_URL=redis://:p%%40ss word@h:1/0"\n' in unit
 
 
-@pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="systemd-analyze is not installed")
+@needs_tool("systemd-analyze", "systemd")
 def test_systemd_accepts_a_unit_whose_interpreter_path_has_a_space(tmp_path: Path) -> None:
     spaced = tmp_path / "my tools" / "python3"
     spaced.parent.mkdir()
