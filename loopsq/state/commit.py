@@ -14,8 +14,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import redis
+from redis.client import Pipeline
 
 from loopsq.domain.timeutil import gen_id
+from loopsq.state.durability import pipelined
 from loopsq.state.keys import Keys
 
 #: Approximate cap on the change stream (an entry is ~1 KB, a run makes ~3: about 200 MB and, at 1,000 runs a
@@ -189,6 +191,8 @@ class CommitResult:
     failed_guard: int | None = None
     #: With ``replicas``: how many replicas acknowledged the transition (``WAIT``); None when not asked.
     replicated: int | None = None
+    #: With ``replicas``: the (host, port) of the server that made the transition.
+    server: tuple[Any, Any] | None = None
 
 
 class Committer:
@@ -218,27 +222,30 @@ class Committer:
             args.extend((op, str(key_index[key]), a, b))
         args.extend((tx.type, tx.at, tx.change_data()))
         replicated: int | None = None
+        server: tuple[Any, Any] | None = None
         if replicas > 0:
-            (ok, value), replicated = self._commit_and_wait(keys, args, replicas, wait_ms)
+            (ok, value), replicated, server = self._commit_and_wait(keys, args, replicas, wait_ms)
         else:
             ok, value = self._script(keys=keys, args=args)
         if int(ok) == 1:
-            return CommitResult(ok=True, change_id=_text(value), replicated=replicated)
-        return CommitResult(ok=False, failed_guard=int(value), replicated=replicated)
+            return CommitResult(ok=True, change_id=_text(value), replicated=replicated, server=server)
+        return CommitResult(ok=False, failed_guard=int(value), replicated=replicated, server=server)
 
-    def _commit_and_wait(self, keys: list[str], args: list[str], replicas: int, wait_ms: int) -> tuple[Any, int]:
-        for attempt in range(2):
-            pipe = self.client.pipeline(transaction=False)
+    def _commit_and_wait(self, keys: list[str], args: list[str], replicas: int,
+                         wait_ms: int) -> tuple[Any, int, tuple[Any, Any]]:
+        def build(pipe: Pipeline) -> None:
             pipe.evalsha(self._script.sha, len(keys), *keys, *args)
             pipe.wait(replicas, wait_ms)
+
+        for attempt in range(2):
             try:
-                reply, acked = pipe.execute()
+                server, (reply, acked) = pipelined(self.client, build)
             except redis.exceptions.NoScriptError:
                 if attempt:
                     raise
                 self.client.script_load(_SCRIPT)  # a restarted or new master: load it, then once more
                 continue
-            return reply, int(acked)
+            return reply, int(acked), server
         raise AssertionError("unreachable")
 
 

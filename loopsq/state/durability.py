@@ -13,6 +13,10 @@ new master and would run twice. So the claim transition is followed, on the same
 - still neither after ``CONFIRM_S``: the replica is down or lagging while the master stays; the run starts
   (availability over durability), with a warning.
 
+A finalize is followed by the same ``WAIT``: when no replica acknowledged it and the sentinels name a new master,
+it is recorded again there (the run is still running under our lease on the new master), so a run that finished
+during a failover keeps its result instead of being recovered and run again.
+
 Replicas waited for: ``LOOPSQ_CLAIM_REPLICAS`` (0 turns it off), else 1 on a Sentinel connection and 0 otherwise.
 """
 
@@ -21,8 +25,11 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections.abc import Callable
+from typing import Any
 
 import redis
+from redis.client import Pipeline
 from redis.sentinel import MasterNotFoundError, SentinelConnectionPool
 
 from loopsq.errors import ValidationError
@@ -50,21 +57,70 @@ def claim_replicas(client: redis.Redis) -> int:
     return 1 if isinstance(client.connection_pool, SentinelConnectionPool) else 0
 
 
-def failed_over(client: redis.Redis) -> bool:
-    """Whether the sentinels now name another master than the one ``client``'s connections went to (always
-    False for a client without sentinels)."""
+Server = tuple[Any, Any]
+
+
+def pipelined(client: redis.Redis, build: Callable[[Pipeline], object]) -> tuple[Server, list[Any]]:
+    """Run the commands ``build`` queues as one pipeline on one connection; returns the address of the server
+    that answered (host, port: where a Sentinel connection went) and the replies.
+
+    The address is that of the connection, not the pool's latest discovery: after a failover a pool holds
+    connections to the old master while it already names the new one.
+    """
+    conn = client.connection_pool.get_connection()
+    pipe = client.pipeline(transaction=False)
+    pipe.connection = conn  # executed on this connection (redis-py's retry may reconnect it), then released
+    try:
+        build(pipe)
+        replies = pipe.execute()
+    finally:
+        pipe.reset()
+    return (getattr(conn, "host", None), getattr(conn, "port", None)), replies
+
+
+def failed_over(client: redis.Redis, server: Server) -> bool:
+    """Whether the sentinels now name another master than ``server`` (always False for a client without
+    sentinels). When they do, the pool's connections are closed, so that the next command asks the sentinels and
+    goes to the new master instead of writing on to one whose writes will be discarded."""
     pool = client.connection_pool
     if not isinstance(pool, SentinelConnectionPool):
         return False
-    ours = pool.master_address
     try:
         current = pool.sentinel_manager.discover_master(pool.service_name)
     except MasterNotFoundError:
         return True  # no master agreed on: treat as a failover under way
-    return ours is not None and tuple(current) != tuple(ours)
+    moved = tuple(current) != tuple(server)
+    if moved:
+        pool.disconnect()
+    return moved
 
 
-def confirm(client: redis.Redis, key: str, token: str, ttl_ms: int, replicas: int, *,
+def replicated(client: redis.Redis, server: Server, probe_key: str, replicas: int, *,
+               budget_s: float = CONFIRM_S) -> bool:
+    """After a write no replica acknowledged (a finalize): True once a replica acknowledges a later write to the
+    same master (``probe_key``, then ``WAIT``: replication is one ordered stream), or when ``budget_s`` runs out
+    on a master the sentinels still name; False when they name another master (``failed_over``), where the
+    write is to be made again."""
+    deadline = time.monotonic() + budget_s
+    while True:
+        if failed_over(client, server):
+            return False
+        def probe(pipe: Pipeline) -> None:
+            pipe.set(probe_key, "1", px=60_000)
+            pipe.wait(replicas, WAIT_MS)
+
+        answered, (_ok, acked) = pipelined(client, probe)
+        if answered != server:
+            return False  # another server answered: the write is to be made again where we now are
+        if int(acked) >= replicas:
+            return True
+        if time.monotonic() >= deadline:
+            log.warning("a write not acknowledged by %d replica(s) within %.0fs, on a master the sentinels still "
+                        "name: going on (a replica is down or lagging)", replicas, budget_s)
+            return True
+
+
+def confirm(client: redis.Redis, server: Server, key: str, token: str, ttl_ms: int, replicas: int, *,
             budget_s: float = CONFIRM_S) -> bool:
     """Confirm the write of ``token`` at ``key`` (a claim) that no replica has acknowledged yet (see the module).
 
@@ -72,14 +128,16 @@ def confirm(client: redis.Redis, key: str, token: str, ttl_ms: int, replicas: in
     """
     deadline = time.monotonic() + budget_s
     while True:
-        if failed_over(client):
+        if failed_over(client, server):
             log.warning("claim %s not replicated and the sentinels name a new master: not running it", key)
             return False
-        pipe = client.pipeline(transaction=False)
-        pipe.get(key)
-        pipe.pexpire(key, ttl_ms)  # a write on this connection, so that WAIT covers the claim before it
-        pipe.wait(replicas, WAIT_MS)
-        current, _renewed, acked = pipe.execute()
+        # A write (the PEXPIRE), so that the WAIT after it covers the claim too: replication is one ordered stream.
+        def recheck(pipe: Pipeline) -> None:
+            pipe.get(key)
+            pipe.pexpire(key, ttl_ms)
+            pipe.wait(replicas, WAIT_MS)
+
+        server, (current, _renewed, acked) = pipelined(client, recheck)
         if current is None or (current.decode() if isinstance(current, bytes) else current) != token:
             log.warning("claim %s was lost (a failover discarded it): not running it", key)
             return False

