@@ -84,10 +84,17 @@ def client_for(url: str | RedisUrl, *, decode_responses: bool = True, timeout: f
         client: redis.Redis = sentinel.master_for(  # type: ignore[no-untyped-call]
             target.service_name, redis_class=redis.Redis, connection_class=SentinelConnection, **kwargs)
         return client
+    # A pool of our own, as ``Redis.from_url`` builds it: redis-py's ``Redis(host=…)`` would add its default
+    # retry policy (10 retries with backoff), which turns an outage into commands that block for a minute.
+    pool: redis.ConnectionPool
     if target.socket_path is not None:
-        return redis.Redis(unix_socket_path=target.socket_path, **kwargs)
-    host, port = target.hosts[0]
-    return redis.Redis(host=host, port=port, ssl=target.is_tls, **kwargs)
+        pool = redis.ConnectionPool(connection_class=redis.UnixDomainSocketConnection, path=target.socket_path,
+                                    **kwargs)
+    else:
+        host, port = target.hosts[0]
+        connection_class = redis.SSLConnection if target.is_tls else redis.Connection
+        pool = redis.ConnectionPool(connection_class=connection_class, host=host, port=port, **kwargs)
+    return redis.Redis(connection_pool=pool)
 
 
 def connect(url: str | RedisUrl, *, timeout: float = 5.0, check: bool = True) -> redis.Redis:
