@@ -145,3 +145,21 @@ def test_without_redis_server_on_path_the_session_uses_the_bundled_binary_also_a
             server.cleanup()
     finally:
         rs.find_redis_server.cache_clear()
+
+
+@pytest.mark.parametrize("form", ["userinfo", "query", "sentinel"])
+def test_an_unreachable_redis_is_one_line_with_every_password_masked(tmp_path: Path, form: str) -> None:
+    from tests.redis_server import free_port
+
+    port = free_port()  # nothing listens there
+    url, shown = {
+        "userinfo": (f"redis://app:hunter22@127.0.0.1:{port}/0", f"redis://app:***@127.0.0.1:{port}/0"),
+        "query": (f"redis://127.0.0.1:{port}/0?password=hunter22", f"redis://127.0.0.1:{port}/0?password=***"),
+        "sentinel": (f"redis+sentinel://:hunter22@127.0.0.1:{port}/mymaster/0?sentinel_password=hunter23",
+                     f"redis+sentinel://:***@127.0.0.1:{port}/mymaster/0?sentinel_password=***"),
+    }[form]
+    done = loopsq(clean_env(tmp_path, LOOPSQ_REDIS_URL=url), "list")
+    assert done.returncode == 3 and done.stdout == ""
+    assert done.stderr.startswith(f"error: cannot reach Redis at {shown}: "), done.stderr
+    assert done.stderr.count("\n") == 1
+    assert "hunter2" not in done.stderr
