@@ -96,11 +96,12 @@ def failed_over(client: redis.Redis, server: Server) -> bool:
 
 
 def replicated(client: redis.Redis, server: Server, probe_key: str, replicas: int, *,
-               budget_s: float = CONFIRM_S) -> bool:
+               budget_s: float | None = None) -> bool:
     """After a write no replica acknowledged (a finalize): True once a replica acknowledges a later write to the
     same master (``probe_key``, then ``WAIT``: replication is one ordered stream), or when ``budget_s`` runs out
     on a master the sentinels still name; False when they name another master (``failed_over``), where the
     write is to be made again."""
+    budget_s = CONFIRM_S if budget_s is None else budget_s
     deadline = time.monotonic() + budget_s
     while True:
         if failed_over(client, server):
@@ -121,11 +122,12 @@ def replicated(client: redis.Redis, server: Server, probe_key: str, replicas: in
 
 
 def confirm(client: redis.Redis, server: Server, key: str, token: str, ttl_ms: int, replicas: int, *,
-            budget_s: float = CONFIRM_S) -> bool:
+            budget_s: float | None = None) -> bool:
     """Confirm the write of ``token`` at ``key`` (a claim) that no replica has acknowledged yet (see the module).
 
     Returns True when its run may start, False when the claim is lost or about to be.
     """
+    budget_s = CONFIRM_S if budget_s is None else budget_s
     deadline = time.monotonic() + budget_s
     while True:
         if failed_over(client, server):
