@@ -51,8 +51,7 @@ class RootGroup(workflows_cmds.AliasGroup):
             return super().invoke(ctx)
         except redis.RedisError as exc:
             app = ctx.find_object(App)
-            url = app.redis_url if app else config.resolve_redis_url()
-            raise unavailable(url, exc) from exc
+            raise unavailable(app.redis_url if app else "", exc) from exc
         except sqlite3.Error as exc:
             app = ctx.find_object(App)
             where = config.mirror_path(app.data_dir) if app else "the mirror"
@@ -98,8 +97,8 @@ class RootGroup(workflows_cmds.AliasGroup):
 
 @click.group("loopsq", cls=RootGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("-j", "--json", "json_", is_flag=True, help="Print JSON (also accepted after the subcommand).")
-@click.option("--redis-url", metavar="URL", help="Redis URL [env LOOPSQ_REDIS_URL, then REDIS_URL; default "
-              f"{config.DEFAULT_REDIS_URL}].")
+@click.option("--redis-url", metavar="URL", help="Redis URL: redis://, rediss://, unix:// or redis+sentinel:// "
+              "[env LOOPSQ_REDIS_URL, then REDIS_URL; else the Redis of a running `loopsq up`; no default].")
 @click.option("--data-dir", metavar="DIR", help="Data directory for the SQLite mirror [env LOOPSQ_DATA_DIR; "
               "default ~/.loopsq].")
 @click.version_option(__version__, "--version", prog_name="loopsq", message="%(version)s")
@@ -107,7 +106,9 @@ class RootGroup(workflows_cmds.AliasGroup):
 def cli(ctx: click.Context, json_: bool, redis_url: str | None, data_dir: str | None) -> None:
     """loopsq: recurring commands, coding agents and workflows on Redis workers."""
     resolved_dir = config.resolve_data_dir(data_dir)
-    app = App(redis_url=config.resolve_redis_url(redis_url, resolved_dir), data_dir=resolved_dir, json=json_)
+    # Resolved and validated on first use, before anything connects; a command that needs Redis and has none
+    # refuses (``RedisNotConfiguredError``).
+    app = App(redis_flag=redis_url, data_dir=resolved_dir, json=json_)
     ctx.obj = _invocation["app"] = app
     ctx.call_on_close(app.close)
 

@@ -20,7 +20,7 @@ from loopsq.domain import timeutil
 from loopsq.engine import timers
 from loopsq.engine.maintenance import maintain
 from loopsq.engine.runtime import Runtime
-from loopsq.state.connection import unavailable
+from loopsq.state.connection import sibling, unavailable
 from loopsq.state.outages import is_transient, wait_for_redis
 
 log = logging.getLogger("loopsq.scheduler")
@@ -112,11 +112,9 @@ class _Maintainer(threading.Thread):
 
     def __init__(self, rt: Runtime, leading: threading.Event, stop: threading.Event, every_s: float) -> None:
         super().__init__(name="loopsq-maintenance", daemon=True)
-        # A second client for this thread, waiting out outages as the first; the same identity (no second
-        # liveness registration) and the same outage log.
-        direct = rt.direct.connection_pool
-        client = redis.Redis(connection_pool=direct.__class__(connection_class=direct.connection_class,
-                                                              **direct.connection_kwargs))
+        # A second client for this thread (its own pool, through the same sentinels for a Sentinel URL), waiting
+        # out outages as the first; the same identity (no second liveness registration) and the same outage log.
+        client = sibling(rt.direct, decode_responses=True)
         self.rt = Runtime(client=client, keys=rt.keys, role="scheduler", worker_id=rt.owner.worker_id,
                           ride_until=stop, outage=rt.outage)
         self.leading, self.stop, self.every_s = leading, stop, every_s

@@ -30,6 +30,7 @@ from rq.utils import utcformat
 from rq_scheduler import Scheduler
 
 from loopsq.domain.timeutil import gen_id, to_ms
+from loopsq.state.connection import sibling
 from loopsq.state.keys import Keys
 
 log = logging.getLogger("loopsq.timers")
@@ -64,17 +65,10 @@ class MsScheduler(Scheduler):  # type: ignore[misc]
         return self.get_jobs(time.time(), with_times=with_times)
 
 
-def raw_client(url: str) -> redis.Redis:
-    """A client for RQ (bytes responses)."""
-    return redis.Redis.from_url(url, socket_timeout=10, socket_connect_timeout=5, health_check_interval=30)
-
-
 def raw_from(client: redis.Redis) -> redis.Redis:
-    """A bytes-responses client on the same server as ``client``."""
-    kwargs = dict(client.connection_pool.connection_kwargs)
-    kwargs["decode_responses"] = False
-    pool = client.connection_pool.__class__(connection_class=client.connection_pool.connection_class, **kwargs)
-    return redis.Redis(connection_pool=pool)
+    """A bytes-responses client for RQ on the same server as ``client`` (through the same sentinels, for a
+    Sentinel client: RQ's worker then follows a failover as loopsq's own client does)."""
+    return sibling(client, decode_responses=False)
 
 
 def scheduler(raw: redis.Redis) -> MsScheduler:

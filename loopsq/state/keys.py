@@ -31,6 +31,12 @@ class Keys:
         """Stream: the single change stream; one entry per state transition."""
         return self._k("changes")
 
+    @property
+    def probe(self) -> str:
+        """String (60 s TTL): written right before a ``WAIT``, whose answer then covers every earlier write on that
+        master (``durability.replicated``)."""
+        return self._k("probe")
+
     # -- loops ------------------------------------------------------------------------------------------------
     def loop(self, loop_id: str) -> str:
         """String: a loop's JSON (camelCase)."""

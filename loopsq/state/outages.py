@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 
 import redis
 
-from loopsq.state.connection import unavailable
+from loopsq.state.connection import sibling, unavailable
 from loopsq.state.keys import Keys
 
 T = TypeVar("T")
@@ -203,11 +203,9 @@ def riding(client: redis.Redis, outage: OutageLog, stop: Stop | None = None,
            decode_responses: bool | None = None) -> RidingRedis:
     """A ``RidingRedis`` on ``client``'s server (a pool of its own; ``decode_responses`` as given, else as
     ``client``'s)."""
-    pool = client.connection_pool
-    kwargs = dict(pool.connection_kwargs)
-    if decode_responses is not None:
-        kwargs["decode_responses"] = decode_responses
-    return RidingRedis(pool.__class__(connection_class=pool.connection_class, **kwargs), outage, stop)
+    decode = client.connection_pool.connection_kwargs.get("decode_responses", False)
+    own = sibling(client, decode_responses=bool(decode) if decode_responses is None else decode_responses)
+    return RidingRedis(own.connection_pool, outage, stop)
 
 
 def wait_for_redis(client: redis.Redis, outage: OutageLog, stop: threading.Event | None = None) -> bool:

@@ -19,6 +19,7 @@ from loopsq.domain.models import Loop
 from loopsq.domain.run_rules import LoopRun
 from loopsq.domain.timeutil import gen_id, to_iso, to_ms
 from loopsq.errors import ConflictError
+from loopsq.state import durability
 from loopsq.state.commit import Committer, Tx
 from loopsq.state.keys import Keys
 from loopsq.state.run_moves import LoopMoves, _s
@@ -64,6 +65,8 @@ class RunStore(LoopMoves):
         self.client = client
         self.keys = keys or Keys()
         self.committer = committer or Committer(client, self.keys)
+        #: Replicas that must acknowledge a claim before its run starts (``durability.claim_replicas``).
+        self.claim_replicas = durability.claim_replicas(client)
 
     # -- reads ----------------------------------------------------------------------------------------------
     def get(self, run_id: str) -> LoopRun | None:
@@ -185,8 +188,13 @@ class RunStore(LoopMoves):
             if new_loop != loop:
                 tx.set(self.keys.loop(loop_id), new_loop.to_json()).put("loops", new_loop.to_dict())
                 tx.note("loop_advanced")
-            result = self.committer.commit(tx)
+            # Across a failover an unreplicated claim is lost, and its slot would run again (``durability``).
+            replicas = self.claim_replicas
+            result = self.committer.commit(tx, replicas=replicas, wait_ms=durability.WAIT_MS)
             if result.ok:
+                if (result.replicated or 0) < replicas and not durability.confirm(
+                        self.client, result.server or (None, None), claim_key, token, CLAIM_TTL_MS, replicas):
+                    return Refusal("claimed", None)
                 return Claim(run, new_loop, token)
             if result.failed_guard == 0:
                 return Refusal("claimed", existing)
@@ -362,7 +370,13 @@ class RunStore(LoopMoves):
             )
             if run.host:
                 tx.srem(self.keys.host_runs(run.host), run_id)
-            result = self.committer.commit(tx)
+            # A finalize (``token``) waits for a replica as the claim did; one a failover will discard is recorded
+            # again on the new master (``durability``).
+            replicas = self.claim_replicas if token else 0
+            result = self.committer.commit(tx, replicas=replicas, wait_ms=durability.WAIT_MS)
+            if result.ok and (result.replicated or 0) < replicas and not durability.replicated(
+                    self.client, result.server or (None, None), self.keys.probe, replicas):
+                continue
             if result.ok:
                 return final, new_loop
             if result.failed_guard == 0:

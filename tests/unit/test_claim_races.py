@@ -44,11 +44,11 @@ class Stopped(Committer):
         self.meanwhile: Callable[[], Any] | None = meanwhile
         self.outcome: Any = None
 
-    def commit(self, tx: Tx) -> CommitResult:
+    def commit(self, tx: Tx, **options: Any) -> CommitResult:
         if self.meanwhile is not None:
             meanwhile, self.meanwhile = self.meanwhile, None
             self.outcome = meanwhile()
-        return super().commit(tx)
+        return super().commit(tx, **options)
 
 
 def race(client: redis.Redis, first: Callable[[RunStore], Any], second: Callable[[RunStore], Any]) -> tuple[Any, Any]:

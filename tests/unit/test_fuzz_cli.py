@@ -17,6 +17,7 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from loopsq.cli import cli
+from tests.unit.cli_helpers import FAKE_URL
 
 EXAMPLES = int(os.environ.get("LOOPSQ_FUZZ_EXAMPLES", "300"))
 
@@ -64,6 +65,7 @@ def test_any_create_arguments_succeed_or_fail_with_one_line_and_write_nothing(
         mp.setattr("loopsq.cli.app.connect", lambda *_a, **_k: fakeredis.FakeRedis(server=server,
                                                                                   decode_responses=True))
         mp.setenv("LOOPSQ_DATA_DIR", str(Path(data) / "d"))
+        mp.setenv("LOOPSQ_REDIS_URL", FAKE_URL)  # never connected to: fakeredis stands in
         mp.setenv("TZ", "UTC")
         before = _state(client)
         result = CliRunner().invoke(cli, args, catch_exceptions=True)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 import threading
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import pytest
 import redis
@@ -179,10 +180,10 @@ class ResentCommitter(Committer):
     """Applies each transition, then answers as a resend of it would once its first reply was lost: refused by
     the transition's own first guard."""
 
-    def commit(self, tx: Tx) -> CommitResult:
-        first = super().commit(tx)
+    def commit(self, tx: Tx, **options: Any) -> CommitResult:
+        first = super().commit(tx, **options)
         assert first.ok
-        return super().commit(tx)
+        return super().commit(tx, **options)
 
 
 def test_a_claim_whose_reply_was_lost_is_recognized_as_won(client: redis.Redis) -> None:
