@@ -21,6 +21,7 @@ from loopsq.cli import (
     loops_cmds,
     mirror_cmd,
     process_cmds,
+    prune_cmd,
     run_cmds,
     up_cmds,
     web_cmd,
@@ -102,7 +103,7 @@ for _command in (loops_cmds.list_loops, loops_cmds.show, loops_cmds.pause, loops
                  loops_cmds.remove, workflows_cmds.workflows, mirror_cmd.mirror, run_cmds.run_now, run_cmds.tick,
                  run_cmds.runs, run_cmds.trigger, process_cmds.scheduler, process_cmds.worker,
                  health_cmds.doctor, health_cmds.status, up_cmds.up, up_cmds.install_services, workflow_run_cmds.logs,
-                 web_cmd.web):
+                 web_cmd.web, prune_cmd.prune):
     cli.add_command(_command)
 
 

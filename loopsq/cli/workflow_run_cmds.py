@@ -187,24 +187,25 @@ def recover(run_id: str, reason: str) -> None:
 @click.option("-f", "--follow", is_flag=True, help="Keep printing output until the run or step ends.")
 @json_flag
 def logs(run_id: str, step_id: str | None, follow: bool) -> None:
-    """Print the live output of a running run or workflow step (-f follows it until it ends)."""
+    """Print the output of a run or workflow step: live while it runs (-f follows it until it ends), the recorded
+    output once it has ended."""
     app = get_app()
     client = app.client()
     key = app.keys.live(run_id, step_id)
     if not client.exists(key):
-        state = _store(app).load(run_id)
-        if state is None and not client.exists(app.keys.run(run_id)):
-            raise NotFoundError(f"run not found: {run_id}")
-        if state is not None and step_id is not None and step_id not in state.steps:
-            raise NotFoundError(f"workflow step not found: {run_id}/{step_id}")
+        recorded = _recorded(app, run_id, step_id)
+        if recorded is not None:
+            _print_recorded(recorded)
+            return
     raw = timers.raw_from(client)
     decoders = {name: codecs.getincrementaldecoder("utf-8")(errors="replace") for name in ("stdout", "stderr")}
     last: bytes | str = "0-0"
+    seen = False
     while True:
         reply: Any = raw.xread({key: last}, count=100, block=1000 if follow else None)
         entries = reply[0][1] if reply else []
         for entry_id, fields in entries:
-            last = entry_id
+            last, seen = entry_id, True
             stream = fields.get(b"s", b"").decode()
             if stream == "eof":
                 return
@@ -215,8 +216,45 @@ def logs(run_id: str, step_id: str | None, follow: bool) -> None:
                 return
             if _ended(app, run_id, step_id):
                 # It wrote its last chunk before its status changed: read what is left, then stop. (A run or
-                # step that printed nothing has no end marker, so this is what ends following it.)
+                # step that printed nothing has no end marker, so this is what ends following it.) One that
+                # ended before its first live chunk has no stream at all: its recorded output is the whole of it.
                 follow = False
+                if not seen and not client.exists(key):
+                    _print_recorded(_recorded(app, run_id, step_id) or {})
+                    return
+
+
+def _recorded(app: App, run_id: str, step_id: str | None) -> dict[str, Any] | None:
+    """The recorded run (or step) with its output once it has ended; None while it may still print. From Redis,
+    else from the mirror (a run past its history window). Raises ``NotFoundError`` naming what is missing."""
+    state = _store(app).load(run_id)
+    if state is not None:
+        if step_id is None:
+            return {} if state.terminal else None
+        step = state.steps.get(step_id)
+        if step is None:
+            raise NotFoundError(f"workflow step not found: {run_id}/{step_id}")
+        return None if step.get("status") in ("pending", "running") else step
+    raw = app.client().get(app.keys.run(run_id))
+    if raw is not None:
+        run = json.loads(raw)
+        return None if run.get("status") == "running" else dict(run)
+    conn = app.mirror()
+    if step_id is None:
+        row = queries.get_run(conn, run_id)
+        if row is not None or queries.get_workflow_run(conn, run_id) is not None:
+            return row or {}
+    elif queries.get_workflow_run(conn, run_id) is not None:
+        for step in queries.list_step_runs(conn, run_id):
+            if step["stepId"] == step_id:
+                return step
+        raise NotFoundError(f"workflow step not found: {run_id}/{step_id}")
+    raise NotFoundError(f"run not found: {run_id}")
+
+
+def _print_recorded(record: dict[str, Any]) -> None:
+    click.echo(record.get("stdout") or "", nl=False)
+    click.echo(record.get("stderr") or "", nl=False, err=True)
 
 
 def _ended(app: App, run_id: str, step_id: str | None) -> bool:

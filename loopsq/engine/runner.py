@@ -283,12 +283,13 @@ def _finish_taken(rt: Runtime, job_id: str) -> None:
 
 
 def _claim_ad_hoc(rt: Runtime, loop: Loop, slot: datetime, source: str, run_id: str | None,
-                  key: str | None) -> Claim | Refusal:
-    """Claim an ad-hoc slot at ``slot``; a slot taken by another run at the same millisecond moves 1 ms on."""
+                  key: str | None, request: str | None = None) -> Claim | Refusal:
+    """Claim an ad-hoc slot at ``slot``; a slot taken by another run at the same millisecond moves 1 ms on.
+    ``request``: the trigger request the claim consumes (a triggered run)."""
     result: Claim | Refusal = Refusal("gone")
     for _ in range(50):
         result = rt.runs.claim(loop.id, slot, rt.owner, timeutil.now(), source=source, run_id=run_id,
-                               idempotency_key=key)
+                               idempotency_key=key, trigger_request=request)
         if isinstance(result, Claim) or result.reason in ("gone", "claimed"):
             return result
         slot = slot + timedelta(milliseconds=1)
@@ -314,8 +315,9 @@ def run_now(rt: Runtime, id_or_name: str, run_id: str | None = None,
     claim: Claim | Refusal
     if source != "ad_hoc":
         claim = rt.runs.claim(loop.id, slot, rt.owner, now, source=source, run_id=run_id)
-        if isinstance(claim, Refusal) and claim.reason in ("done", "exhausted"):
-            rt.runs.advance_past(loop.id, slot, now)
+        if isinstance(claim, Refusal) and claim.reason in ("done", "exhausted", "past"):
+            if claim.reason != "past":  # (a past slot: the loop has moved on already)
+                rt.runs.advance_past(loop.id, slot, now)
             source = "ad_hoc"
     if source == "ad_hoc":
         claim = _claim_ad_hoc(rt, loop, now, "ad_hoc", run_id, None)
@@ -331,17 +333,19 @@ def run_now(rt: Runtime, id_or_name: str, run_id: str | None = None,
 def run_triggered(rt: Runtime, run_id: str) -> LoopRun | None:
     """Execute a triggered run (``LoopsClient.trigger``) under the run id the trigger reserved."""
     request = rt.client.get(rt.keys.trigger(run_id))
-    if request is None:
+    if request is None:  # consumed by its claim (a duplicate job), or expired
+        rt.client.zrem(rt.keys.triggers, run_id)
         return rt.runs.get(run_id)
     import json
 
-    data = json.loads(request)
+    text = request.decode() if isinstance(request, bytes) else str(request)
+    data = json.loads(text)
     loop = rt.loops.get(str(data["loopId"]))
     if loop is None:
         rt.client.zrem(rt.keys.triggers, run_id)
         return None
-    claim = _claim_ad_hoc(rt, loop, from_iso(str(data["at"])), "trigger", run_id, data.get("key"))
-    rt.client.zrem(rt.keys.triggers, run_id)
+    # The claim consumes the trigger (its request key and its entry in ``keys.triggers``) in one transition.
+    claim = _claim_ad_hoc(rt, loop, from_iso(str(data["at"])), "trigger", run_id, data.get("key"), text)
     if isinstance(claim, Refusal):
         return rt.runs.get(run_id)
     return execute_claim(rt, claim)

@@ -40,8 +40,12 @@ QUEUE_NAME = "loopsq"
 FIRE = "worker.jobs.fire"
 #: Every timer's job id starts with this, then ``<loop id>-<due ms>-<random>``.
 FIRE_PREFIX = "loopsq-fire-"
-#: Results of loopsq's jobs are of no use once the run is recorded; keep them briefly for debugging.
+#: Results of loopsq's one-off jobs (run-now, a workflow run) are of no use once the run is recorded; kept briefly
+#: for debugging.
 RESULT_TTL = 60
+#: A timer's fire job and a trigger's job leave nothing behind once done (RQ deletes the job at once; a result
+#: would cost a stream of ~5 KB per job for a minute, at one job per run): the run is the record.
+NO_RESULT_TTL = 0
 FAILURE_TTL = 7 * 24 * 3600
 
 
@@ -129,7 +133,7 @@ def arm(raw: redis.Redis, keys: Keys, loop_id: str, at: datetime) -> str:
     job_id = f"{prefix}{gen_id()[:6]}"
     # The job, its rq-scheduler entry and the swap of the loop's timer in one round trip (what
     # ``MsScheduler.enqueue_at`` does, pipelined); a replaced entry that is still scheduled is dropped with it.
-    job = sched._create_job(FIRE, args=(loop_id,), timeout=-1, id=job_id, result_ttl=RESULT_TTL,
+    job = sched._create_job(FIRE, args=(loop_id,), timeout=-1, id=job_id, result_ttl=NO_RESULT_TTL,
                             queue_name=QUEUE_NAME, commit=False)
     pipe = raw.pipeline(transaction=True)
     job.save(pipeline=pipe)
@@ -255,10 +259,12 @@ def next_due_in(raw: redis.Redis) -> float | None:
     return float(first[0][1]) - time.time()
 
 
-def enqueue(raw: redis.Redis, func: str, *args: Any, job_id: str | None = None, **kwargs: Any) -> str:
-    """Enqueue a loopsq job now; returns its id."""
+def enqueue(raw: redis.Redis, func: str, *args: Any, job_id: str | None = None, result_ttl: int = RESULT_TTL,
+            **kwargs: Any) -> str:
+    """Enqueue a loopsq job now; returns its id. ``result_ttl``: seconds RQ keeps the finished job and its
+    result (0: deleted when done)."""
     job = queue(raw).enqueue(
-        func, *args, job_id=job_id, job_timeout=-1, result_ttl=RESULT_TTL, failure_ttl=FAILURE_TTL, **kwargs
+        func, *args, job_id=job_id, job_timeout=-1, result_ttl=result_ttl, failure_ttl=FAILURE_TTL, **kwargs
     )
     return str(job.id)
 

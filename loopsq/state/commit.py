@@ -74,7 +74,8 @@ _GUARDS = frozenset({"eq", "absent", "hfeq", "llen"})
 class Tx:
     """A transition under construction: guards, writes and the one change it emits.
 
-    ``upsert``/``delete`` describe the change for mirrors: full entity snapshots per table, and deleted ids.
+    ``upsert``/``delete``/``trimmed`` describe the change for mirrors: full entity snapshots per table, deleted
+    ids, and ids that left Redis's history window (mirrors keep those rows).
     """
 
     type: str
@@ -82,6 +83,7 @@ class Tx:
     ops: list[tuple[str, str, str, str]] = field(default_factory=list)
     upsert: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     delete: dict[str, list[str]] = field(default_factory=dict)
+    trimmed: dict[str, list[str]] = field(default_factory=dict)
     also: list[str] = field(default_factory=list)
 
     # -- guards ---------------------------------------------------------------------------------------------
@@ -162,6 +164,12 @@ class Tx:
         self.delete.setdefault(table, []).append(entity_id)
         return self
 
+    def trim(self, table: str, entity_id: str) -> Tx:
+        """Record that ``entity_id`` left Redis on purpose (it fell out of its history window): mirrors keep
+        their row and mark it archived, unlike ``drop``."""
+        self.trimmed.setdefault(table, []).append(entity_id)
+        return self
+
     def note(self, transition: str) -> Tx:
         """Name a further transition this one includes (e.g. ``loop_advanced`` inside ``run_succeeded``)."""
         if transition and transition != "none":
@@ -177,6 +185,8 @@ class Tx:
             body["upsert"] = self.upsert
         if self.delete:
             body["delete"] = self.delete
+        if self.trimmed:
+            body["trim"] = self.trimmed
         return json.dumps(body, separators=(",", ":"), ensure_ascii=False)
 
 

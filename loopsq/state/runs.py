@@ -17,15 +17,35 @@ import redis
 from loopsq.domain import run_rules as rules
 from loopsq.domain.models import Loop
 from loopsq.domain.run_rules import LoopRun
-from loopsq.domain.timeutil import gen_id, to_iso, to_ms
+from loopsq.domain.timeutil import from_iso, gen_id, to_iso, to_ms
 from loopsq.state.commit import Committer, Tx
 from loopsq.state.keys import Keys
 from loopsq.state.run_moves import LoopMoves, _s
 
 MAX_RETRIES = 50
-#: How long a (loop, slot, attempt) claim is remembered. Far longer than any lease: a claim must never lapse
-#: while its slot could still be re-fired; the run row itself refuses an old slot after that.
+#: The longest a (loop, slot, attempt) claim can outlive its run (its key goes when the attempt settles: from then
+#: on the settled row refuses the slot, and once the row has left the history window the loop's own state does,
+#: since a loop never moves back to a slot it has passed).
 CLAIM_TTL_MS = 30 * 24 * 3600 * 1000
+
+
+def retention_member(loop_id: str) -> str:
+    """A loop's member in ``keys.retention_due``."""
+    return f"loop:{loop_id}"
+
+
+def slot_is_past(loop: Loop, slot_iso: str) -> bool:
+    """A regular slot the loop has already moved past (claimed, skipped or settled before): it is never due again.
+
+    The loop's pending retry is never past; otherwise a slot before the loop's next slot (or any slot while a
+    loop that schedules from the end of a run has none) is. A stale claimer, delayed while the slot's row ran,
+    settled and left the history window, cannot run it a second time.
+    """
+    if loop.retry_scheduled_for == slot_iso:
+        return False
+    if loop.next_run_at is None:
+        return True
+    return to_ms(from_iso(slot_iso)) < to_ms(from_iso(loop.next_run_at))
 
 
 @dataclass(frozen=True)
@@ -49,7 +69,8 @@ class Claim:
 @dataclass(frozen=True)
 class Refusal:
     """A claim that was not won, and why: ``claimed`` (someone else has it), ``done`` (slot settled),
-    ``exhausted`` (no attempts left), ``running`` (the slot's run is still going), ``gone`` (no loop)."""
+    ``exhausted`` (no attempts left), ``running`` (the slot's run is still going), ``gone`` (no loop), ``past``
+    (the loop has moved past this slot: it was handled already; ``slot_is_past``)."""
 
     reason: str
     run: LoopRun | None = None
@@ -103,11 +124,13 @@ class RunStore(LoopMoves):
         source: str = "scheduled",
         run_id: str | None = None,
         idempotency_key: str | None = None,
+        trigger_request: str | None = None,
     ) -> Claim | Refusal:
         """Claim the next attempt of ``(loop, slot)`` for ``owner``: at most one claimer ever wins an attempt.
 
         Scheduled, due-slot and retry-slot claims also move the loop (``runs.after_claim``) in the same
-        transition; ad-hoc and triggered runs never move it.
+        transition; ad-hoc and triggered runs never move it. ``trigger_request``: the pending trigger's request
+        (``keys.trigger(run_id)``) that this claim consumes; a trigger already consumed is refused ``claimed``.
         """
         slot_iso = to_iso(slot)
         for _ in range(MAX_RETRIES):
@@ -125,6 +148,12 @@ class RunStore(LoopMoves):
             stamp = to_iso(now)
             if existing is None and run_id is not None and self.client.exists(self.keys.run(run_id)):
                 return Refusal("claimed", self.get(run_id))
+            moves_loop = source in ("scheduled", "due_slot", "retry_slot")
+            if existing is None and moves_loop and slot_is_past(loop, slot_iso):
+                return Refusal("past")
+            trigger_key = self.keys.trigger(run_id) if trigger_request is not None and run_id else None
+            if trigger_key is not None and _s(self.client.get(trigger_key)) != trigger_request:
+                return Refusal("claimed", self.get(str(run_id)))
             if existing is None:
                 run = LoopRun(
                     id=run_id or gen_id(), loop_id=loop.id, loop_name=loop.name, scheduled_for=slot_iso,
@@ -150,7 +179,6 @@ class RunStore(LoopMoves):
                 lease_expires_at=to_iso(now + timedelta(milliseconds=loop.lease_ms)), source=source,
                 idempotency_key=idempotency_key or run.idempotency_key,
             )
-            moves_loop = source in ("scheduled", "due_slot", "retry_slot")
             new_loop = (
                 rules.after_claim(loop, slot, now, is_retry=loop.retry_scheduled_for == slot_iso) if moves_loop else loop
             )
@@ -172,6 +200,9 @@ class RunStore(LoopMoves):
             if existing is None:
                 created = to_ms(now)
                 tx.zadd(self.keys.runs, created, run.id).zadd(self.keys.loop_runs(loop_id), created, run.id)
+            if trigger_key is not None:
+                # The trigger is consumed with its claim: a duplicate of its job finds nothing left to run.
+                tx.expect(trigger_key, trigger_request).delete_key(trigger_key).zrem(self.keys.triggers, run.id)
             if new_loop != loop:
                 tx.set(self.keys.loop(loop_id), new_loop.to_json()).put("loops", new_loop.to_dict())
                 tx.note("loop_advanced")
@@ -306,6 +337,9 @@ class RunStore(LoopMoves):
                 .delete_key(self.keys.cancel(run_id))
                 .srem(self.keys.running, run_id)
                 .srem(self.keys.loop_active(run.loop_id), run_id)
+                # The attempt is settled: its claim is of no further use (the row refuses the slot from now on).
+                .delete_key(self.keys.claim(run.loop_id, run.scheduled_for, run.attempt))
+                .zadd(self.keys.retention_due, to_ms(now), retention_member(run.loop_id))
                 .put("loop_runs", final.to_dict())
             )
             if run.host:

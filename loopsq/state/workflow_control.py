@@ -8,11 +8,17 @@ from typing import Any
 
 import redis
 
-from loopsq.domain.timeutil import to_iso
+from loopsq.domain.timeutil import to_iso, to_ms
 from loopsq.errors import ConflictError
 from loopsq.state.commit import Tx
 from loopsq.state.keys import Keys
-from loopsq.state.workflow_run_state import MAX_RETRIES, WorkflowRunState, drop_none, dumps_compact
+from loopsq.state.workflow_run_state import (
+    MAX_RETRIES,
+    WorkflowRunState,
+    drop_none,
+    dumps_compact,
+    index_settled,
+)
 
 
 class WorkflowRunControl:
@@ -48,6 +54,7 @@ class WorkflowRunControl:
                 .srem(self.keys.wf_running, run_id)
                 .put("workflow_runs", run)
             )
+            index_settled(tx, self.keys, run, to_ms(now))
             for step_id, step in state.steps.items():
                 if step["status"] in ("pending", "running"):
                     new = drop_none({**step, "status": step_status, "error": error, "pid": None, "updatedAt": stamp})
