@@ -26,7 +26,7 @@ KEEP_MS = 10_000
 #: While the run goes on, the stream outlives its last chunk by this long.
 RUNNING_KEEP_MS = 3_600_000
 #: Output is first sent once the run has gone on this long (what it printed before is in the first chunk).
-FIRST_FLUSH_S = 1.0
+FIRST_FLUSH_S = 0.25
 
 
 class LiveWriter:

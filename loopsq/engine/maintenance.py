@@ -18,6 +18,7 @@ from loopsq.domain.run_rules import LoopRun
 from loopsq.domain.schedules import initial_next_run
 from loopsq.domain.timeutil import from_iso, to_iso, to_ms
 from loopsq.engine import timers
+from loopsq.engine.faults import crash_point
 from loopsq.engine.recovery import live_worker_hosts, recover_runs, recover_workflow_runs
 from loopsq.engine.runtime import Runtime
 from loopsq.state.commit import Tx
@@ -115,7 +116,8 @@ def maintain(rt: Runtime, now: datetime | None = None) -> Report:
 def trim_history(rt: Runtime, now: datetime) -> TrimReport:
     """Trim what fell out of the history windows (a bounded batch), then the change stream behind its mirrors."""
     windows = Windows(limits.keep_runs(), limits.keep_workflow_runs())
-    report = Retention(rt.client, rt.keys, rt.committer).trim_due(now, windows)
+    report = Retention(rt.client, rt.keys, rt.committer).trim_due(now, windows,
+                                                                  after_trim=lambda: crash_point("mid_trim"))
     trim_stream(rt.client, rt.keys, limits.mirror_idle_ms())
     return report
 

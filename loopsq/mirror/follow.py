@@ -24,8 +24,16 @@ from typing import Any
 import redis
 
 from loopsq.domain import timeutil
-from loopsq.mirror.apply import REDIS_INSTANCE_KEY, apply_changes, get_meta, last_applied_id
+from loopsq.mirror.apply import (
+    LAST_APPLIED_KEY,
+    REDIS_INSTANCE_KEY,
+    apply_changes,
+    get_meta,
+    last_applied_id,
+    set_meta,
+)
 from loopsq.mirror.merge import merge_all
+from loopsq.mirror.schema import transaction
 from loopsq.state.keys import Keys
 from loopsq.state.snapshot import snapshot_tables
 from loopsq.system.procs import hostname
@@ -104,9 +112,30 @@ def rebuild(client: redis.Redis, keys: Keys, conn: sqlite3.Connection) -> int:
     tail = _entries([(keys.changes, client.xrevrange(keys.changes, "+", "-", count=1))])
     tail_id = tail[0][0] if tail else "0-0"
     instance = _str(client.get(keys.instance))
+    _replay_until(client, keys, conn, tail_id, same_dataset=instance == get_meta(conn, INSTANCE_META))
     tables = snapshot_tables(client, keys)
     return merge_all(conn, tables, tail_id, {INSTANCE_META: str(instance)} if instance else None,
                      at=timeutil.to_iso(timeutil.now()))
+
+
+def _replay_until(client: redis.Redis, keys: Keys, conn: sqlite3.Connection, tail_id: str, *,
+                  same_dataset: bool) -> None:
+    """Before a rebuild merges Redis's entities, apply what the stream still holds up to ``tail_id``, even past a
+    gap: a run trimmed from Redis since then has its final state there, and the mirror keeps it archived. (Rows
+    Redis still has are rewritten from its entities by the merge anyway.)"""
+    last = last_applied_id(conn) if same_dataset else None
+    if not same_dataset and last_applied_id(conn) is not None:
+        with transaction(conn):
+            set_meta(conn, LAST_APPLIED_KEY, "0-0")  # another dataset's stream: its ids say nothing about ours
+    start = f"({last}" if last else "-"
+    while True:
+        entries = _entries([(keys.changes, client.xrange(keys.changes, start, tail_id, count=BATCH))])
+        if not entries:
+            return
+        apply_changes(conn, [parse_entry(i, f) for i, f in entries])
+        if len(entries) < BATCH:
+            return
+        start = f"({entries[-1][0]}"
 
 
 def mirror_id(db_path: str) -> str:

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, cast
@@ -104,8 +104,10 @@ class Retention:
         self._settle = client.register_script(_SETTLE_DUE)
 
     # -- the pass -------------------------------------------------------------------------------------------
-    def trim_due(self, now: datetime, windows: Windows, *, max_runs: int = MAX_RUNS_PER_PASS) -> TrimReport:
-        """Trim the owners due at ``now``, at most ``max_runs`` runs in all."""
+    def trim_due(self, now: datetime, windows: Windows, *, max_runs: int = MAX_RUNS_PER_PASS,
+                 after_trim: Callable[[], None] | None = None) -> TrimReport:
+        """Trim the owners due at ``now``, at most ``max_runs`` runs in all. ``after_trim`` is called after each
+        trim transition (crash tests kill the process there)."""
         report = TrimReport()
         due = cast(list[tuple[Any, float]], self.client.zrangebyscore(
             self.keys.retention_due, "-inf", to_ms(now), start=0, num=MAX_OWNERS, withscores=True))
@@ -122,9 +124,12 @@ class Retention:
             else:
                 plan = None
             report.owners += 1
-            if plan is not None and plan.tx.ops and not self.committer.commit(plan.tx).ok:
-                log.info("trim of %s raced with a change; trying again next pass", member)
-                continue  # left due: the next pass re-reads it
+            if plan is not None and plan.tx.ops:
+                if not self.committer.commit(plan.tx).ok:
+                    log.info("trim of %s raced with a change; trying again next pass", member)
+                    continue  # left due: the next pass re-reads it
+                if after_trim is not None:
+                    after_trim()
             if plan is None:
                 self._settle(keys=[self.keys.retention_due], args=[member, repr(score), ""])
                 continue

@@ -29,7 +29,7 @@ else
   before = redis.call('XREVRANGE', KEYS[1], '(' .. ARGV[1], '-', 'COUNT', margin)
 end
 if #before < margin then return 0 end
-return redis.call('XTRIM', KEYS[1], 'MINID', '~', before[#before][1])
+return redis.call('XTRIM', KEYS[1], 'MINID', before[#before][1])
 """
 
 
