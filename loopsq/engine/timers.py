@@ -102,13 +102,16 @@ return false
 
 
 # Schedule the new entry, make it the loop's timer, and drop the entry it replaces if that is still scheduled, or
-# if it was taken by a worker that is gone (``take_fire``; RQ never saw it, so nothing else would delete it).
+# if it was taken by a worker that is gone (``take_fire``; RQ never saw it, so nothing else would delete it). A
+# scheduled entry rq-scheduler is moving right now (it enqueues the job before it removes the entry) keeps its
+# job hash: a worker may be running it, and RQ deletes it when done (fire jobs keep no result).
 _SWAP = """
 redis.call('ZADD', KEYS[1], ARGV[2], ARGV[1])
 local previous = redis.call('GETSET', KEYS[2], ARGV[1])
 if previous and previous ~= ARGV[1] then
   if redis.call('ZREM', KEYS[1], previous) == 1 then
-    redis.call('DEL', ARGV[3] .. previous)
+    local status = redis.call('HGET', ARGV[3] .. previous, 'status')
+    if status ~= 'queued' and status ~= 'started' then redis.call('DEL', ARGV[3] .. previous) end
   else
     local taken = redis.call('HMGET', ARGV[3] .. previous, 'loopsq_taken', 'worker_name')
     if taken[1] and taken[2] and redis.call('EXISTS', ARGV[4] .. taken[2]) == 0 then
@@ -154,9 +157,18 @@ def _text(value: bytes | str) -> str:
     return value.decode() if isinstance(value, bytes) else value
 
 
+# Unschedule a timer entry; its job hash goes too unless rq-scheduler is moving it onto the queue right now.
+_DROP = """
+if redis.call('ZREM', KEYS[1], ARGV[1]) == 1 then
+  local status = redis.call('HGET', KEYS[2], 'status')
+  if status ~= 'queued' and status ~= 'started' then redis.call('DEL', KEYS[2]) end
+end
+return 1
+"""
+
+
 def _drop(raw: redis.Redis, sched: MsScheduler, job_id: str) -> None:
-    if raw.zrem(sched.scheduled_jobs_key, job_id):
-        raw.delete(Job.key_for(job_id))
+    raw.eval(_DROP, 2, sched.scheduled_jobs_key, Job.key_for(job_id), job_id)
 
 
 def armed_state(raw: redis.Redis, keys: Keys, loop_ids: list[str]) -> dict[str, tuple[float | None, str | None]]:
