@@ -1,6 +1,7 @@
 """Applying change-stream entries to the SQLite mirror: idempotent upserts and deletes, row <-> entity mapping.
 
-A change carries FULL snapshots (camelCase entities, as stored in Redis) under ``upsert``, ids under ``delete``,
+A change carries FULL snapshots (camelCase entities, as stored in Redis) under ``upsert``, the changed fields of
+rows the mirror holds under ``patch`` (a field set to null is cleared), ids under ``delete``,
 and under ``trim`` the ids of runs that left Redis's history window: their rows stay, with ``archived_at`` set
 (the mirror is the archive). ``apply_changes`` applies a batch in one transaction, skipping every change whose
 stream id is not greater than the last one applied, so replays and redeliveries change nothing.
@@ -215,12 +216,17 @@ def apply_one(conn: sqlite3.Connection, change: Mapping[str, Any]) -> None:
     upserts = change.get("upsert") or {}
     deletes = change.get("delete") or {}
     trims = change.get("trim") or {}
-    if not isinstance(upserts, Mapping) or not isinstance(deletes, Mapping) or not isinstance(trims, Mapping):
-        raise LoopsqError(f"malformed change {change.get('id')!r}: 'upsert', 'delete' and 'trim' must be objects")
+    patches = change.get("patch") or {}
+    if not all(isinstance(part, Mapping) for part in (upserts, deletes, trims, patches)):
+        raise LoopsqError(
+            f"malformed change {change.get('id')!r}: 'upsert', 'patch', 'delete' and 'trim' must be objects")
     for table, entities in upserts.items():
         _columns(table)
         for entity in entities:
             _upsert(conn, table, entity)
+    for table, changed in patches.items():
+        for fields in changed:
+            _patch(conn, table, fields)
     for table, ids in deletes.items():
         _columns(table)
         conn.executemany(f"DELETE FROM {table} WHERE id = ?", [(entity_id,) for entity_id in ids])
@@ -230,6 +236,17 @@ def apply_one(conn: sqlite3.Connection, change: Mapping[str, Any]) -> None:
         at = str(change.get("at") or "")
         conn.executemany(f"UPDATE {table} SET archived_at = ? WHERE id = ? AND archived_at IS NULL",
                          [(at, entity_id) for entity_id in ids])
+
+
+def _patch(conn: sqlite3.Connection, table: str, fields: Mapping[str, Any]) -> None:
+    """Set the changed fields of a row the mirror holds (a row it does not hold is left to its full snapshot)."""
+    if not isinstance(fields, Mapping) or not isinstance(fields.get("id"), str):
+        raise LoopsqError(f"malformed {table} patch: expected an object with a string 'id'")
+    params = {column: value for column, value in entity_to_params(table, fields).items()
+              if entity_key(column) in fields and column != "id"}
+    if params:
+        assignments = ", ".join(f"{column} = :{column}" for column in params)
+        conn.execute(f"UPDATE {table} SET {assignments} WHERE id = :id", {**params, "id": fields["id"]})
 
 
 def _upsert(conn: sqlite3.Connection, table: str, entity: Mapping[str, Any]) -> None:

@@ -54,6 +54,7 @@ def parse_entry(entry_id: str, fields: dict[str, str]) -> dict[str, Any]:
         "upsert": data.get("upsert", {}),
         "delete": data.get("delete", {}),
         "trim": data.get("trim", {}),
+        "patch": data.get("patch", {}),
     }
 
 

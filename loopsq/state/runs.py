@@ -234,7 +234,7 @@ class RunStore(LoopMoves):
                 .expect(self.keys.lease(run_id), token)
                 .expect(self.keys.run(run_id), raw)
                 .set(self.keys.run(run_id), new.to_json())
-                .put("loop_runs", new.to_dict())
+                .patch("loop_runs", run.to_dict(), new.to_dict())
             )
             if new.host and new.pid is not None and new.pid != run.pid:
                 tx.sadd(self.keys.host_runs(new.host), run_id)  # its process started there
@@ -273,7 +273,7 @@ class RunStore(LoopMoves):
                 .expect(self.keys.run(run_id), raw)
                 .set(self.keys.lease(run_id), token, px=lease_ms)
                 .set(self.keys.run(run_id), new.to_json())
-                .put("loop_runs", new.to_dict())
+                .patch("loop_runs", run.to_dict(), new.to_dict())
             )
             result = self.committer.commit(tx)
             if result.ok:

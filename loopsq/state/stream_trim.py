@@ -17,7 +17,7 @@ import redis
 from loopsq.state.keys import Keys
 
 #: Entries kept before the oldest one a live mirror group still needs (a rebuilding mirror's replay, a CLI read).
-STREAM_MARGIN = 200
+STREAM_MARGIN = 100
 
 # Keep everything from ARGV[1] on (all but the newest margin entries when empty), plus the margin before it.
 _TRIM = """

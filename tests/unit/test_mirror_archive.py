@@ -114,3 +114,16 @@ def test_a_flushed_redis_keeps_the_old_runs_archived(client: redis.Redis, tmp_pa
     assert [loop["name"] for loop in queries.list_loops(conn)] == ["fresh"]
     runs = queries.list_runs(conn, loop_name="l")
     assert {r["id"] for r in runs} == set(ids) and all(r.get("archivedAt") for r in runs)
+
+
+def test_a_patch_sets_only_the_fields_it_names_and_clears_those_set_to_null(tmp_path: Path) -> None:
+    conn = open_db(tmp_path / "m.db")
+    row = {**run_entity("r1"), "status": "running", "leaseExpiresAt": "2026-01-01T00:30:00.000Z",
+           "previousAttempts": [{"attempt": 1, "stdout": "x" * 2048}]}
+    apply_changes(conn, [{"id": "1-0", "upsert": {"loop_runs": [row]}},
+                         {"id": "2-0", "patch": {"loop_runs": [{"id": "r1", "pid": 42, "leaseExpiresAt": None}]}},
+                         {"id": "3-0", "patch": {"loop_runs": [{"id": "absent", "pid": 7}]}}])
+    got = queries.get_run(conn, "r1")
+    assert got is not None
+    assert (got["pid"], got.get("leaseExpiresAt"), got["previousAttempts"]) == (42, None, row["previousAttempts"])
+    assert queries.get_run(conn, "absent") is None  # a row the mirror does not hold waits for its snapshot

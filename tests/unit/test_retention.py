@@ -247,3 +247,18 @@ def test_a_pass_trims_a_bounded_batch_and_leaves_the_rest_due(client: redis.Redi
     while trim(client).loop_runs:
         pass
     assert run_ids(client, loop_id) == ids[4:]
+
+
+def test_a_running_runs_pid_and_lease_entries_carry_only_what_changed(client: redis.Redis) -> None:
+    loop_id = make_loop(client, maxAttempts=2, retryDelayMs=1)
+    settle(client, loop_id, status="failed")  # its retry carries the first attempt's output along
+    claim = claim_next(client, loop_id)
+    assert claim.run.previous_attempts
+    store = RunStore(client, KEYS)
+    store.mark_started(claim.run.id, claim.token, T0 + timedelta(seconds=3), pid=42, pid_start_time=1.5, host="h")
+    assert store.renew_lease(claim.run.id, claim.token, 60_000, T0 + timedelta(seconds=4))
+    started, renewed = [json.loads(f["data"]) for _, f in client.xrange(KEYS.changes)[-2:]]
+    assert started == {"patch": {"loop_runs": [{"id": claim.run.id, "pid": 42, "pidStartTime": 1.5, "host": "h",
+                                                "updatedAt": "2026-01-01T00:00:03.000Z"}]}}
+    assert renewed == {"patch": {"loop_runs": [{"id": claim.run.id,
+                                                "leaseExpiresAt": "2026-01-01T00:01:04.000Z"}]}}
