@@ -116,8 +116,9 @@ def maintain(rt: Runtime, now: datetime | None = None) -> Report:
 def trim_history(rt: Runtime, now: datetime) -> TrimReport:
     """Trim what fell out of the history windows (a bounded batch), then the change stream behind its mirrors."""
     windows = Windows(limits.keep_runs(), limits.keep_workflow_runs())
-    report = Retention(rt.client, rt.keys, rt.committer).trim_due(now, windows,
-                                                                  after_trim=lambda: crash_point("mid_trim"))
+    retention = Retention(rt.client, rt.keys, rt.committer)
+    retention.seed(now)  # once: what was written before history windows
+    report = retention.trim_due(now, windows, after_trim=lambda: crash_point("mid_trim"))
     trim_stream(rt.client, rt.keys, limits.mirror_idle_ms())
     return report
 

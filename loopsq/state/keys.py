@@ -200,3 +200,8 @@ class Keys:
         """Sorted set: ``loop:<id>`` / ``workflow:<id>`` whose history window may need trimming, scored by when
         to look (ms). Whatever settles a run adds its owner; maintenance trims in bounded batches from here."""
         return self._k("retention", "due")
+
+    @property
+    def retention_seeded(self) -> str:
+        """String: set once every loop and workflow that existed before history windows was marked due."""
+        return self._k("retention", "seeded")

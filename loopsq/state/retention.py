@@ -104,6 +104,18 @@ class Retention:
         self._settle = client.register_script(_SETTLE_DUE)
 
     # -- the pass -------------------------------------------------------------------------------------------
+    def seed(self, now: datetime) -> int:
+        """Once per deployment: mark every loop and workflow due, so history written before windows existed (or
+        by a loop that settles nothing any more) is trimmed too. Returns how many were marked (0 after the first
+        time)."""
+        if not self.client.set(self.keys.retention_seeded, to_iso(now), nx=True):
+            return 0
+        members = [f"loop:{_s(i)}" for i in self.client.smembers(self.keys.loops)]
+        members += [f"workflow:{_s(i)}" for i in self.client.smembers(self.keys.workflows)]
+        for start in range(0, len(members), 1000):
+            self.client.zadd(self.keys.retention_due, {m: to_ms(now) for m in members[start:start + 1000]})
+        return len(members)
+
     def trim_due(self, now: datetime, windows: Windows, *, max_runs: int = MAX_RUNS_PER_PASS,
                  after_trim: Callable[[], None] | None = None) -> TrimReport:
         """Trim the owners due at ``now``, at most ``max_runs`` runs in all. ``after_trim`` is called after each

@@ -125,3 +125,25 @@ def test_create_keep_runs_reaches_the_api_body_shape(cli: Cli) -> None:
     created = cli.json("create", "command", "c", "--every", "1h", "--cmd", "true", "--keep-runs", "3")
     stored = json.loads(cli.redis.get(KEYS.loop(created["id"])))
     assert stored["keepRuns"] == 3
+
+
+def test_a_workflow_run_past_its_window_is_still_inspected_from_the_mirror(
+    cli: Cli, clock: list[int], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    spec = tmp_path / "wf.json"
+    spec.write_text(json.dumps({"name": "wf", "steps": [{"id": "a", "target": {"type": "command", "command": "true"}}]}))
+    cli.ok("workflows", "create", str(spec))
+    cli.ok("workflows", "runs")  # the mirror exists from here on
+    ids = []
+    for _ in range(3):
+        clock[0] += 1
+        ids.append(cli.ok("workflows", "run", "wf", "--local").split()[0])
+    monkeypatch.setenv("LOOPSQ_KEEP_WORKFLOW_RUNS", "1")
+    clock[0] += 1
+    cli.ok("tick")
+    assert not cli.redis.exists(KEYS.wf_run(ids[0]))
+    assert [r["id"] for r in cli.json("workflows", "runs", "wf")] == list(reversed(ids))
+    inspected = cli.ok("workflows", "inspect", ids[0]).splitlines()
+    assert inspected == [f"{ids[0]}  succeeded  wf", "  00  succeeded   a", "  events=4"]
+    events = [line.split()[1] for line in cli.ok("workflows", "events", ids[0]).splitlines()]
+    assert events == ["created", "step_started", "step_succeeded", "succeeded"]

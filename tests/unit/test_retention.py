@@ -262,3 +262,22 @@ def test_a_running_runs_pid_and_lease_entries_carry_only_what_changed(client: re
                                                 "updatedAt": "2026-01-01T00:00:03.000Z"}]}}
     assert renewed == {"patch": {"loop_runs": [{"id": claim.run.id,
                                                 "leaseExpiresAt": "2026-01-01T00:01:04.000Z"}]}}
+
+
+def test_history_from_before_windows_is_marked_due_once(client: redis.Redis) -> None:
+    loop_id = make_loop(client, keepRuns=1)
+    ids = [settle(client, loop_id) for _ in range(3)]
+    client.delete(KEYS.retention_due)  # as a deployment written before history windows has it
+    retention = Retention(client, KEYS)
+    assert retention.seed(T0) == 1
+    assert retention.seed(T0) == 0
+    assert trim(client).loop_runs == 2
+    assert run_ids(client, loop_id) == ids[2:]
+
+
+def test_the_sdk_takes_keep_runs(client: redis.Redis) -> None:
+    from loopsq.sdk import LoopsClient
+
+    loop = LoopsClient(client=client).create({"name": "s", "schedule": {"type": "interval", "everyMs": 1000},
+                                             "target": {"type": "command", "command": "true"}, "keepRuns": 5})
+    assert (loop.keep_runs, json.loads(client.get(KEYS.loop(loop.id)))["keepRuns"]) == (5, 5)
