@@ -222,15 +222,15 @@ def test_a_scheduler_killed_mid_trim_leaves_every_run_whole_or_gone(cluster: Clu
 
 @pytest.mark.timeout(60)
 def test_a_short_run_leaves_no_live_stream_and_a_long_ones_goes_soon_after_it_ends(cluster: Cluster) -> None:
-    cluster.start_all(workers=1)
+    cluster.start_all(workers=2)
     at = to_iso(timeutil.now() + timedelta(seconds=1))
+    cluster.create("long", "echo one; sleep 3; echo two", "--at", at)
     cluster.create("short", "echo quick", "--at", at)
-    cluster.create("long", "echo one; sleep 1.6; echo two", "--at", at)
     cluster.start("scheduler")
-    short = cluster.wait_until(lambda: next((r for r in cluster.runs("short") if r.terminal), None), 20, "short")
     long_run = cluster.wait_until(lambda: next((r for r in cluster.runs("long") if r.status == "running"), None), 20,
                                   "long to start")
     cluster.wait_until(lambda: cluster.client.exists(KEYS.live(long_run.id)), 10, "long's live output")
+    short = cluster.wait_until(lambda: next((r for r in cluster.runs("short") if r.terminal), None), 20, "short")
     assert not cluster.client.exists(KEYS.live(short.id))
     cluster.wait_until(lambda: (r := cluster.run(long_run.id)) is not None and r.terminal, 20, "long to end")
     assert 0 < cluster.client.pttl(KEYS.live(long_run.id)) <= 10_000
