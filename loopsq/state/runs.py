@@ -17,7 +17,7 @@ import redis
 from loopsq.domain import run_rules as rules
 from loopsq.domain.models import Loop
 from loopsq.domain.run_rules import LoopRun
-from loopsq.domain.timeutil import from_iso, gen_id, to_iso, to_ms
+from loopsq.domain.timeutil import gen_id, to_iso, to_ms
 from loopsq.state.commit import Committer, Tx
 from loopsq.state.keys import Keys
 from loopsq.state.run_moves import LoopMoves, _s
@@ -34,18 +34,6 @@ def retention_member(loop_id: str) -> str:
     return f"loop:{loop_id}"
 
 
-def slot_is_past(loop: Loop, slot_iso: str) -> bool:
-    """A regular slot the loop has already moved past (claimed, skipped or settled before): it is never due again.
-
-    The loop's pending retry is never past; otherwise a slot before the loop's next slot (or any slot while a
-    loop that schedules from the end of a run has none) is. A stale claimer, delayed while the slot's row ran,
-    settled and left the history window, cannot run it a second time.
-    """
-    if loop.retry_scheduled_for == slot_iso:
-        return False
-    if loop.next_run_at is None:
-        return True
-    return to_ms(from_iso(slot_iso)) < to_ms(from_iso(loop.next_run_at))
 
 
 @dataclass(frozen=True)
@@ -70,7 +58,7 @@ class Claim:
 class Refusal:
     """A claim that was not won, and why: ``claimed`` (someone else has it), ``done`` (slot settled),
     ``exhausted`` (no attempts left), ``running`` (the slot's run is still going), ``gone`` (no loop), ``past``
-    (the loop has moved past this slot: it was handled already; ``slot_is_past``)."""
+    (the loop has moved past this slot: it was handled already; ``run_rules.slot_is_past``)."""
 
     reason: str
     run: LoopRun | None = None
@@ -149,7 +137,7 @@ class RunStore(LoopMoves):
             if existing is None and run_id is not None and self.client.exists(self.keys.run(run_id)):
                 return Refusal("claimed", self.get(run_id))
             moves_loop = source in ("scheduled", "due_slot", "retry_slot")
-            if existing is None and moves_loop and slot_is_past(loop, slot_iso):
+            if existing is None and moves_loop and rules.slot_is_past(loop, slot_iso):
                 return Refusal("past")
             trigger_key = self.keys.trigger(run_id) if trigger_request is not None and run_id else None
             if trigger_key is not None and _s(self.client.get(trigger_key)) != trigger_request:

@@ -281,3 +281,15 @@ def test_the_sdk_takes_keep_runs(client: redis.Redis) -> None:
     loop = LoopsClient(client=client).create({"name": "s", "schedule": {"type": "interval", "everyMs": 1000},
                                              "target": {"type": "command", "command": "true"}, "keepRuns": 5})
     assert (loop.keep_runs, json.loads(client.get(KEYS.loop(loop.id)))["keepRuns"]) == (5, 5)
+
+
+def test_a_slot_before_the_loops_next_one_is_past_but_never_its_pending_retry() -> None:
+    from loopsq.domain.run_rules import slot_is_past
+
+    loop = new_loop({"name": "p", "timezone": "UTC", "schedule": {"type": "interval", "everyMs": 1000},
+                     "target": {"type": "command", "command": "true"}}, T0)
+    nxt = str(loop.next_run_at)
+    before = to_iso(from_iso(nxt) - timedelta(seconds=1))
+    assert (slot_is_past(loop, before), slot_is_past(loop, nxt)) == (True, False)
+    assert not slot_is_past(loop.with_changes(retry_scheduled_for=before), before)
+    assert slot_is_past(loop.with_changes(next_run_at=None), nxt)  # running a fixed-delay loop: nothing is due
