@@ -69,14 +69,16 @@ class Harness:
         return server
 
     # -- processes --------------------------------------------------------------------------------------------
-    def spawn(self, args: Sequence[str], log_name: str, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
-        """Start ``args`` as the leader of a new process group, output to ``<dir>/<log_name>.log``."""
+    def spawn(self, args: Sequence[str], log_name: str, env: dict[str, str] | None = None,
+              cwd: Path | None = None) -> subprocess.Popen[bytes]:
+        """Start ``args`` as the leader of a new process group, output to ``<dir>/<log_name>.log`` (in ``cwd``,
+        default this checkout)."""
         full_env = dict(os.environ)
         full_env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(BENCH), full_env.get("PYTHONPATH", "")])
         full_env.update(env or {})
         log = open(self.dir / f"{log_name}.log", "ab")  # noqa: SIM115 - the child owns it
         proc = subprocess.Popen(list(args), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                env=full_env, cwd=str(ROOT), start_new_session=True)
+                                env=full_env, cwd=str(cwd or ROOT), start_new_session=True)
         log.close()
         self.procs.append(proc)
         return proc

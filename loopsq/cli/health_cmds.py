@@ -26,8 +26,9 @@ def doctor() -> None:
 @click.command("status")
 @json_flag
 def status() -> None:
-    """Live schedulers and workers (host, pid, current runs), queue depth, mirror lag, loops and runs by status."""
-    from loopsq.ops.health import status_report
+    """Live schedulers and workers (host, pid, current runs), queue depth, mirror lag, Redis memory, loops and runs
+    by status."""
+    from loopsq.ops.health import memory_line, status_report
 
     app = get_app()
     report = status_report(app.client(), app.keys, app.mirror())
@@ -40,6 +41,7 @@ def status() -> None:
             runs = ",".join(p.get("runs") or []) or "-"
             lines.append(f"  {p['id']}  host={p['host']} pid={p['pid']} runs={runs}")
         lines.append(f"queue: {report['queueDepth']}  timers: {report['timersArmed']}  mirror lag: {report['mirrorLag']}")
+        lines.append(f"redis memory: {memory_line(report['redisMemory'])}")
         lines.append("loops: " + (" ".join(f"{k}={v}" for k, v in sorted(report["loops"].items())) or "none"))
         lines.append("runs: " + (" ".join(f"{k}={v}" for k, v in sorted(report["runs"].items())) or "none"))
         return "\n".join(lines)

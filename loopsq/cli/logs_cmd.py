@@ -20,6 +20,7 @@ from loopsq.cli.app import App, get_app, json_flag
 from loopsq.domain.run_rules import LoopRun
 from loopsq.engine import timers
 from loopsq.errors import NotFoundError
+from loopsq.mirror import queries
 from loopsq.state.workflow_run_state import WorkflowRunState
 from loopsq.state.workflow_runs import WorkflowRunStore
 
@@ -126,12 +127,36 @@ def resolve_sources(app: App, run_id: str, step_id: str | None) -> list[Source]:
     if state is None:
         if app.client().exists(app.keys.live(run_id, step_id)):  # its record is gone, its live window not yet
             return [_run_source(app, run_id)] if step_id is None else [_step_source(app, store, run_id, step_id)]
-        raise NotFoundError(f"run not found: {run_id}")
+        return _archived_sources(app, run_id, step_id)
     if step_id is not None:
         if step_id not in state.steps:
             raise NotFoundError(f"workflow step not found: {run_id}/{step_id}")
         return [_step_source(app, store, state.run_id, step_id)]
     return [_step_source(app, store, state.run_id, str(s["stepId"])) for s in state.ordered_steps()]
+
+
+def _archived_sources(app: App, run_id: str, step_id: str | None) -> list[Source]:
+    """A run past Redis's history window, from the mirror (the archive): it ended long ago.
+
+    Raises:
+        NotFoundError: ``run not found: <id>`` or ``workflow step not found: <run>/<step>``.
+    """
+    conn = app.mirror()
+
+    def stored(row: dict[str, Any]) -> Callable[[], tuple[bool, str, str]]:
+        return lambda: (True, str(row.get("stdout") or ""), str(row.get("stderr") or ""))
+
+    if queries.get_workflow_run(conn, run_id) is not None:
+        steps = queries.list_step_runs(conn, run_id)
+        if step_id is not None:
+            steps = [s for s in steps if s["stepId"] == step_id]
+            if not steps:
+                raise NotFoundError(f"workflow step not found: {run_id}/{step_id}")
+        return [Source(run_id, str(s["stepId"]), app.keys.live(run_id, str(s["stepId"])), stored(s)) for s in steps]
+    row = queries.get_run(conn, run_id)
+    if row is None or step_id is not None:
+        raise NotFoundError(f"run not found: {run_id}" if row is None else f"workflow step not found: {run_id}/{step_id}")
+    return [Source(run_id, None, app.keys.live(run_id), stored(row))]
 
 
 def _print_stored(printer: Printer, source: Source, stdout: str, stderr: str) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import click
 
 from loopsq.cli.app import get_app, json_flag
@@ -9,6 +11,7 @@ from loopsq.domain.models import LOOP_STATUSES, Loop
 from loopsq.domain.redaction import public_loop
 from loopsq.errors import NotFoundError, ValidationError
 from loopsq.mirror import queries
+from loopsq.system import limits
 
 
 @click.command("list")
@@ -32,12 +35,21 @@ def list_loops(status: str | None) -> None:
 @click.argument("id_or_name")
 @json_flag
 def show(id_or_name: str) -> None:
-    """Show one loop as JSON (prompts and env redacted)."""
+    """Show one loop as JSON (prompts and env redacted), with its history window in Redis."""
     app = get_app()
     loop = queries.find_loop(app.mirror(), id_or_name)
     if loop is None:
         raise NotFoundError(f"loop not found: {id_or_name}")
-    app.emit(public_loop(loop))
+    app.emit({**public_loop(loop), "historyWindow": history_window(loop)})
+
+
+def history_window(loop: dict[str, Any]) -> dict[str, Any]:
+    """How many settled runs Redis keeps for ``loop``, and where that number comes from (the loop's own
+    ``keepRuns``, else the deployment default ``LOOPSQ_KEEP_RUNS``)."""
+    own = loop.get("keepRuns")
+    if own is not None:
+        return {"keepRuns": own, "source": "loop"}
+    return {"keepRuns": limits.keep_runs(), "source": limits.KEEP_RUNS_ENV}
 
 
 def _status_line(loop: Loop) -> None:

@@ -25,7 +25,8 @@ log = logging.getLogger("loopsq.mirror")
 
 
 @click.command("mirror")
-@click.option("--rebuild", "do_rebuild", is_flag=True, help="Recreate every row from Redis alone, then exit.")
+@click.option("--rebuild", "do_rebuild", is_flag=True,
+              help="Merge everything Redis holds into the mirror (archived runs are kept), then exit.")
 @click.option("--once", is_flag=True, help="Apply the pending changes once, then exit.")
 @json_flag
 def mirror(do_rebuild: bool, once: bool) -> None:
@@ -39,13 +40,16 @@ def mirror(do_rebuild: bool, once: bool) -> None:
     conn = open_db(path)
     try:
         if do_rebuild:
-            rebuild(client, app.keys, conn)
+            kept = rebuild(client, app.keys, conn)
             catch_up(client, app.keys, conn)
             counts = {
                 "loops": queries.count_loops(conn),
                 "workflows": len(queries.list_workflows(conn, status=None, limit=1_000_000)),
+                "archivedKept": kept,
             }
-            app.emit({"rebuilt": str(path), **counts}, f"rebuilt {path}: loops={counts['loops']} workflows={counts['workflows']}")
+            app.emit({"rebuilt": str(path), **counts},
+                     f"rebuilt {path}: loops={counts['loops']} workflows={counts['workflows']} "
+                     f"kept {kept} archived run(s) that Redis no longer holds")
             return
         if once:
             applied = catch_up(client, app.keys, conn)

@@ -76,6 +76,9 @@ def schedule_options(fn: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--lease", metavar="DURATION", default="30m", show_default=True, help="Run lease length."),
         click.option("--expires-at", metavar="TIME", help="Stop scheduling after TIME."),
         click.option("--pause-after-failures", metavar="N", help="Pause after N consecutive failed runs."),
+        click.option("--keep-runs", metavar="N",
+                     help="Settled runs Redis keeps for this loop [LOOPSQ_KEEP_RUNS, 100]; older ones stay in the "
+                          "mirrors."),
         click.option("-d", "--description", metavar="TEXT", help="Description."),
     ]
     for opt in reversed(opts):
@@ -119,7 +122,8 @@ def schedule_body(opts: dict[str, Any], timezone: str) -> dict[str, Any]:
 
 
 def policy_body(opts: dict[str, Any], timezone: str) -> dict[str, Any]:
-    """Policies (catch-up, overlap, attempts, retry, lease, expiry, failure streak) from their flags."""
+    """Policies (catch-up, overlap, attempts, retry, lease, expiry, failure streak, history window) from their
+    flags."""
     catch_up = opts["catch_up"]
     if catch_up not in CATCH_UP_POLICIES:
         raise ValidationError(f"--catch-up must be none, latest, or all, got {_q(catch_up)}")
@@ -148,6 +152,8 @@ def policy_body(opts: dict[str, Any], timezone: str) -> dict[str, Any]:
         body["expiresAt"] = to_iso(parse_time(opts["expires_at"], timezone, "--expires-at"))
     if opts.get("pause_after_failures") is not None:
         body["pauseAfterFailures"] = positive_int_flag("--pause-after-failures", opts["pause_after_failures"])
+    if opts.get("keep_runs") is not None:
+        body["keepRuns"] = positive_int_flag("--keep-runs", opts["keep_runs"])
     if opts.get("description") is not None:
         body["description"] = opts["description"]
     return body

@@ -21,7 +21,10 @@ def _logging(name: str) -> None:
 def scheduler(poll_ms: int) -> None:
     """Run a scheduler: move due timers to the queue and run maintenance (any number may run)."""
     from loopsq.engine.scheduler_process import run_scheduler
+    from loopsq.system import limits
 
+    # Bad retention settings are bad input (exit 2) at start, not an error on every maintenance pass.
+    limits.keep_runs(), limits.keep_workflow_runs(), limits.mirror_idle_ms()
     app = get_app()  # no fail-fast ping: an unreachable Redis is waited for; a configuration error ends it (3)
     _logging("scheduler")
     stop = threading.Event()

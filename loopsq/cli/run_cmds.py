@@ -136,20 +136,20 @@ def tick() -> None:
 @click.option("--show-output", is_flag=True, help="Show stdout and stderr (redacted otherwise).")
 @json_flag
 def runs(id_or_name: str | None, limit: int, status: str | None, show_output: bool) -> None:
-    """Run history, newest first."""
+    """Run history, newest first, from the mirror (runs past Redis's window and of removed loops too)."""
     if status is not None and status not in RUN_STATUSES:
         raise ValidationError(f"--status must be one of {', '.join(RUN_STATUSES)}, got '{status}'")
     if limit <= 0:
         raise ValidationError(f"--limit must be a positive integer, got '{limit}'")
     app = get_app()
     conn = app.mirror()
-    loop_id = None
+    owner: dict[str, str] = {}
     if id_or_name is not None:
-        loop = queries.find_loop(conn, id_or_name)
-        if loop is None:
+        found = queries.run_filter(conn, id_or_name)  # a removed loop's runs too, by its id or name
+        if found is None:
             raise NotFoundError(f"loop not found: {id_or_name}")
-        loop_id = loop["id"]
-    rows = queries.list_runs(conn, loop_id=loop_id, status=status, limit=limit)
+        owner = found
+    rows = queries.list_runs(conn, status=status, limit=limit, **owner)
 
     def human() -> str:
         lines = []

@@ -105,6 +105,7 @@ def new_loop(body: Mapping[str, Any], now: datetime) -> Loop:
         lease_ms=_positive_int(body, "leaseMs", models.DEFAULT_LEASE_MS) or 0,
         expires_at=expires_at,
         pause_after_failures=_positive_int(body, "pauseAfterFailures", None),
+        keep_runs=_positive_int(body, "keepRuns", None),
     )
     return loop
 

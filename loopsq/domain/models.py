@@ -45,6 +45,7 @@ _FIELDS: tuple[tuple[str, str], ...] = (
     ("expires_at", "expiresAt"),
     ("timezone", "timezone"),
     ("pause_after_failures", "pauseAfterFailures"),
+    ("keep_runs", "keepRuns"),
     ("failure_streak", "failureStreak"),
     ("status_reason", "statusReason"),
     ("created_at", "createdAt"),
@@ -78,6 +79,8 @@ class Loop:
     lease_ms: int = DEFAULT_LEASE_MS
     expires_at: str | None = None
     pause_after_failures: int | None = None
+    #: How many settled runs Redis keeps for this loop (its history window); None: the deployment default.
+    keep_runs: int | None = None
     failure_streak: int = 0
     status_reason: str | None = None
     extra: dict[str, Any] = field(default_factory=dict, compare=False)

@@ -235,6 +235,20 @@ def after_claim(loop: Loop, slot: datetime, now: datetime, *, is_retry: bool, en
     return loop.with_changes(next_run_at=to_iso(upcoming) if upcoming else None, updated_at=stamp)
 
 
+def slot_is_past(loop: Loop, slot_iso: str) -> bool:
+    """A regular slot the loop has already moved past (claimed, skipped or settled before): it is never due again.
+
+    The loop's pending retry is never past; otherwise a slot before the loop's next slot (or any slot while a
+    loop that schedules from the end of a run has none) is. A stale claimer, delayed while the slot's row ran,
+    settled and left the history window, cannot run it a second time.
+    """
+    if loop.retry_scheduled_for == slot_iso:
+        return False
+    if loop.next_run_at is None:
+        return True
+    return from_iso(slot_iso) < from_iso(loop.next_run_at)
+
+
 #: Exponential retry delays get up to this fraction of the delay added as jitter (never subtracted), so that a
 #: fleet of failing loops does not retry in step while ``retryDelayMs`` stays a minimum.
 RETRY_JITTER_FRACTION = 0.1

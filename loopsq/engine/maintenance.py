@@ -1,5 +1,5 @@
 """Maintenance, about once a second on the leading scheduler: expire loops, repair loops and timers, recover
-runs whose owner is gone, re-enqueue lost triggers.
+runs whose owner is gone, re-enqueue lost triggers, trim history windows and the change stream.
 
 Nothing here trusts a single write to have happened: a crash between a run's finalize and the re-arm of its
 loop's timer, a lost RQ job, a worker killed mid-run — each leaves a state this pass notices and mends.
@@ -18,9 +18,13 @@ from loopsq.domain.run_rules import LoopRun
 from loopsq.domain.schedules import initial_next_run
 from loopsq.domain.timeutil import from_iso, to_iso, to_ms
 from loopsq.engine import timers
+from loopsq.engine.faults import crash_point
 from loopsq.engine.recovery import live_worker_hosts, recover_runs, recover_workflow_runs, recovery_paused
 from loopsq.engine.runtime import Runtime
 from loopsq.state.commit import Tx
+from loopsq.state.retention import Retention, TrimReport, Windows
+from loopsq.state.stream_trim import trim_stream
+from loopsq.system import limits
 
 log = logging.getLogger("loopsq.maintenance")
 
@@ -41,6 +45,8 @@ class Report:
     workflows_failed: int = 0
     #: Recovery waited: Redis was away moments ago (``recovery.recovery_paused``).
     recovery_paused: bool = False
+    #: What left Redis's history windows in this pass.
+    trimmed: TrimReport = field(default_factory=TrimReport)
 
 
 def _update_loop(rt: Runtime, loop: Loop, new: Loop, change_type: str, now: datetime) -> bool:
@@ -107,6 +113,17 @@ def maintain(rt: Runtime, now: datetime | None = None) -> Report:
             timers.arm(rt.raw, rt.keys, loop.id, want)
             report.armed += 1
     report.retriggered = retrigger(rt, now)
+    report.trimmed = trim_history(rt, now)
+    return report
+
+
+def trim_history(rt: Runtime, now: datetime) -> TrimReport:
+    """Trim what fell out of the history windows (a bounded batch), then the change stream behind its mirrors."""
+    windows = Windows(limits.keep_runs(), limits.keep_workflow_runs())
+    retention = Retention(rt.client, rt.keys, rt.committer)
+    retention.seed(now)  # once: what was written before history windows
+    report = retention.trim_due(now, windows, after_trim=lambda: crash_point("mid_trim"))
+    trim_stream(rt.client, rt.keys, limits.mirror_idle_ms())
     return report
 
 
@@ -116,10 +133,11 @@ def retrigger(rt: Runtime, now: datetime) -> int:
     count = 0
     for raw_id in stale:
         run_id = raw_id.decode() if isinstance(raw_id, bytes) else str(raw_id)
-        if rt.client.exists(rt.keys.run(run_id)):
+        if rt.client.exists(rt.keys.run(run_id)) or not rt.client.exists(rt.keys.trigger(run_id)):
+            # Claimed (its claim consumed the request), or its request expired: nothing is left to run.
             rt.client.zrem(rt.keys.triggers, run_id)
             continue
-        timers.enqueue(rt.raw, "worker.jobs.run_triggered", run_id)
+        timers.enqueue(rt.raw, "worker.jobs.run_triggered", run_id, result_ttl=timers.NO_RESULT_TTL)
         rt.client.zadd(rt.keys.triggers, {run_id: to_ms(now)})
         count += 1
     return count

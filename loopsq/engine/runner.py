@@ -293,28 +293,32 @@ def _finish_taken(rt: Runtime, job_id: str) -> None:
 
 def claim_slot(rt: Runtime, loop_id: str, slot: datetime, now: datetime, *, source: str,
                run_id: str | None = None, idempotency_key: str | None = None,
-               ends_backlog: bool = False) -> Claim | Refusal:
+               ends_backlog: bool = False, trigger_request: str | None = None) -> Claim | Refusal:
     """``RunStore.claim`` for this runtime, which also recognizes its own claim when the reply was lost: a claim
     resent after Redis applied it is refused by its own guard (``claimed``/``running``), and is ours after all."""
     nonce = gen_id()
     result = rt.runs.claim(loop_id, slot, rt.owner, now, source=source, run_id=run_id,
-                           idempotency_key=idempotency_key, nonce=nonce, ends_backlog=ends_backlog)
+                           idempotency_key=idempotency_key, nonce=nonce, ends_backlog=ends_backlog,
+                           trigger_request=trigger_request)
     if isinstance(result, Refusal) and result.reason in ("claimed", "running"):
         return rt.runs.won_claim(loop_id, slot, nonce) or result
     return result
 
 
 def _claim_ad_hoc(rt: Runtime, loop: Loop, slot: datetime, source: str, run_id: str | None,
-                  key: str | None) -> Claim | Refusal:
+                  key: str | None, request: str | None = None) -> Claim | Refusal:
     """Claim an ad-hoc slot at ``slot``; a slot taken by another run at the same millisecond moves 1 ms on (also
-    when that run won it while this claim was being made). ``claimed`` is final only for this very run."""
+    when that run won it while this claim was being made). ``claimed`` is final only for this very run (it exists
+    already, or its trigger was consumed). ``request``: the trigger request the claim consumes (a triggered run)."""
     result: Claim | Refusal = Refusal("gone")
     for _ in range(50):
-        result = claim_slot(rt, loop.id, slot, timeutil.now(), source=source, run_id=run_id, idempotency_key=key)
+        result = claim_slot(rt, loop.id, slot, timeutil.now(), source=source, run_id=run_id, idempotency_key=key,
+                            trigger_request=request)
         if isinstance(result, Claim) or result.reason == "gone":
             return result
-        if result.reason == "claimed" and run_id is not None and rt.runs.get(run_id) is not None:
-            return result  # this run is taken (its request executed twice)
+        if result.reason == "claimed" and (result.run is None or result.run.id == run_id or (
+                run_id is not None and rt.runs.get(run_id) is not None)):
+            return result  # this very run is taken: its request executed twice, or its trigger was consumed
         slot = slot + timedelta(milliseconds=1)
     return result
 
@@ -338,8 +342,9 @@ def run_now(rt: Runtime, id_or_name: str, run_id: str | None = None,
     claim: Claim | Refusal
     if source != "ad_hoc":
         claim = claim_slot(rt, loop.id, slot, now, source=source, run_id=run_id)
-        if isinstance(claim, Refusal) and claim.reason in ("done", "exhausted"):
-            rt.runs.advance_past(loop.id, slot, now)
+        if isinstance(claim, Refusal) and claim.reason in ("done", "exhausted", "past"):
+            if claim.reason != "past":  # (a past slot: the loop has moved on already)
+                rt.runs.advance_past(loop.id, slot, now)
             source = "ad_hoc"
         elif isinstance(claim, Refusal) and claim.reason == "inactive":
             source = "ad_hoc"  # paused meanwhile: run-now of a loop that is not active is an ad-hoc run
@@ -357,17 +362,19 @@ def run_now(rt: Runtime, id_or_name: str, run_id: str | None = None,
 def run_triggered(rt: Runtime, run_id: str) -> LoopRun | None:
     """Execute a triggered run (``LoopsClient.trigger``) under the run id the trigger reserved."""
     request = rt.client.get(rt.keys.trigger(run_id))
-    if request is None:
+    if request is None:  # consumed by its claim (a duplicate job), or expired
+        rt.client.zrem(rt.keys.triggers, run_id)
         return rt.runs.get(run_id)
     import json
 
-    data = json.loads(request)
+    text = request.decode() if isinstance(request, bytes) else str(request)
+    data = json.loads(text)
     loop = rt.loops.get(str(data["loopId"]))
     if loop is None:
         rt.client.zrem(rt.keys.triggers, run_id)
         return None
-    claim = _claim_ad_hoc(rt, loop, from_iso(str(data["at"])), "trigger", run_id, data.get("key"))
-    rt.client.zrem(rt.keys.triggers, run_id)
+    # The claim consumes the trigger (its request key and its entry in ``keys.triggers``) in one transition.
+    claim = _claim_ad_hoc(rt, loop, from_iso(str(data["at"])), "trigger", run_id, data.get("key"), text)
     if isinstance(claim, Refusal):
         return rt.runs.get(run_id)
     return execute_claim(rt, claim)

@@ -39,8 +39,12 @@ QUEUE_NAME = "loopsq"
 FIRE = "worker.jobs.fire"
 #: Every timer's job id starts with this, then ``<loop id>-<due ms>-<random>``.
 FIRE_PREFIX = "loopsq-fire-"
-#: Results of loopsq's jobs are of no use once the run is recorded; keep them briefly for debugging.
+#: Results of loopsq's one-off jobs (run-now, a workflow run) are of no use once the run is recorded; kept briefly
+#: for debugging.
 RESULT_TTL = 60
+#: A timer's fire job and a trigger's job leave nothing behind once done (RQ deletes the job at once; a result
+#: would cost a stream of ~5 KB per job for a minute, at one job per run): the run is the record.
+NO_RESULT_TTL = 0
 FAILURE_TTL = 7 * 24 * 3600
 
 
@@ -90,13 +94,16 @@ return false
 
 
 # Schedule the new entry, make it the loop's timer, and drop the entry it replaces if that is still scheduled, or
-# if it was taken by a worker that is gone (``take_fire``; RQ never saw it, so nothing else would delete it).
+# if it was taken by a worker that is gone (``take_fire``; RQ never saw it, so nothing else would delete it). A
+# scheduled entry rq-scheduler is moving right now (it enqueues the job before it removes the entry) keeps its
+# job hash: a worker may be running it, and RQ deletes it when done (fire jobs keep no result).
 _SWAP = """
 redis.call('ZADD', KEYS[1], ARGV[2], ARGV[1])
 local previous = redis.call('GETSET', KEYS[2], ARGV[1])
 if previous and previous ~= ARGV[1] then
   if redis.call('ZREM', KEYS[1], previous) == 1 then
-    redis.call('DEL', ARGV[3] .. previous)
+    local status = redis.call('HGET', ARGV[3] .. previous, 'status')
+    if status ~= 'queued' and status ~= 'started' then redis.call('DEL', ARGV[3] .. previous) end
   else
     local taken = redis.call('HMGET', ARGV[3] .. previous, 'loopsq_taken', 'worker_name')
     if taken[1] and taken[2] and redis.call('EXISTS', ARGV[4] .. taken[2]) == 0 then
@@ -121,7 +128,7 @@ def arm(raw: redis.Redis, keys: Keys, loop_id: str, at: datetime) -> str:
     job_id = f"{prefix}{gen_id()[:6]}"
     # The job, its rq-scheduler entry and the swap of the loop's timer in one round trip (what
     # ``MsScheduler.enqueue_at`` does, pipelined); a replaced entry that is still scheduled is dropped with it.
-    job = sched._create_job(FIRE, args=(loop_id,), timeout=-1, id=job_id, result_ttl=RESULT_TTL,
+    job = sched._create_job(FIRE, args=(loop_id,), timeout=-1, id=job_id, result_ttl=NO_RESULT_TTL,
                             queue_name=QUEUE_NAME, commit=False)
     pipe = raw.pipeline(transaction=True)
     job.save(pipeline=pipe)
@@ -142,9 +149,18 @@ def _text(value: bytes | str) -> str:
     return value.decode() if isinstance(value, bytes) else value
 
 
+# Unschedule a timer entry; its job hash goes too unless rq-scheduler is moving it onto the queue right now.
+_DROP = """
+if redis.call('ZREM', KEYS[1], ARGV[1]) == 1 then
+  local status = redis.call('HGET', KEYS[2], 'status')
+  if status ~= 'queued' and status ~= 'started' then redis.call('DEL', KEYS[2]) end
+end
+return 1
+"""
+
+
 def _drop(raw: redis.Redis, sched: MsScheduler, job_id: str) -> None:
-    if raw.zrem(sched.scheduled_jobs_key, job_id):
-        raw.delete(Job.key_for(job_id))
+    raw.eval(_DROP, 2, sched.scheduled_jobs_key, Job.key_for(job_id), job_id)
 
 
 def armed_state(raw: redis.Redis, keys: Keys, loop_ids: list[str]) -> dict[str, tuple[float | None, str | None]]:
@@ -288,10 +304,12 @@ def next_due_in(raw: redis.Redis) -> float | None:
     return float(first[0][1]) - time.time()
 
 
-def enqueue(raw: redis.Redis, func: str, *args: Any, job_id: str | None = None, **kwargs: Any) -> str:
-    """Enqueue a loopsq job now; returns its id."""
+def enqueue(raw: redis.Redis, func: str, *args: Any, job_id: str | None = None, result_ttl: int = RESULT_TTL,
+            **kwargs: Any) -> str:
+    """Enqueue a loopsq job now; returns its id. ``result_ttl``: seconds RQ keeps the finished job and its
+    result (0: deleted when done)."""
     job = queue(raw).enqueue(
-        func, *args, job_id=job_id, job_timeout=-1, result_ttl=RESULT_TTL, failure_ttl=FAILURE_TTL, **kwargs
+        func, *args, job_id=job_id, job_timeout=-1, result_ttl=result_ttl, failure_ttl=FAILURE_TTL, **kwargs
     )
     return str(job.id)
 

@@ -54,5 +54,6 @@ def trigger_with(
             return (existing.decode() if isinstance(existing, bytes) else str(existing)), False
         return trigger_with(client, keys, id_or_name, idempotency_key, window_ms=window_ms, enqueue=enqueue)
     if enqueue:
-        timers.enqueue(timers.raw_from(client), "worker.jobs.run_triggered", run_id, job_id=f"loopsq-trigger-{run_id}")
+        timers.enqueue(timers.raw_from(client), "worker.jobs.run_triggered", run_id, job_id=f"loopsq-trigger-{run_id}",
+                       result_ttl=timers.NO_RESULT_TTL)
     return run_id, True

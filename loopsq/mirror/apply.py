@@ -1,8 +1,10 @@
 """Applying change-stream entries to the SQLite mirror: idempotent upserts and deletes, row <-> entity mapping.
 
-A change carries FULL snapshots (camelCase entities, as stored in Redis) under ``upsert`` and ids under
-``delete``. ``apply_changes`` applies a batch in one transaction, skipping every change whose stream id is not
-greater than the last one applied, so replays and redeliveries change nothing.
+A change carries FULL snapshots (camelCase entities, as stored in Redis) under ``upsert``, the changed fields of
+rows the mirror holds under ``patch`` (a field set to null is cleared), ids under ``delete``,
+and under ``trim`` the ids of runs that left Redis's history window: their rows stay, with ``archived_at`` set
+(the mirror is the archive). ``apply_changes`` applies a batch in one transaction, skipping every change whose
+stream id is not greater than the last one applied, so replays and redeliveries change nothing.
 
 The mirror must accept every row Redis holds. The reference's secondary unique keys (one run per slot, one
 active workflow per name, ...) can only collide here with a row Redis has already moved on from, e.g. when one
@@ -127,7 +129,7 @@ def apply_changes(conn: sqlite3.Connection, changes: Sequence[Mapping[str, Any]]
                 key = parse_stream_id(change_id)
                 if last_key is not None and key <= last_key:
                     continue
-                _apply_one(conn, change)
+                apply_one(conn, change)
                 set_meta(conn, LAST_APPLIED_KEY, change_id)
                 last_key = key
                 applied += 1
@@ -167,7 +169,7 @@ def replace_all(
             for table in MIRRORED_COLUMNS:
                 conn.execute(f"DELETE FROM {table}")
             conn.execute("DELETE FROM mirror_meta")
-            _apply_one(conn, {"id": last_id, "upsert": upsert})
+            apply_one(conn, {"id": last_id, "upsert": upsert})
             set_meta(conn, LAST_APPLIED_KEY, last_id)
             for key, value in (meta or {}).items():
                 set_meta(conn, key, value)
@@ -205,18 +207,46 @@ def entity_to_params(table: str, entity: Mapping[str, Any]) -> dict[str, Any]:
     return params
 
 
-def _apply_one(conn: sqlite3.Connection, change: Mapping[str, Any]) -> None:
+#: The tables whose rows a ``trim`` marks archived (a workflow run's steps and events go with their run).
+ARCHIVED_TABLES = ("loop_runs", "workflow_runs")
+
+
+def apply_one(conn: sqlite3.Connection, change: Mapping[str, Any]) -> None:
+    """Apply one change's upserts, deletes and trims (inside the caller's transaction; no id check)."""
     upserts = change.get("upsert") or {}
     deletes = change.get("delete") or {}
-    if not isinstance(upserts, Mapping) or not isinstance(deletes, Mapping):
-        raise LoopsqError(f"malformed change {change.get('id')!r}: 'upsert' and 'delete' must be objects")
+    trims = change.get("trim") or {}
+    patches = change.get("patch") or {}
+    if not all(isinstance(part, Mapping) for part in (upserts, deletes, trims, patches)):
+        raise LoopsqError(
+            f"malformed change {change.get('id')!r}: 'upsert', 'patch', 'delete' and 'trim' must be objects")
     for table, entities in upserts.items():
         _columns(table)
         for entity in entities:
             _upsert(conn, table, entity)
+    for table, changed in patches.items():
+        for fields in changed:
+            _patch(conn, table, fields)
     for table, ids in deletes.items():
         _columns(table)
         conn.executemany(f"DELETE FROM {table} WHERE id = ?", [(entity_id,) for entity_id in ids])
+    for table, ids in trims.items():
+        if table not in ARCHIVED_TABLES:
+            raise LoopsqError(f"malformed change {change.get('id')!r}: cannot trim table {table!r}")
+        at = str(change.get("at") or "")
+        conn.executemany(f"UPDATE {table} SET archived_at = ? WHERE id = ? AND archived_at IS NULL",
+                         [(at, entity_id) for entity_id in ids])
+
+
+def _patch(conn: sqlite3.Connection, table: str, fields: Mapping[str, Any]) -> None:
+    """Set the changed fields of a row the mirror holds (a row it does not hold is left to its full snapshot)."""
+    if not isinstance(fields, Mapping) or not isinstance(fields.get("id"), str):
+        raise LoopsqError(f"malformed {table} patch: expected an object with a string 'id'")
+    params = {column: value for column, value in entity_to_params(table, fields).items()
+              if entity_key(column) in fields and column != "id"}
+    if params:
+        assignments = ", ".join(f"{column} = :{column}" for column in params)
+        conn.execute(f"UPDATE {table} SET {assignments} WHERE id = :id", {**params, "id": fields["id"]})
 
 
 def _upsert(conn: sqlite3.Connection, table: str, entity: Mapping[str, Any]) -> None:

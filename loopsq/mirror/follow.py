@@ -4,9 +4,11 @@
   whether or not a ``loopsq mirror`` process runs).
 - ``follow`` is ``loopsq mirror``: a consumer group of its own per mirror file, so every mirror on every host
   receives every change.
-- ``rebuild`` recreates every row from Redis's entities alone. It runs on request, and by itself when the mirror
-  cannot be trusted to follow on: Redis was flushed or replaced (its instance id changed), or the stream was
-  trimmed past the last change this mirror applied.
+- ``rebuild`` merges what Redis holds into the mirror (``merge.merge_all``): every row Redis has is rewritten from
+  Redis's entities, and the runs Redis no longer has (trimmed from its history window, or gone with a flushed
+  Redis) are kept, archived. It runs on request, and by itself when the mirror cannot be trusted to follow on:
+  Redis was flushed or replaced (its instance id changed), or the stream was trimmed past the last change this
+  mirror applied.
 """
 
 from __future__ import annotations
@@ -21,7 +23,17 @@ from typing import Any
 
 import redis
 
-from loopsq.mirror.apply import REDIS_INSTANCE_KEY, apply_changes, get_meta, last_applied_id, replace_all
+from loopsq.domain import timeutil
+from loopsq.mirror.apply import (
+    LAST_APPLIED_KEY,
+    REDIS_INSTANCE_KEY,
+    apply_changes,
+    get_meta,
+    last_applied_id,
+    set_meta,
+)
+from loopsq.mirror.merge import merge_all
+from loopsq.mirror.schema import transaction
 from loopsq.state.keys import Keys
 from loopsq.state.snapshot import snapshot_tables
 from loopsq.system.procs import hostname
@@ -41,6 +53,8 @@ def parse_entry(entry_id: str, fields: dict[str, str]) -> dict[str, Any]:
         "at": fields.get("at", ""),
         "upsert": data.get("upsert", {}),
         "delete": data.get("delete", {}),
+        "trim": data.get("trim", {}),
+        "patch": data.get("patch", {}),
     }
 
 
@@ -75,7 +89,8 @@ def catch_up(client: redis.Redis, keys: Keys, conn: sqlite3.Connection) -> int:
     applied = 0
     if reason is not None:
         log.info("rebuilding mirror: %s", reason)
-        rebuild(client, keys, conn)
+        kept = rebuild(client, keys, conn)
+        log.info("mirror rebuilt from Redis; kept %d archived run(s) that Redis no longer holds", kept)
         applied = 1
     while True:
         last = last_applied_id(conn)
@@ -88,8 +103,9 @@ def catch_up(client: redis.Redis, keys: Keys, conn: sqlite3.Connection) -> int:
             return applied
 
 
-def rebuild(client: redis.Redis, keys: Keys, conn: sqlite3.Connection) -> None:
-    """Recreate every mirrored row from Redis's entities alone, then follow on from the stream's tail.
+def rebuild(client: redis.Redis, keys: Keys, conn: sqlite3.Connection) -> int:
+    """Merge every entity Redis holds into the mirror, then follow on from the stream's tail. Returns how many
+    archived runs (not in Redis any more) the mirror kept.
 
     The stream's last id is read *before* the entities: changes after it are replayed by the next catch-up, and
     since each change carries full snapshots, replaying one that the scan already saw converges to the same rows.
@@ -97,8 +113,30 @@ def rebuild(client: redis.Redis, keys: Keys, conn: sqlite3.Connection) -> None:
     tail = _entries([(keys.changes, client.xrevrange(keys.changes, "+", "-", count=1))])
     tail_id = tail[0][0] if tail else "0-0"
     instance = _str(client.get(keys.instance))
+    _replay_until(client, keys, conn, tail_id, same_dataset=instance == get_meta(conn, INSTANCE_META))
     tables = snapshot_tables(client, keys)
-    replace_all(conn, tables, tail_id, {INSTANCE_META: str(instance)} if instance else None)
+    return merge_all(conn, tables, tail_id, {INSTANCE_META: str(instance)} if instance else None,
+                     at=timeutil.to_iso(timeutil.now()))
+
+
+def _replay_until(client: redis.Redis, keys: Keys, conn: sqlite3.Connection, tail_id: str, *,
+                  same_dataset: bool) -> None:
+    """Before a rebuild merges Redis's entities, apply what the stream still holds up to ``tail_id``, even past a
+    gap: a run trimmed from Redis since then has its final state there, and the mirror keeps it archived. (Rows
+    Redis still has are rewritten from its entities by the merge anyway.)"""
+    last = last_applied_id(conn) if same_dataset else None
+    if not same_dataset and last_applied_id(conn) is not None:
+        with transaction(conn):
+            set_meta(conn, LAST_APPLIED_KEY, "0-0")  # another dataset's stream: its ids say nothing about ours
+    start = f"({last}" if last else "-"
+    while True:
+        entries = _entries([(keys.changes, client.xrange(keys.changes, start, tail_id, count=BATCH))])
+        if not entries:
+            return
+        apply_changes(conn, [parse_entry(i, f) for i, f in entries])
+        if len(entries) < BATCH:
+            return
+        start = f"({entries[-1][0]}"
 
 
 def mirror_id(db_path: str) -> str:

@@ -46,12 +46,31 @@ def count_loops(conn: sqlite3.Connection, status: str | None = None) -> int:
 
 
 def list_runs(
-    conn: sqlite3.Connection, loop_id: str | None = None, status: str | None = None, limit: int = 100
+    conn: sqlite3.Connection, loop_id: str | None = None, status: str | None = None, limit: int = 100,
+    loop_name: str | None = None,
 ) -> list[Entity]:
-    """Loop runs, newest ``created_at`` first, optionally of one loop and/or with one status."""
-    where, params = _where((("loop_id", loop_id), ("status", status)))
+    """Loop runs, newest ``created_at`` first, optionally of one loop (by id, or by the name the runs recorded)
+    and/or with one status."""
+    where, params = _where((("loop_id", loop_id), ("loop_name", loop_name), ("status", status)))
     sql = f"SELECT * FROM loop_runs{where} ORDER BY created_at DESC, id DESC LIMIT ?"
     return _all(conn, "loop_runs", sql, (*params, limit))
+
+
+def run_filter(conn: sqlite3.Connection, id_or_name: str) -> dict[str, str] | None:
+    """How to select the runs of the loop ``id_or_name``: ``{"loop_id": id}`` for a loop the mirror holds (by id,
+    else by name) or for runs recorded under that loop id; ``{"loop_name": name}`` for runs recorded under that
+    name (a removed loop: its runs stay). None when neither a loop nor a run knows it."""
+    loop = find_loop(conn, id_or_name)
+    if loop is not None:
+        return {"loop_id": str(loop["id"])}
+    for column in ("loop_id", "loop_name"):
+        try:
+            row = conn.execute(f"SELECT 1 FROM loop_runs WHERE {column} = ? LIMIT 1", (id_or_name,)).fetchone()
+        except sqlite3.Error as exc:
+            raise LoopsqError(f"cannot read loop_runs from the mirror: {exc}") from exc
+        if row is not None:
+            return {column: id_or_name}
+    return None
 
 
 def get_run(conn: sqlite3.Connection, run_id: str) -> Entity | None:

@@ -161,12 +161,16 @@ LOOPSQ_COLUMNS: tuple[tuple[str, str, str], ...] = (
     ("loops", "failure_streak", "INTEGER"),
     ("loops", "status_reason", "TEXT"),
     ("loops", "retry_at", "TEXT"),
+    ("loops", "keep_runs", "INTEGER"),
     ("loop_runs", "source", "TEXT"),
     ("loop_runs", "host", "TEXT"),
     ("loop_runs", "pid_start_time", "REAL"),
     ("loop_runs", "idempotency_key", "TEXT"),
     ("loop_runs", "worker_id", "TEXT"),
     ("loop_runs", "previous_attempts_json", "TEXT"),
+    # When the row left Redis's history window (NULL while Redis holds it): the mirror is the archive.
+    ("loop_runs", "archived_at", "TEXT"),
+    ("workflow_runs", "archived_at", "TEXT"),
     ("workflow_specs", "max_parallel", "INTEGER"),
 )
 

@@ -1,5 +1,6 @@
-"""``loopsq doctor``: checks that fit loopsq (reference §4.5, adapted): Redis, the data dir, the mirror, live
-schedulers and workers, provider CLIs, the accounts CLI, and a preflight of every active loop."""
+"""``loopsq doctor``: checks that fit loopsq (reference §4.5, adapted): Redis (its memory and eviction policy
+too), the data dir, the mirror and the mirror groups, live schedulers and workers, provider CLIs, the accounts CLI,
+and a preflight of every active loop."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from typing import Any
 
 import redis
 
+from loopsq.domain.durations import format_duration
 from loopsq.errors import LoopsqError
 from loopsq.executor import PROVIDER_EXECUTABLES
 from loopsq.state.connection import connect, server_version
@@ -119,6 +121,7 @@ def _redis_checks(client: redis.Redis, keys: Keys, data_dir: Path) -> list[Check
             checks.append(Check(role, "ok", f"{len(live)} {role}(s) alive", hosts))
         else:
             checks.append(Check(role, "warn", f"no {role} is running; start `loopsq {role}`"))
+    checks.extend(memory_checks(client, keys))
     failed = sum(1 for run in _recent_failed(client, keys))
     checks.append(Check("loop-runs", "ok", "no failed loop runs recorded") if failed == 0 else
                   Check("loop-runs", "warn", f"{failed} failed loop run(s) recorded"))
@@ -137,6 +140,44 @@ def _redis_checks(client: redis.Redis, keys: Keys, data_dir: Path) -> list[Check
             checks.append(Check(f"loop:{loop.id}:preflight", "warn",
                                 f"active loop target preflight failed: {loop.name}",
                                 exc.message.removeprefix("preflight failed: ")))
+    return checks
+
+
+#: Memory use (of ``maxmemory``) from which doctor warns.
+MEMORY_WARN_RATIO = 0.8
+
+
+def memory_checks(client: redis.Redis, keys: Keys) -> list[Check]:
+    """Redis memory (warn from 80% of ``maxmemory``), its eviction policy (anything but ``noeviction`` fails), and
+    the mirror groups on the change stream (one idle past ``LOOPSQ_MIRROR_IDLE`` is named)."""
+    from loopsq.ops.health import memory_line, redis_memory
+    from loopsq.state.stream_trim import mirror_groups
+    from loopsq.system import limits
+
+    memory = redis_memory(client, keys)
+    line = memory_line(memory)
+    used, maximum, policy = memory["usedMemory"], memory["maxMemory"], memory["policy"]
+    checks = [
+        Check("redis-memory", "warn", f"redis memory is above {MEMORY_WARN_RATIO:.0%} of maxmemory: {line}",
+              "lower --keep-runs or LOOPSQ_KEEP_RUNS, or raise maxmemory")
+        if maximum and used >= MEMORY_WARN_RATIO * maximum else Check("redis-memory", "ok", f"redis memory: {line}"),
+        Check("redis-eviction", "ok", "maxmemory-policy is noeviction") if policy == "noeviction" else
+        Check("redis-eviction", "fail", f"maxmemory-policy is {policy}, not noeviction: an LRU policy silently "
+              "evicts leases and claims, which breaks exactly-once", "set maxmemory-policy noeviction"),
+    ]
+    idle_ms = limits.mirror_idle_ms()
+    groups = mirror_groups(client, keys, idle_ms)
+    for group in groups:
+        if group.idle:
+            since = ("has no consumer" if group.idle_ms is None
+                     else f"idle for {format_duration(group.idle_ms // 1000 * 1000 or 1000)}")
+            checks.append(Check(f"mirror-group:{group.name}", "warn",
+                                f"mirror group {group.name} {since} (over LOOPSQ_MIRROR_IDLE="
+                                f"{format_duration(idle_ms)}): it no longer holds the change stream back",
+                                f"if its mirror is gone: XGROUP DESTROY {keys.changes} {group.name}"))
+    live = [g for g in groups if not g.idle]
+    checks.append(Check("mirror-groups", "ok", f"{len(live)} mirror group(s) following the change stream",
+                        ", ".join(g.name for g in live) or None))
     return checks
 
 

@@ -1,4 +1,5 @@
-"""Who is alive and how far behind things are: live schedulers and workers, queue depth, mirror lag, counts.
+"""Who is alive and how far behind things are: live schedulers and workers, queue depth, mirror lag, counts,
+and what Redis's memory holds (used and max memory, eviction policy, bytes per loop and per run in the window).
 
 Shared by ``loopsq doctor`` and ``loopsq status``.
 """
@@ -18,6 +19,55 @@ from loopsq.state.keys import Keys
 
 def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
+
+
+#: Run keys whose MEMORY USAGE is sampled for the bytes per run in the window (the newest ones).
+MEMORY_SAMPLE = 20
+
+
+def redis_memory(client: redis.Redis, keys: Keys) -> dict[str, Any]:
+    """``usedMemory``, ``maxMemory`` (0: no limit) and ``policy`` from ``INFO memory``; ``loops`` and ``runs``
+    (in Redis's windows); ``bytesPerLoop`` (used memory over loops) and ``bytesPerRun`` (the mean MEMORY USAGE
+    of the newest run keys), None when there is nothing to divide by."""
+    info = client.info("memory")
+    used, maximum = int(info.get("used_memory", 0)), int(info.get("maxmemory", 0) or 0)
+    pipe = client.pipeline(transaction=False)
+    pipe.scard(keys.loops)
+    pipe.zcard(keys.runs)
+    pipe.zrevrange(keys.runs, 0, MEMORY_SAMPLE - 1)
+    loops, runs, newest = pipe.execute()
+    sizes: list[int] = []
+    if newest:
+        pipe = client.pipeline(transaction=False)
+        for run_id in newest:
+            pipe.memory_usage(keys.run(_text(run_id)), samples=0)
+        sizes = [int(n) for n in pipe.execute() if n]
+    return {
+        "usedMemory": used, "maxMemory": maximum, "policy": str(info.get("maxmemory_policy", "unknown")),
+        "loops": int(loops), "runs": int(runs),
+        "bytesPerLoop": used // int(loops) if loops else None,
+        "bytesPerRun": sum(sizes) // len(sizes) if sizes else None,
+    }
+
+
+def human_bytes(n: int | None) -> str:
+    """``1.5 KB``, ``12.3 MB`` (powers of 1024), ``-`` for None."""
+    if n is None:
+        return "-"
+    size = float(n)
+    for unit in ("B", "KB", "MB", "GB"):
+        if size < 1024 or unit == "GB":
+            return f"{int(size)} B" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    return f"{size:.1f} GB"  # pragma: no cover - the loop returns
+
+
+def memory_line(memory: dict[str, Any]) -> str:
+    """One line: used of max (percent), policy, per loop and per run in the window."""
+    used, maximum = memory["usedMemory"], memory["maxMemory"]
+    of = f" of {human_bytes(maximum)} ({100 * used / maximum:.0f}%)" if maximum else " (no maxmemory)"
+    return (f"{human_bytes(used)}{of}, policy {memory['policy']}; {human_bytes(memory['bytesPerLoop'])} per loop "
+            f"({memory['loops']}), {human_bytes(memory['bytesPerRun'])} per run in the window ({memory['runs']})")
 
 
 def live_processes(client: redis.Redis, keys: Keys, role: str) -> list[dict[str, Any]]:
@@ -63,6 +113,7 @@ def status_report(client: redis.Redis, keys: Keys, conn: sqlite3.Connection | No
             runs[str(row[0])] = int(row[1])
     running = RunStore(client, keys).get_many(RunStore(client, keys).running_ids())
     return {
+        "redisMemory": redis_memory(client, keys),
         "schedulers": live_processes(client, keys, "scheduler"),
         "workers": live_processes(client, keys, "worker"),
         "queueDepth": timers.queue_depth(raw),

@@ -76,7 +76,9 @@ _GUARDS = frozenset({"eq", "absent", "hfeq", "llen"})
 class Tx:
     """A transition under construction: guards, writes and the one change it emits.
 
-    ``upsert``/``delete`` describe the change for mirrors: full entity snapshots per table, and deleted ids.
+    ``upsert``/``patch``/``delete``/``trimmed`` describe the change for mirrors: full entity snapshots per table,
+    the changed fields of entities the mirrors hold, deleted ids, and ids that left Redis's history window
+    (mirrors keep those rows).
     """
 
     type: str
@@ -84,6 +86,8 @@ class Tx:
     ops: list[tuple[str, str, str, str]] = field(default_factory=list)
     upsert: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     delete: dict[str, list[str]] = field(default_factory=dict)
+    trimmed: dict[str, list[str]] = field(default_factory=dict)
+    patches: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     also: list[str] = field(default_factory=list)
 
     # -- guards ---------------------------------------------------------------------------------------------
@@ -164,6 +168,20 @@ class Tx:
         self.delete.setdefault(table, []).append(entity_id)
         return self
 
+    def patch(self, table: str, before: dict[str, Any], after: dict[str, Any]) -> Tx:
+        """Record only what changed from ``before`` to ``after`` (a field that went is ``None``), for mirrors that
+        hold the row already: a transition that touches a few fields of a large row (a lease renewal of a run
+        carrying its earlier attempts' output) does not repeat the rest in the stream."""
+        diff = {k: after.get(k) for k in before.keys() | after.keys() if before.get(k) != after.get(k)}
+        self.patches.setdefault(table, []).append({**diff, "id": after["id"]})
+        return self
+
+    def trim(self, table: str, entity_id: str) -> Tx:
+        """Record that ``entity_id`` left Redis on purpose (it fell out of its history window): mirrors keep
+        their row and mark it archived, unlike ``drop``."""
+        self.trimmed.setdefault(table, []).append(entity_id)
+        return self
+
     def note(self, transition: str) -> Tx:
         """Name a further transition this one includes (e.g. ``loop_advanced`` inside ``run_succeeded``)."""
         if transition and transition != "none":
@@ -179,6 +197,10 @@ class Tx:
             body["upsert"] = self.upsert
         if self.delete:
             body["delete"] = self.delete
+        if self.patches:
+            body["patch"] = self.patches
+        if self.trimmed:
+            body["trim"] = self.trimmed
         return json.dumps(body, separators=(",", ":"), ensure_ascii=False)
 
 

@@ -205,5 +205,21 @@ class Keys:
         return self._k("run", loop_run_id, "wfruns")
 
     def live(self, run_id: str, step_id: str | None = None) -> str:
-        """Stream: live output chunks of a running run or workflow step (bounded; expires after the end)."""
+        """Stream: live output chunks of a running run or workflow step (bounded; expires soon after the end)."""
         return self._k("live", run_id, step_id or "-")
+
+    def workflow_runs(self, workflow_id: str) -> str:
+        """Sorted set: a workflow's settled runs of their own (no parent loop run), by end time (ms)."""
+        return self._k("workflow", workflow_id, "runs")
+
+    # -- retention -------------------------------------------------------------------------------------------
+    @property
+    def retention_due(self) -> str:
+        """Sorted set: ``loop:<id>`` / ``workflow:<id>`` whose history window may need trimming, scored by when
+        to look (ms). Whatever settles a run adds its owner; maintenance trims in bounded batches from here."""
+        return self._k("retention", "due")
+
+    @property
+    def retention_seeded(self) -> str:
+        """String: set once every loop and workflow that existed before history windows was marked due."""
+        return self._k("retention", "seeded")

@@ -13,7 +13,7 @@ import redis
 
 from loopsq.domain import lifecycle
 from loopsq.domain.models import Loop
-from loopsq.domain.timeutil import to_iso
+from loopsq.domain.timeutil import to_iso, to_ms
 from loopsq.errors import ConflictError, NotFoundError
 from loopsq.state.commit import Committer, Tx
 from loopsq.state.keys import Keys
@@ -116,7 +116,8 @@ class LoopStore:
         return self.update(id_or_name, "loop_stopped", now, lambda loop: lifecycle.stop(loop, now))
 
     def remove(self, id_or_name: str, now: datetime) -> Loop:
-        """Delete a loop definition (its runs stay, as in the reference). Returns the removed loop."""
+        """Delete a loop definition. Returns the removed loop. Its runs stay in the mirrors (as the reference keeps
+        them); in Redis, retention trims them (a removed loop has no history window)."""
         loop = self.require(id_or_name)
         for _ in range(MAX_RETRIES):
             raw = self.client.get(self.keys.loop(loop.id))
@@ -128,6 +129,8 @@ class LoopStore:
                 .expect(self.keys.loop(loop.id), str(raw))
                 .delete_key(self.keys.loop(loop.id))
                 .srem(self.keys.loops, loop.id)
+                # Its runs leave Redis (they stay in the mirrors): a removed loop keeps no window.
+                .zadd(self.keys.retention_due, to_ms(now), f"loop:{loop.id}")
                 .drop(TABLE, loop.id)
             )
             if self.client.hget(self.keys.loop_names, current.name) == loop.id:

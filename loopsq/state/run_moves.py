@@ -64,6 +64,7 @@ class LoopMoves:
                     .set(self.keys.run(run.id), run.to_json())
                     .zadd(self.keys.runs, created, run.id)
                     .zadd(self.keys.loop_runs(loop_id), created, run.id)
+                    .zadd(self.keys.retention_due, created, f"loop:{loop_id}")
                     .put("loop_runs", run.to_dict())
                 )
             if new_loop != loop:

@@ -25,9 +25,17 @@ from loopsq.state.keys import Keys
 from loopsq.state.run_moves import LoopMoves, _s
 
 MAX_RETRIES = 50
-#: How long a (loop, slot, attempt) claim is remembered. Far longer than any lease: a claim must never lapse
-#: while its slot could still be re-fired; the run row itself refuses an old slot after that.
+#: The longest a (loop, slot, attempt) claim can outlive its run (its key goes when the attempt settles: from then
+#: on the settled row refuses the slot, and once the row has left the history window the loop's own state does,
+#: since a loop never moves back to a slot it has passed).
 CLAIM_TTL_MS = 30 * 24 * 3600 * 1000
+
+
+def retention_member(loop_id: str) -> str:
+    """A loop's member in ``keys.retention_due``."""
+    return f"loop:{loop_id}"
+
+
 
 
 @dataclass(frozen=True)
@@ -52,7 +60,8 @@ class Claim:
 class Refusal:
     """A claim that was not won, and why: ``claimed`` (someone else has it), ``done`` (slot settled),
     ``exhausted`` (no attempts left), ``running`` (the slot's run is still going), ``gone`` (no loop),
-    ``inactive`` (a claim that would move the loop, of a loop no longer active)."""
+    ``inactive`` (a claim that would move the loop, of a loop no longer active), ``past`` (the loop has moved past
+    this slot: it was handled already; ``run_rules.slot_is_past``)."""
 
     reason: str
     run: LoopRun | None = None
@@ -110,13 +119,15 @@ class RunStore(LoopMoves):
         idempotency_key: str | None = None,
         ends_backlog: bool = False,
         nonce: str | None = None,
+        trigger_request: str | None = None,
     ) -> Claim | Refusal:
         """Claim the next attempt of ``(loop, slot)`` for ``owner``: at most one claimer ever wins an attempt.
 
         Scheduled, due-slot and retry-slot claims also move the loop (``run_rules.after_claim``, with
         ``ends_backlog`` for the slot where catch-up cut its backlog) in the same transition; ad-hoc and triggered
         runs never move it. ``nonce`` ends the lease token, so a claimer whose reply was lost can find out it won
-        (``won_claim``).
+        (``won_claim``). ``trigger_request``: the pending trigger's request (``keys.trigger(run_id)``) that this
+        claim consumes; a trigger already consumed is refused ``claimed``.
         """
         slot_iso = to_iso(slot)
         for _ in range(MAX_RETRIES):
@@ -137,6 +148,12 @@ class RunStore(LoopMoves):
             stamp = to_iso(now)
             if existing is None and run_id is not None and self.client.exists(self.keys.run(run_id)):
                 return Refusal("claimed", self.get(run_id))
+            moves_loop = source in ("scheduled", "due_slot", "retry_slot")
+            if existing is None and moves_loop and rules.slot_is_past(loop, slot_iso):
+                return Refusal("past")
+            trigger_key = self.keys.trigger(run_id) if trigger_request is not None and run_id else None
+            if trigger_key is not None and _s(self.client.get(trigger_key)) != trigger_request:
+                return Refusal("claimed", self.get(str(run_id)))
             if existing is None:
                 run = LoopRun(
                     id=run_id or gen_id(), loop_id=loop.id, loop_name=loop.name, scheduled_for=slot_iso,
@@ -185,6 +202,9 @@ class RunStore(LoopMoves):
             if existing is None:
                 created = to_ms(now)
                 tx.zadd(self.keys.runs, created, run.id).zadd(self.keys.loop_runs(loop_id), created, run.id)
+            if trigger_key is not None:
+                # The trigger is consumed with its claim: a duplicate of its job finds nothing left to run.
+                tx.expect(trigger_key, trigger_request).delete_key(trigger_key).zrem(self.keys.triggers, run.id)
             if new_loop != loop:
                 tx.set(self.keys.loop(loop_id), new_loop.to_json()).put("loops", new_loop.to_dict())
                 tx.note("loop_advanced")
@@ -196,8 +216,9 @@ class RunStore(LoopMoves):
                         self.client, result.server or (None, None), claim_key, token, CLAIM_TTL_MS, replicas):
                     return Refusal("claimed", None)
                 return Claim(run, new_loop, token)
-            if result.failed_guard == 0:
-                return Refusal("claimed", existing)
+            if result.failed_guard == 0:  # another claimer won this attempt: name its run
+                winner = _s(self.client.get(self.keys.slot(loop_id, slot_iso)))
+                return Refusal("claimed", (self.get(winner) if winner else None) or existing)
         return Refusal("claimed", None)
 
     def won_claim(self, loop_id: str, slot: datetime, nonce: str) -> Claim | None:
@@ -239,7 +260,7 @@ class RunStore(LoopMoves):
                 .expect(self.keys.lease(run_id), token)
                 .expect(self.keys.run(run_id), raw)
                 .set(self.keys.run(run_id), new.to_json())
-                .put("loop_runs", new.to_dict())
+                .patch("loop_runs", run.to_dict(), new.to_dict())
             )
             if new.host and new.pid is not None and new.pid != run.pid:
                 tx.sadd(self.keys.host_runs(new.host), run_id)  # its process started there
@@ -278,7 +299,7 @@ class RunStore(LoopMoves):
                 .expect(self.keys.run(run_id), raw)
                 .set(self.keys.lease(run_id), token, px=rules.lease_ttl_ms(lease_ms))
                 .set(self.keys.run(run_id), new.to_json())
-                .put("loop_runs", new.to_dict())
+                .patch("loop_runs", run.to_dict(), new.to_dict())
             )
             result = self.committer.commit(tx)
             if result.ok:
@@ -366,6 +387,9 @@ class RunStore(LoopMoves):
                 .delete_key(self.keys.cancel(run_id))
                 .srem(self.keys.running, run_id)
                 .srem(self.keys.loop_active(run.loop_id), run_id)
+                # The attempt is settled: its claim is of no further use (the row refuses the slot from now on).
+                .delete_key(self.keys.claim(run.loop_id, run.scheduled_for, run.attempt))
+                .zadd(self.keys.retention_due, to_ms(now), retention_member(run.loop_id))
                 .put("loop_runs", final.to_dict())
             )
             if run.host:

@@ -12,7 +12,13 @@ from loopsq.domain.timeutil import from_iso, to_iso, to_ms
 from loopsq.errors import ConflictError
 from loopsq.state.commit import Tx
 from loopsq.state.keys import Keys
-from loopsq.state.workflow_run_state import MAX_RETRIES, WorkflowRunState, drop_none, dumps_compact
+from loopsq.state.workflow_run_state import (
+    MAX_RETRIES,
+    WorkflowRunState,
+    drop_none,
+    dumps_compact,
+    index_settled,
+)
 
 
 def _elapsed_ms(step: dict[str, Any], now: datetime) -> int | None:
@@ -56,6 +62,7 @@ class WorkflowRunControl:
                 .srem(self.keys.wf_running, run_id)
                 .put("workflow_runs", run)
             )
+            index_settled(tx, self.keys, run, to_ms(now))
             ended = 0
             for step in state.ordered_steps():
                 if step["status"] not in ("pending", "running"):

@@ -8,7 +8,11 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from loopsq.state.commit import Tx
+    from loopsq.state.keys import Keys
 
 TERMINAL_RUN = frozenset({"succeeded", "failed", "timed_out", "cancelled"})
 DONE_STEP = frozenset({"succeeded", "skipped", "cancelled"})
@@ -28,6 +32,16 @@ def dumps_compact(value: Mapping[str, Any]) -> str:
 
 def drop_none(d: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in d.items() if v is not None}
+
+
+def index_settled(tx: Tx, keys: Keys, run: Mapping[str, Any], at_ms: int) -> None:
+    """A workflow run of its own (no parent loop run) that ends enters its workflow's history window (``tx``: the
+    ending transition). A loop run's workflow runs belong to that run's window instead."""
+    if run.get("loopRunId"):
+        return
+    workflow_id = str(run["workflowId"])
+    tx.zadd(keys.workflow_runs(workflow_id), at_ms, str(run["id"]))
+    tx.zadd(keys.retention_due, at_ms, f"workflow:{workflow_id}")
 
 
 @dataclass

@@ -27,6 +27,7 @@ from loopsq.state.workflow_run_state import (
     as_str,
     drop_none,
     dumps_compact,
+    index_settled,
 )
 
 
@@ -309,6 +310,7 @@ class WorkflowRunStore(WorkflowRunControl):
                 .srem(self.keys.wf_running, state.run_id)
                 .put("workflow_runs", run)
             )
+            index_settled(tx, self.keys, run, to_ms(now))
             self._event(state, tx, status, now, payload=drop_none({"error": error}) or None)
             if self._commit(tx):
                 state.run_raw, state.run = dumps_compact(run), run

@@ -152,7 +152,8 @@ def trigger_loop(
 @router.get("/runs", tags=["runs"], summary="List runs", responses=responses(200, schemas.RunPage, 400, 404))
 def list_runs(
     ctx: Ctx,
-    loop: Annotated[str | None, Query(description="Only runs of this loop (id or name).")] = None,
+    loop: Annotated[str | None, Query(description="Only runs of this loop (id or name; a removed loop's too).")]
+    = None,
     status: Annotated[RunStatus | None, Query()] = None,
     limit: Limit = 50,
     offset: Offset = 0,
@@ -160,13 +161,13 @@ def list_runs(
 ) -> JSONResponse:
     """Run history, newest first; stdout and stderr redacted unless ``showOutput``."""
     with ctx.mirror() as conn:
-        loop_id = None
+        owner: dict[str, str] = {}
         if loop is not None:
-            found = queries.find_loop(conn, loop)
+            found = queries.run_filter(conn, loop)  # a removed loop's runs too, by its id or name
             if found is None:
                 raise NotFoundError(f"loop not found: {loop}")
-            loop_id = found["id"]
-        items, next_offset = page(lambda n: queries.list_runs(conn, loop_id=loop_id, status=status, limit=n),
+            owner = found
+        items, next_offset = page(lambda n: queries.list_runs(conn, status=status, limit=n, **owner),
                                   limit, offset)
     return JSONResponse({"items": [public_run(r, show_output) for r in items], "limit": limit, "offset": offset,
                          "nextOffset": next_offset})

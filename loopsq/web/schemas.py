@@ -256,6 +256,7 @@ LOOP_CREATE_SCHEMA: dict[str, Any] = {
         "leaseMs": _MS,
         "expiresAt": {"type": "string"},
         "pauseAfterFailures": _MS,
+        "keepRuns": {**_MS, "description": "Settled runs Redis keeps for this loop; default LOOPSQ_KEEP_RUNS."},
     },
 }
 

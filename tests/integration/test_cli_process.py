@@ -87,5 +87,5 @@ def test_mirror_rebuild_recreates_the_rows_from_redis(env: dict[str, str]) -> No
     (Path(env["LOOPSQ_DATA_DIR"]) / "loops.db").unlink()
     rebuilt = loopsq(env, "mirror", "--rebuild")
     assert rebuilt.returncode == 0, rebuilt.stderr
-    assert rebuilt.stdout.endswith("loops=2 workflows=0\n")
+    assert rebuilt.stdout.endswith("loops=2 workflows=0 kept 0 archived run(s) that Redis no longer holds\n")
     assert loopsq(env, "--json", "list").stdout == before

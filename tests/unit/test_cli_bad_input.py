@@ -58,6 +58,18 @@ CASES = [
     ((*BASE, "--every", "1m", "--bogus"), "No such option '--bogus'."),
     (("list", "--status", "gone"), "--status must be one of active, paused, stopped, expired, got 'gone'"),
     (("frobnicate",), "No such command 'frobnicate'."),
+    ((*BASE, "--every", "1m", "--keep-runs", "0"), "--keep-runs must be a positive integer, got '0'"),
+    ((*BASE, "--every", "1m", "--keep-runs", "-3"), "--keep-runs must be a positive integer, got '-3'"),
+    ((*BASE, "--every", "1m", "--keep-runs", "lots"), "--keep-runs must be a positive integer, got 'lots'"),
+    ((*BASE, "--every", "1m", "--keep-runs", "2.5"), "--keep-runs must be a positive integer, got '2.5'"),
+    (("create", "workflow", "w", "--every", "1m", "--workflow", "x", "--keep-runs", "0"),
+     "--keep-runs must be a positive integer, got '0'"),
+    (("prune", "--older-than", "soon"), "--older-than: invalid duration: soon"),
+    (("prune", "--older-than", "0"), "--older-than must be greater than zero, got '0'"),
+    (("prune", "--older-than", "-7d"), "--older-than: invalid duration: -7d"),
+    (("prune", "--older-than", "30d", "--loop", "existing", "--older-than", "1h30m"),
+     "--older-than: invalid duration: 1h30m"),
+    (("prune",), "Missing option '--older-than'."),
 ]
 
 

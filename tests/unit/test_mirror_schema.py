@@ -43,6 +43,7 @@ EXPECTED_COLUMNS: dict[str, list[tuple[str, str, bool, bool]]] = {
         ("failure_streak", "INTEGER", False, False),
         ("status_reason", "TEXT", False, False),
         ("retry_at", "TEXT", False, False),
+        ("keep_runs", "INTEGER", False, False),
     ],
     "loop_runs": [
         ("id", "TEXT", False, True),
@@ -69,6 +70,7 @@ EXPECTED_COLUMNS: dict[str, list[tuple[str, str, bool, bool]]] = {
         ("idempotency_key", "TEXT", False, False),
         ("worker_id", "TEXT", False, False),
         ("previous_attempts_json", "TEXT", False, False),
+        ("archived_at", "TEXT", False, False),
     ],
     "daemon_lease": [
         ("id", "TEXT", False, True),
@@ -105,6 +107,7 @@ EXPECTED_COLUMNS: dict[str, list[tuple[str, str, bool, bool]]] = {
         ("error", "TEXT", False, False),
         ("created_at", "TEXT", True, False),
         ("updated_at", "TEXT", True, False),
+        ("archived_at", "TEXT", False, False),
     ],
     "workflow_step_runs": [
         ("id", "TEXT", False, True),
