@@ -13,7 +13,10 @@ from loopsq.cli.app import get_app
 
 
 def _logging(name: str) -> None:
+    from loopsq.engine.faults import warn_if_enabled
+
     logging.basicConfig(level=logging.INFO, format=f"[loopsq-{name}] %(message)s", force=True)
+    warn_if_enabled(logging.getLogger(f"loopsq.{name}"))
 
 
 @click.command("scheduler")
