@@ -11,6 +11,8 @@ from loopsq.cli.options import (
     account_body,
     account_options,
     duration_flag,
+    env_body,
+    env_option,
     policy_body,
     resolve_timezone,
     schedule_body,
@@ -57,6 +59,9 @@ def _store(body: dict[str, Any], preflight: bool) -> Loop:
 def _create_executable(body: dict[str, Any], target: dict[str, Any], opts: dict[str, Any], preflight: bool) -> None:
     """The rest of ``create command|agent``: timeouts and account on the target, store, print."""
     _timeouts(target, opts)
+    env = env_body(opts.get("env_pairs") or ())
+    if env is not None:
+        target["env"] = env
     account = account_body(opts)
     if account is not None:
         target["account"] = account
@@ -77,6 +82,7 @@ def _print_created(loop: Loop, human: str) -> None:
 @click.option("--idle-timeout", metavar="DURATION", help="Kill after DURATION without output.")
 @click.option("--shell/--no-shell", default=True, show_default=True, help="Run through /bin/sh -c.")
 @click.option("--preflight", is_flag=True, help="Refuse (and store nothing) if the target cannot start.")
+@env_option
 @schedule_options
 @account_options
 @json_flag
@@ -110,6 +116,7 @@ def create_command(name: str, cmd: str, shell: bool, preflight: bool, **opts: An
 @click.option("--prompt-via", default="argv", show_default=True, metavar="HOW",
               help="argv (as the reference) or stdin (keeps the prompt out of the process table).")
 @click.option("--preflight", is_flag=True, help="Refuse (and store nothing) if the target cannot start.")
+@env_option
 @schedule_options
 @account_options
 @json_flag
