@@ -95,7 +95,7 @@ def install_services(target: str, enable: bool, directory: str | None) -> None:
     app.data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     web_env = {"web": {API_TOKEN_ENV: api_token(app.data_dir)}}
     done = install.write_services(target, where, env, app.data_dir / "logs", default_location=where == default,
-                                  service_env=web_env)
+                                  service_env=web_env, data_dir=app.data_dir)
     warnings = [] if redis_url else [
         f"no Redis URL configured: the services will use {config.DEFAULT_REDIS_URL} "
         "(pass --redis-url or set LOOPSQ_REDIS_URL, then install again)"
