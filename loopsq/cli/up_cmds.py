@@ -47,10 +47,14 @@ def up(workers: str, demo: bool, stop_timeout: str, web_port: str, no_web: bool)
     app = get_app()
     root = click.get_current_context().find_root().command
     has_web = isinstance(root, click.Group) and "web" in root.commands
-    if has_web and not no_web and os.environ.get(API_TOKEN_ENV, "").strip():
+    if has_web and not no_web:
+        # What the web app would refuse: say so now, not in a restart loop.
         from loopsq.cli.web_cmd import resolve_token
+        from loopsq.web.metrics import per_loop_from_env
 
-        resolve_token(False)  # a token the web app would refuse: say so now, not in a restart loop
+        per_loop_from_env()
+        if os.environ.get(API_TOKEN_ENV, "").strip():
+            resolve_token(False)
     cfg = UpConfig(
         data_dir=app.data_dir,
         redis_url=config.configured_redis_url(_root_param("redis_url")),

@@ -94,9 +94,11 @@ def web(host: str | None, port: int | None, generate_token: bool, no_mirror: boo
     import uvicorn
 
     from loopsq.web import WebSettings, create_app
+    from loopsq.web.metrics import per_loop_from_env
 
     app_ctx = get_app()
     host, port = listen_address(host, port)
+    per_loop = per_loop_from_env()
     token, generated = resolve_token(generate_token)
     sock = bind(host, port)
     port = int(sock.getsockname()[1])
@@ -106,7 +108,8 @@ def web(host: str | None, port: int | None, generate_token: bool, no_mirror: boo
     if host not in LOOPBACK:
         log.warning("binding %s: the API is reachable from other hosts; put TLS in front of it", host)
     settings = WebSettings(redis_url=app_ctx.redis_url, data_dir=app_ctx.data_dir, token=token,
-                           keys=app_ctx.keys, follow_mirror=not no_mirror, rq_dashboard=not no_rq_dashboard)
+                           keys=app_ctx.keys, follow_mirror=not no_mirror, rq_dashboard=not no_rq_dashboard,
+                           metrics_per_loop=per_loop)
     log.info("serving http://%s:%d (redis %s, mirror %s)", host, port, mask_url(app_ctx.redis_url),
              app_ctx.data_dir / "loops.db")
     server = uvicorn.Server(uvicorn.Config(create_app(settings), log_level="info", access_log=False,

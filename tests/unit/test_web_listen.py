@@ -74,3 +74,12 @@ def test_a_taken_platform_port_is_reported_on_the_address_it_was_tried(web_env: 
     result = CliRunner().invoke(cli, ["web", "--host", "127.0.0.1"], catch_exceptions=False)
     assert result.exit_code == 1
     assert result.stderr.startswith(f"error: cannot listen on 127.0.0.1:{taken}: Address already in use;")
+
+
+@pytest.mark.parametrize("value", ["yes", "true", "2"])
+def test_a_bad_per_loop_metrics_switch_is_one_error_line_with_exit_2(web_env: None, monkeypatch: pytest.MonkeyPatch,
+                                                                     value: str) -> None:
+    monkeypatch.setenv("LOOPSQ_METRICS_PER_LOOP", value)
+    result = CliRunner().invoke(cli, ["web"], catch_exceptions=False)
+    assert (result.exit_code, result.stdout, result.stderr) == (
+        2, "", f"error: LOOPSQ_METRICS_PER_LOOP must be 1 or 0, got '{value}'\n")
