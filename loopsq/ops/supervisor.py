@@ -109,7 +109,7 @@ class Supervisor:
         backoff_initial_s: float = 1.0,
         backoff_max_s: float = 30.0,
         stable_after_s: float = 30.0,
-        quick_exit_s: float = 5.0,
+        quick_exit_s: float = 10.0,
         give_up_after: int = 3,
         poll_s: float = 0.1,
         name: str = "up",

@@ -152,7 +152,9 @@ def test_a_killed_watchdog_is_replaced_and_the_new_one_covers_the_groups_already
         assert group_members(one) and group_members(two)
         helper.send_signal(signal.SIGKILL)
         helper.wait(10)
-        assert wait_group_gone(one, GONE_WITHIN_S) == []
-        assert wait_group_gone(two, GONE_WITHIN_S) == []
+        # The new watchdog may still be starting its interpreter (slow on a loaded machine): this is about what it
+        # was told, not how fast, so the bound is looser than the few seconds.
+        assert wait_group_gone(one, 20) == []
+        assert wait_group_gone(two, 20) == []
     finally:
         helper.kill()
