@@ -6,11 +6,13 @@ from typing import Any
 
 import click
 
-from loopsq.cli.app import get_app, json_flag
+from loopsq.cli.app import echo_err, get_app, json_flag
 from loopsq.cli.options import (
     account_body,
     account_options,
     duration_flag,
+    env_body,
+    env_option,
     policy_body,
     resolve_timezone,
     schedule_body,
@@ -47,16 +49,38 @@ def _timeouts(target: dict[str, Any], opts: dict[str, Any]) -> None:
 def _store(body: dict[str, Any], preflight: bool) -> Loop:
     app = get_app()
     loop = new_loop(body, app.now())
+    warning = None
     if preflight:
         from loopsq.executor.preflight import preflight_loop_target
 
         preflight_loop_target(loop.target, loop, app)
-    return app.loops().create(loop)
+        warning = _workers_warning(loop)
+    created = app.loops().create(loop)
+    if warning is not None:
+        echo_err(f"warning: {warning}")
+    return created
+
+
+def _workers_warning(loop: Loop) -> str | None:
+    """Why no live worker may run the loop, judged from what the workers publish; None when one can (or
+    cannot tell)."""
+    from loopsq.ops.fit import executable_targets, fit
+
+    app = get_app()
+    result = fit(app.client(), app.keys, executable_targets(loop.target, app.workflows()))
+    if result.live == 0:
+        return "no worker is live to run this loop; start `loopsq worker`"
+    if not result.can and result.cannot:
+        return f"no live worker can run this loop ({result.summary()})"
+    return None
 
 
 def _create_executable(body: dict[str, Any], target: dict[str, Any], opts: dict[str, Any], preflight: bool) -> None:
     """The rest of ``create command|agent``: timeouts and account on the target, store, print."""
     _timeouts(target, opts)
+    env = env_body(opts.get("env_pairs") or ())
+    if env is not None:
+        target["env"] = env
     account = account_body(opts)
     if account is not None:
         target["account"] = account
@@ -76,7 +100,9 @@ def _print_created(loop: Loop, human: str) -> None:
 @click.option("--timeout", metavar="DURATION", help="Kill after DURATION [30m]; 'none' for no limit.")
 @click.option("--idle-timeout", metavar="DURATION", help="Kill after DURATION without output.")
 @click.option("--shell/--no-shell", default=True, show_default=True, help="Run through /bin/sh -c.")
-@click.option("--preflight", is_flag=True, help="Refuse (and store nothing) if the target cannot start.")
+@click.option("--preflight", is_flag=True,
+              help="Refuse (and store nothing) if the target cannot start here; warn if no live worker can run it.")
+@env_option
 @schedule_options
 @account_options
 @json_flag
@@ -109,7 +135,9 @@ def create_command(name: str, cmd: str, shell: bool, preflight: bool, **opts: An
 @click.option("--config-isolation", default="safe", show_default=True, metavar="MODE", help="safe or none.")
 @click.option("--prompt-via", default="argv", show_default=True, metavar="HOW",
               help="argv (as the reference) or stdin (keeps the prompt out of the process table).")
-@click.option("--preflight", is_flag=True, help="Refuse (and store nothing) if the target cannot start.")
+@click.option("--preflight", is_flag=True,
+              help="Refuse (and store nothing) if the target cannot start here; warn if no live worker can run it.")
+@env_option
 @schedule_options
 @account_options
 @json_flag

@@ -31,16 +31,26 @@ def list_loops(status: str | None) -> None:
     )
 
 
+#: The newest run's fields ``show`` adds under ``lastRun``: enough to see why it failed.
+LAST_RUN_FIELDS = ("id", "status", "attempt", "scheduledFor", "finishedAt", "exitCode", "error")
+
+
 @click.command("show")
 @click.argument("id_or_name")
 @json_flag
 def show(id_or_name: str) -> None:
-    """Show one loop as JSON (prompts and env redacted), with its history window in Redis."""
+    """Show one loop as JSON (prompts and env redacted), with its history window in Redis and its newest run's
+    status and error."""
     app = get_app()
-    loop = queries.find_loop(app.mirror(), id_or_name)
+    conn = app.mirror()
+    loop = queries.find_loop(conn, id_or_name)
     if loop is None:
         raise NotFoundError(f"loop not found: {id_or_name}")
-    app.emit({**public_loop(loop), "historyWindow": history_window(loop)})
+    payload = {**public_loop(loop), "historyWindow": history_window(loop)}
+    newest = queries.list_runs(conn, loop_id=str(loop["id"]), limit=1)
+    if newest:
+        payload["lastRun"] = {k: newest[0][k] for k in LAST_RUN_FIELDS if newest[0].get(k) is not None}
+    app.emit(payload)
 
 
 def history_window(loop: dict[str, Any]) -> dict[str, Any]:

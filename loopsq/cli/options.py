@@ -15,6 +15,7 @@ from loopsq.domain.cron import host_timezone_name, validate_cron, validate_timez
 from loopsq.domain.durations import parse_duration
 from loopsq.domain.models import OVERLAP_POLICIES, RETRY_BACKOFFS
 from loopsq.domain.schedules import CATCH_UP_POLICIES, parse_time
+from loopsq.domain.targets import ENV_KEY_PATTERN, is_env_key
 from loopsq.domain.timeutil import to_iso
 from loopsq.errors import ValidationError
 
@@ -174,3 +175,32 @@ def account_body(opts: dict[str, Any]) -> dict[str, str] | None:
             raise ValidationError(f"--account-tool must not be empty, got {_q(tool)}")
         account["tool"] = tool
     return account
+
+
+def env_option(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``--env KEY=VALUE`` (repeatable): the target's own environment variables."""
+    return click.option("--env", "env_pairs", multiple=True, metavar="KEY=VALUE",
+                        help="Set a variable in the target's environment (repeat). loopsq's own variables "
+                             "(LOOPSQ_*, REDIS_URL) are never inherited; pass one here if the target needs it.")(fn)
+
+
+def env_body(pairs: tuple[str, ...]) -> dict[str, str] | None:
+    """The target's ``env`` from ``--env`` values; None when none was given.
+
+    Raises:
+        ValidationError: a value without ``=``, a key that is not a variable name, a NUL in a value, or a key
+            given twice.
+    """
+    if not pairs:
+        return None
+    env: dict[str, str] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not is_env_key(key):
+            raise ValidationError(f"--env must be KEY=VALUE with KEY matching {ENV_KEY_PATTERN}, got {_q(pair)}")
+        if "\0" in value:
+            raise ValidationError(f"--env value of {key} must not contain NUL, got {_q(pair)}")
+        if key in env:
+            raise ValidationError(f"--env sets {key} twice, got {_q(pair)}")
+        env[key] = value
+    return env

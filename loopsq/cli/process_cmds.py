@@ -13,7 +13,10 @@ from loopsq.cli.app import get_app
 
 
 def _logging(name: str) -> None:
+    from loopsq.engine.faults import warn_if_enabled
+
     logging.basicConfig(level=logging.INFO, format=f"[loopsq-{name}] %(message)s", force=True)
+    warn_if_enabled(logging.getLogger(f"loopsq.{name}"))
 
 
 @click.command("scheduler")
@@ -40,15 +43,26 @@ def scheduler(poll_ms: int) -> None:
 
 @click.command("worker")
 @click.option("--burst", is_flag=True, help="Exit once the queue is empty.")
-@click.option("--grace", default="30s", show_default=True, metavar="DURATION",
-              help="On SIGTERM, how long the current run may finish before it is cancelled and retried elsewhere.")
-def worker(burst: bool, grace: str) -> None:
+@click.option("--grace", metavar="DURATION",
+              help="On SIGTERM, how long the current run may finish before it is cancelled and retried elsewhere "
+                   "[the kill timeout (LOOPSQ_KILL_TIMEOUT, 30s on Heroku, else honcho's 5s) minus 2.5s].")
+def worker(burst: bool, grace: str | None) -> None:
     """Run a worker: execute runs from loopsq's queue (scale horizontally)."""
+    import os
+
     from loopsq.cli.options import duration_flag
     from loopsq.engine.worker_process import run_worker
+    from loopsq.ops import shutdown
 
-    grace_ms = duration_flag("--grace", grace) or 0
+    if grace is not None:
+        grace_ms, why = duration_flag("--grace", grace) or 0, "--grace"
+    else:
+        kill_ms, source = shutdown.kill_timeout_ms(os.environ)
+        grace_ms, why = shutdown.grace_for(kill_ms), f"kill timeout {shutdown.describe_ms(kill_ms)}: {source}"
 
     app = get_app()  # as the scheduler: Redis is waited for, a configuration error ends it (exit status 3)
+    url = app.redis_url  # resolved first: with no Redis configured, the one error line comes before anything
     _logging("worker")
-    run_worker(app.redis_url, burst=burst, grace_s=grace_ms / 1000.0)
+    logging.getLogger("loopsq.worker").info("on SIGTERM the current run gets %s to finish (%s)",
+                                            shutdown.describe_ms(grace_ms), why)
+    run_worker(url, burst=burst, grace_s=grace_ms / 1000.0)

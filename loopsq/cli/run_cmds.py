@@ -7,10 +7,10 @@ from typing import Any
 
 import click
 
-from loopsq.cli.app import App, get_app, json_flag
+from loopsq.cli.app import App, echo_err, get_app, json_flag
 from loopsq.domain import timeutil
 from loopsq.domain.redaction import public_run
-from loopsq.domain.run_rules import RUN_STATUSES, TERMINAL, LoopRun
+from loopsq.domain.run_rules import RETRYABLE, RUN_STATUSES, TERMINAL, LoopRun
 from loopsq.domain.timeutil import gen_id
 from loopsq.engine import timers
 from loopsq.errors import LoopsqError, NotFoundError, ValidationError
@@ -67,6 +67,8 @@ def run_now(id_or_name: str, local: bool, show_output: bool, wait_s: float) -> N
     line = f"{final.id} {final.status} source={source} slot={final.scheduled_for}"
     app.emit(payload, (line + "\n" + _print_output(final.to_dict())) if show_output else line)
     if final.status != "succeeded":
+        if final.error and not app.json:
+            echo_err(f"error: run {final.id} {final.status}: {final.error}")
         raise click.exceptions.Exit(1)
 
 
@@ -155,6 +157,8 @@ def runs(id_or_name: str | None, limit: int, status: str | None, show_output: bo
         lines = []
         for r in rows:
             lines.append(f"{r['id']}  {r['status']:<10}  attempt={r['attempt']}  slot={r['scheduledFor']}  {r['loopName']}")
+            if r.get("error") and r["status"] in RETRYABLE:
+                lines.append(f"  error: {r['error']}")
             if show_output:
                 lines.append(_print_output(r))
             for a in r.get("previousAttempts") or []:

@@ -47,6 +47,14 @@ def up(workers: str, demo: bool, stop_timeout: str, web_port: str, no_web: bool)
     app = get_app()
     root = click.get_current_context().find_root().command
     has_web = isinstance(root, click.Group) and "web" in root.commands
+    if has_web and not no_web:
+        # What the web app would refuse: say so now, not in a restart loop.
+        from loopsq.cli.web_cmd import resolve_token
+        from loopsq.web.metrics import per_loop_from_env
+
+        per_loop_from_env()
+        if os.environ.get(API_TOKEN_ENV, "").strip():
+            resolve_token(False)
     cfg = UpConfig(
         data_dir=app.data_dir,
         redis_url=config.configured_redis_url(app.redis_flag),
@@ -96,7 +104,7 @@ def install_services(target: str, enable: bool, directory: str | None) -> None:
     app.data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     web_env = {"web": {API_TOKEN_ENV: api_token(app.data_dir)}}
     done = install.write_services(target, where, env, app.data_dir / "logs", default_location=where == default,
-                                  service_env=web_env)
+                                  service_env=web_env, data_dir=app.data_dir)
     warnings = [] if configured is not None else [
         f"no Redis URL configured: the services will use the Redis of the loopsq up running on {app.data_dir}, "
         "and refuse to start while it does not run (pass --redis-url or set LOOPSQ_REDIS_URL, then install again)"

@@ -1,6 +1,6 @@
 """Public (redacted) output shapes of loops, runs, workflows, step runs and events, as the reference's §7.3.
 
-Pure functions over camelCase entity dicts; they never mutate their input. Secrets (command ``env``, agent
+Pure functions over camelCase entity dicts; they never mutate their input. Secrets (a target's ``env``, an agent
 ``prompt``) and captured output are hidden; errors and reasons stay visible because they carry the messages a
 user acts on. ``redact`` defaults to 0 visible characters, as in 0.3.3; prompts keep their first 80.
 """
@@ -30,7 +30,7 @@ def redact(text: str, visible: int = 0) -> str:
 
 
 def public_loop(loop: Mapping[str, Any]) -> dict[str, Any]:
-    """A loop for output: a command target's ``env`` becomes ``"[redacted]"``, an agent prompt keeps 80 chars."""
+    """A loop for output: a command or agent target's ``env`` becomes ``"[redacted]"``, an agent prompt keeps 80 chars."""
     result = copy.deepcopy(dict(loop))
     target = result.get("target")
     if isinstance(target, dict):
@@ -58,7 +58,7 @@ def public_step_run(step: Mapping[str, Any], show_output: bool = False) -> dict[
 
 
 def public_workflow(spec: Mapping[str, Any]) -> dict[str, Any]:
-    """A workflow spec for output: each step's agent prompt keeps 80 chars, a command step's env is hidden."""
+    """A workflow spec for output: each step's agent prompt keeps 80 chars, a step's env is hidden."""
     result = copy.deepcopy(dict(spec))
     steps = result.get("steps")
     if isinstance(steps, list):
@@ -87,9 +87,9 @@ def public_event(event: Mapping[str, Any]) -> dict[str, Any]:
 
 def _redact_target(target: dict[str, Any]) -> None:
     kind = target.get("type")
-    if kind == "command" and target.get("env") is not None:
+    if kind in ("command", "agent") and target.get("env") is not None:
         target["env"] = REDACTED
-    elif kind == "agent" and isinstance(target.get("prompt"), str):
+    if kind == "agent" and isinstance(target.get("prompt"), str):
         target["prompt"] = redact(target["prompt"], PROMPT_VISIBLE_CHARS)
 
 

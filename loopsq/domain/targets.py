@@ -129,6 +129,26 @@ def _string_map(value: Any, label: str, field: str) -> dict[str, str]:
     return dict(value)
 
 
+#: What a variable name in a target's ``env`` may be (POSIX shell names).
+ENV_KEY_PATTERN = "[A-Za-z_][A-Za-z0-9_]*"
+_ENV_KEY_RE = re.compile(f"\\A{ENV_KEY_PATTERN}\\Z")
+
+
+def is_env_key(key: str) -> bool:
+    """Whether ``key`` can name an environment variable in a target's ``env``."""
+    return _ENV_KEY_RE.match(key) is not None
+
+
+def _env_map(value: Any, label: str, field: str) -> dict[str, str]:
+    env = _string_map(value, label, field)
+    for key, item in env.items():
+        if not is_env_key(key):
+            raise ValidationError(f"{label}.{field} key must match {ENV_KEY_PATTERN}, got {short_repr(key)}")
+        if "\0" in item:
+            raise _fail(label, f"{field}.{key}", "a string without NUL characters", item)
+    return env
+
+
 def _non_empty(value: Any, label: str, field: str) -> str:
     if not is_non_empty_string(value):
         raise _fail(label, field, "a non-empty string", value)
@@ -179,7 +199,7 @@ _EXTRA_CHECKS: dict[str, tuple[tuple[str, _Check], ...]] = {
         ("args", _string_list),
         ("cwd", _non_empty),
         ("shell", _boolean),
-        ("env", _string_map),
+        ("env", _env_map),
         ("timeoutMs", _timeout),
         ("idleTimeoutMs", _positive_int),
         ("account", _account),
@@ -194,6 +214,8 @@ _EXTRA_CHECKS: dict[str, tuple[tuple[str, _Check], ...]] = {
         ("configIsolation", _one_of(CONFIG_ISOLATIONS)),
         ("promptVia", _one_of(PROMPT_VIAS)),
         ("account", _account),
+        # loopsq addition (the reference has no env on agent targets): how a loop hands an agent a secret.
+        ("env", _env_map),
     ),
     "workflow": (("input", _string_map), ("timeoutMs", _timeout)),
 }

@@ -24,6 +24,7 @@ from loopsq.domain import run_rules as rules
 from loopsq.domain import timeutil
 from loopsq.domain.timeutil import gen_id
 from loopsq.engine.timers import raw_from
+from loopsq.executor.capabilities import published
 from loopsq.state.commit import Committer
 from loopsq.state.connection import connect
 from loopsq.state.keys import Keys
@@ -229,6 +230,8 @@ class Runtime:
             "id": self.owner.worker_id, "role": self.role, "host": self.owner.host, "pid": self.owner.pid,
             "startedAt": self.started_at, "runs": self.held_ids(), "beatAt": timeutil.to_iso(timeutil.now()),
         }
+        if self.role == "worker":
+            record["can"] = published()  # what its targets can find: PATH, provider CLIs, accounts CLI
         pipe = self.client.pipeline(transaction=False)
         note_seen(pipe, self.keys, OUTAGE_GAP_MS, OUTAGE_GRACE_MS)
         pipe.set(self._liveness_key(), json.dumps(record), px=LIVENESS_TTL_MS)

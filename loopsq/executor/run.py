@@ -21,6 +21,7 @@ from loopsq.executor.output import DEFAULT_MAX_OUTPUT_BYTES
 from loopsq.executor.result import ExecutorResult, SpawnInfo
 from loopsq.executor.spec import RunMetadata, build_spec, check_executable
 from loopsq.executor.supervisor import OnOutput, Supervisor
+from loopsq.executor.watchdog import pdeathsig_preexec, watchdog
 from loopsq.system.procs import hostname, process_start_time
 
 log = logging.getLogger(__name__)
@@ -69,7 +70,8 @@ def execute_target(
     The child leads its own process group; a timeout, idle timeout or cancel sends SIGTERM to the group, SIGKILL
     2 s later, and SIGKILL again once the child has exited so that no background grandchild survives. After a
     natural exit, processes the child left behind are not killed (a target may start a daemon on purpose); their
-    output is read for at most 250 ms more. Both callbacks run in the calling thread (a slow ``on_output`` slows
+    output is read for at most 250 ms more. Should this process die before the child exits (SIGKILL included),
+    the group dies with it (``loopsq.executor.watchdog``). Both callbacks run in the calling thread (a slow ``on_output`` slows
     the reading of the pipes); an exception from either is logged and the run goes on.
 
     Args:
@@ -92,6 +94,9 @@ def execute_target(
         return _not_started("failed", exc.message)
     if cancel is not None and cancel.is_set():
         return _not_started("cancelled", "cancelled")
+    guard = watchdog()
+    # Without a watchdog (it could not start), the kernel's parent-death signal at least takes the leader along.
+    preexec = None if guard.ensure() else pdeathsig_preexec()
     started = now()
     started_mono = time.monotonic()
     try:
@@ -104,13 +109,18 @@ def execute_target(
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             start_new_session=True,
+            preexec_fn=preexec,
         )
     except OSError as exc:
         return _not_started("failed", f"failed to start {spec.command}: {exc}", started)
-    if on_spawn is not None:
-        _report_spawn(on_spawn, proc.pid)
-    supervisor = Supervisor(spec, proc, max_output_bytes, cancel, on_output, started_mono)
-    supervisor.run()
+    guard.register(proc.pid)
+    try:
+        if on_spawn is not None:
+            _report_spawn(on_spawn, proc.pid)
+        supervisor = Supervisor(spec, proc, max_output_bytes, cancel, on_output, started_mono)
+        supervisor.run()
+    finally:
+        guard.unregister(proc.pid)
     finished = now()
     status, error = supervisor.outcome()
     returncode = proc.returncode

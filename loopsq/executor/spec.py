@@ -148,16 +148,38 @@ def agent_args(target: Mapping[str, Any]) -> list[str]:
     return args
 
 
+#: loopsq's own variables, kept from every target: the Redis URL (with its password), the API token, the data dir,
+#: fault injection. A loop that needs one passes it in its own ``env``. (The ``LOOPS_*`` run metadata is set anew
+#: for each run.)
+PRIVATE_ENV_PREFIX = "LOOPSQ_"
+PRIVATE_ENV_KEYS = frozenset({"REDIS_URL"})
+
+
+def is_private_env_key(key: str) -> bool:
+    """Whether ``key`` is one of loopsq's own variables, which targets never inherit."""
+    return key.startswith(PRIVATE_ENV_PREFIX) or key in PRIVATE_ENV_KEYS
+
+
+def inherited_env(base: Mapping[str, str]) -> dict[str, str]:
+    """A copy of ``base`` (``os.environ`` or the caller's env) without loopsq's own variables."""
+    if base is os.environ:
+        return _copy_os_environ()
+    return {key: value for key, value in base.items() if not is_private_env_key(key)}
+
+
 def _copy_os_environ() -> dict[str, str]:
-    """Copy ``os.environ`` as str: about 3x faster than ``dict(os.environ)``, which decodes through a Python
-    ``__getitem__`` per variable; this is on the per-run hot path."""
+    """Copy ``os.environ`` as str, without loopsq's own variables: about 3x faster than ``dict(os.environ)``,
+    which decodes through a Python ``__getitem__`` per variable; this is on the per-run hot path."""
     data: dict[bytes, bytes] | None = getattr(os.environ, "_data", None)
     if data is None or os.name != "posix":
-        return dict(os.environ)
+        return {key: value for key, value in os.environ.items() if not is_private_env_key(key)}
     enc = _FS_ENCODING
+    prefix = PRIVATE_ENV_PREFIX.encode()
+    private = {key.encode() for key in PRIVATE_ENV_KEYS}
     return {
         key.decode(enc, "surrogateescape"): value.decode(enc, "surrogateescape")
         for key, value in data.items()
+        if not key.startswith(prefix) and key not in private
     }
 
 
@@ -170,16 +192,19 @@ def compose_env(
 ) -> dict[str, str]:
     """Compose a target's environment (§4.2).
 
+    loopsq's own variables (``LOOPSQ_*``, ``REDIS_URL``) are dropped from ``base``: a target never sees the
+    Redis URL, its password or the API token unless its own ``env`` names them.
+
     Args:
         base: the environment to start from (the caller's ``env`` or ``os.environ``).
         metadata: the run identifiers, set as ``LOOPS_*`` variables when truthy.
         account_env: the resolved account env; when given, ``AUTH_ENV_KEYS`` are removed from ``base`` first.
-        target_env: a command target's own ``env``, overlaid after the account env.
+        target_env: the target's own ``env``, overlaid after the account env.
 
     Returns:
         A new dict.
     """
-    env = _copy_os_environ() if base is os.environ else dict(base)
+    env = inherited_env(base)
     if account_env is not None:
         for key in AUTH_ENV_KEYS:
             env.pop(key, None)
@@ -209,17 +234,16 @@ def build_spec(
     """
     kind = target.get("type")
     base: Mapping[str, str] = os.environ if env is None else env
+    target_env: Mapping[str, str] | None = target.get("env")
     timeout_ms: int | None = target.get("timeoutMs", DEFAULT_TIMEOUT_MS)
     idle_timeout_ms: int | None = target.get("idleTimeoutMs") or None
     cwd: str | None = target.get("cwd") or None
     account: Mapping[str, Any] | None = target.get("account")
     stdin_text: str | None = None
-    target_env: Mapping[str, str] | None = None
     if kind == "command":
         command = str(target.get("command", ""))
         args = tuple(str(arg) for arg in target.get("args") or [])
         shell = target.get("shell") is True
-        target_env = target.get("env")
         tool_hint = None  # command targets never infer a tool (§4.1)
     elif kind == "agent":
         provider = str(target.get("provider"))
@@ -237,7 +261,8 @@ def build_spec(
     account_env = None
     account_profile = account_tool = None
     if account:
-        account_env = resolve_account_env(account, tool_hint, base)
+        # The accounts CLI runs with the caller's env (§6), but never with loopsq's own variables.
+        account_env = resolve_account_env(account, tool_hint, inherited_env(base))
         account_profile = account_env["LOOPS_ACCOUNT_PROFILE"]
         account_tool = account_env["LOOPS_ACCOUNT_TOOL"]
     full_env = compose_env(base, metadata, account_env=account_env, target_env=target_env)

@@ -23,6 +23,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from loopsq.errors import LoopsqError
+from loopsq.mirror import counters
 from loopsq.mirror.schema import JSON_COLUMNS, MIRRORED_COLUMNS, transaction
 
 log = logging.getLogger(__name__)
@@ -129,7 +130,7 @@ def apply_changes(conn: sqlite3.Connection, changes: Sequence[Mapping[str, Any]]
                 key = parse_stream_id(change_id)
                 if last_key is not None and key <= last_key:
                     continue
-                apply_one(conn, change)
+                apply_one(conn, change, count=True)
                 set_meta(conn, LAST_APPLIED_KEY, change_id)
                 last_key = key
                 applied += 1
@@ -211,8 +212,10 @@ def entity_to_params(table: str, entity: Mapping[str, Any]) -> dict[str, Any]:
 ARCHIVED_TABLES = ("loop_runs", "workflow_runs")
 
 
-def apply_one(conn: sqlite3.Connection, change: Mapping[str, Any]) -> None:
-    """Apply one change's upserts, deletes and trims (inside the caller's transaction; no id check)."""
+def apply_one(conn: sqlite3.Connection, change: Mapping[str, Any], *, count: bool = False) -> None:
+    """Apply one change's upserts, deletes and trims (inside the caller's transaction; no id check); with
+    ``count``, loop run transitions are counted too (a rebuild's snapshot is not a transition, and is not
+    counted)."""
     upserts = change.get("upsert") or {}
     deletes = change.get("delete") or {}
     trims = change.get("trim") or {}
@@ -223,7 +226,12 @@ def apply_one(conn: sqlite3.Connection, change: Mapping[str, Any]) -> None:
     for table, entities in upserts.items():
         _columns(table)
         for entity in entities:
-            _upsert(conn, table, entity)
+            if count and table == "loop_runs" and isinstance(entity, Mapping) and isinstance(entity.get("id"), str):
+                before = counters.previous_state(conn, entity["id"])
+                _upsert(conn, table, entity)
+                counters.count_transition(conn, before, entity)
+            else:
+                _upsert(conn, table, entity)
     for table, changed in patches.items():
         for fields in changed:
             _patch(conn, table, fields)

@@ -18,9 +18,12 @@ from pathlib import Path
 
 from loopsq.domain.timeutil import now, to_iso
 from loopsq.errors import LoopsqError
+from loopsq.mirror import counters
 
 INITIAL_MIGRATION = "0001_initial_and_workflows"
 LOOPSQ_MIGRATION = "0100_loopsq_columns"
+#: loopsq's table of run-transition counters (``loopsq.mirror.counters``).
+COUNTERS_MIGRATION = "0101_run_counters"
 
 _REFERENCE_DDL: tuple[str, ...] = (
     """CREATE TABLE IF NOT EXISTS schema_migrations (
@@ -269,14 +272,19 @@ def migrate(conn: sqlite3.Connection) -> None:
             "INSERT OR IGNORE INTO schema_migrations (id, applied_at) VALUES (?, ?)",
             (LOOPSQ_MIGRATION, applied_at),
         )
+        conn.execute(counters.DDL)
+        conn.execute(
+            "INSERT OR IGNORE INTO schema_migrations (id, applied_at) VALUES (?, ?)",
+            (COUNTERS_MIGRATION, applied_at),
+        )
 
 
 def _is_current(conn: sqlite3.Connection) -> bool:
     """True when nothing is left to migrate, so that a reader's open takes no write lock."""
-    if not column_names(conn, "schema_migrations") or not column_names(conn, "mirror_meta"):
+    if not all(column_names(conn, t) for t in ("schema_migrations", "mirror_meta", counters.TABLE)):
         return False
     ids = {str(row[0]) for row in conn.execute("SELECT id FROM schema_migrations")}
-    if not {INITIAL_MIGRATION, LOOPSQ_MIGRATION} <= ids:
+    if not {INITIAL_MIGRATION, LOOPSQ_MIGRATION, COUNTERS_MIGRATION} <= ids:
         return False
     expected = {(table, column) for table, columns in MIRRORED_COLUMNS.items() for column in columns}
     present = {(table, column) for table in MIRRORED_COLUMNS for column in column_names(conn, table)}

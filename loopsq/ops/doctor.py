@@ -1,6 +1,10 @@
 """``loopsq doctor``: checks that fit loopsq (reference §4.5, adapted): Redis (its memory and eviction policy
-too), the data dir, the mirror and the mirror groups, live schedulers and workers, provider CLIs, the accounts CLI,
-and a preflight of every active loop."""
+too), the data dir, the mirror and the mirror groups, live schedulers and workers (with what each can run), and
+every active loop judged against the live workers.
+
+What runs a loop is a worker, whose ``PATH`` may differ from the caller's: each active loop is judged against what
+the live workers publish (``loopsq.ops.fit``). The caller's own checks (provider CLIs, the accounts CLI, a
+preflight of each loop) are still shown, labelled ``local``."""
 
 from __future__ import annotations
 
@@ -17,6 +21,7 @@ import redis
 from loopsq.domain.durations import format_duration
 from loopsq.errors import LoopsqError
 from loopsq.executor import PROVIDER_EXECUTABLES
+from loopsq.ops.fit import WorkflowSource, describe_worker, executable_targets, fit
 from loopsq.state.connection import connect, server_version
 from loopsq.state.keys import Keys
 from loopsq.system import config
@@ -64,12 +69,12 @@ def check_tools(env: dict[str, str] | None = None) -> list[Check]:
             ok = subprocess.run([accounts, "--version"], capture_output=True, timeout=10).returncode == 0
         except (OSError, subprocess.TimeoutExpired):
             ok = False
-    checks.append(Check("accounts", "ok", "accounts CLI is available") if ok else
-                  Check("accounts", "warn", "accounts CLI is not available; account-routed steps will fail"))
+    checks.append(Check("accounts", "ok", "local: accounts CLI is available") if ok else
+                  Check("accounts", "warn", "local: accounts CLI is not available here"))
     for cmd in dict.fromkeys(PROVIDER_EXECUTABLES.values()):
         found = shutil.which(cmd, path=path)
-        checks.append(Check(f"provider:{cmd}", "ok", f"{cmd} is available", found) if found else
-                      Check(f"provider:{cmd}", "warn", f"{cmd} is not on PATH"))
+        checks.append(Check(f"provider:{cmd}", "ok", f"local: {cmd} is available", found) if found else
+                      Check(f"provider:{cmd}", "warn", f"local: {cmd} is not on PATH"))
     return checks
 
 
@@ -114,6 +119,7 @@ def _redis_checks(client: redis.Redis, keys: Keys, data_dir: Path) -> list[Check
             checks.append(Check("mirror", "fail", "mirror database cannot be opened", f"{path}: {exc}"))
     else:
         checks.append(Check("mirror", "ok", "mirror not created yet (any read creates it)", str(path)))
+    workers: list[dict[str, Any]] = []
     for role in ("scheduler", "worker"):
         live = live_processes(client, keys, role)
         if live:
@@ -121,6 +127,13 @@ def _redis_checks(client: redis.Redis, keys: Keys, data_dir: Path) -> list[Check
             checks.append(Check(role, "ok", f"{len(live)} {role}(s) alive", hosts))
         else:
             checks.append(Check(role, "warn", f"no {role} is running; start `loopsq {role}`"))
+        if role == "worker":
+            workers = live
+            for record in live:
+                can = record.get("can")
+                search = can.get("path") if isinstance(can, dict) else None
+                checks.append(Check(f"worker:{record['id']}", "ok", describe_worker(record),
+                                    f"PATH {search}" if search else None))
     checks.extend(memory_checks(client, keys))
     failed = sum(1 for run in _recent_failed(client, keys))
     checks.append(Check("loop-runs", "ok", "no failed loop runs recorded") if failed == 0 else
@@ -133,12 +146,14 @@ def _redis_checks(client: redis.Redis, keys: Keys, data_dir: Path) -> list[Check
     for loop in LoopStore(client, keys).all():
         if loop.status != "active":
             continue
+        checks.append(_workers_check(client, keys, loop.id, loop.name, loop.target, WorkflowStore(client, keys),
+                                     workers))
         try:
             preflight_loop_target(loop.target, loop, _Workflows())
-            checks.append(Check(f"loop:{loop.id}:preflight", "ok", f"active loop target is ready: {loop.name}"))
+            checks.append(Check(f"loop:{loop.id}:local", "ok", f"local: active loop target is ready: {loop.name}"))
         except LoopsqError as exc:
-            checks.append(Check(f"loop:{loop.id}:preflight", "warn",
-                                f"active loop target preflight failed: {loop.name}",
+            checks.append(Check(f"loop:{loop.id}:local", "warn",
+                                f"local: active loop target preflight failed: {loop.name}",
                                 exc.message.removeprefix("preflight failed: ")))
     return checks
 
@@ -179,6 +194,25 @@ def memory_checks(client: redis.Redis, keys: Keys) -> list[Check]:
     checks.append(Check("mirror-groups", "ok", f"{len(live)} mirror group(s) following the change stream",
                         ", ".join(g.name for g in live) or None))
     return checks
+
+
+def _workers_check(client: redis.Redis, keys: Keys, loop_id: str, name: str, target: dict[str, Any],
+                   workflows: WorkflowSource, workers: list[dict[str, Any]]) -> Check:
+    """Can a live worker run the loop? ``fail`` when none can (every run would fail), ``warn`` when none is
+    live or none can tell."""
+    check_id = f"loop:{loop_id}:workers"
+    if not workers:
+        return Check(check_id, "warn", f"no live worker to run it: {name}")
+    try:
+        result = fit(client, keys, executable_targets(target, workflows), workers)
+    except LoopsqError as exc:
+        return Check(check_id, "fail", f"no live worker can run it: {name}", exc.message)
+    if result.can:
+        return Check(check_id, "ok", f"{len(result.can)} of {result.live} live worker(s) can run it: {name}",
+                     result.summary() or None)
+    if result.cannot:
+        return Check(check_id, "fail", f"no live worker can run it: {name}", result.summary())
+    return Check(check_id, "warn", f"no live worker can tell whether it can run it: {name}", result.summary())
 
 
 def _recent_failed(client: redis.Redis, keys: Keys) -> list[str]:

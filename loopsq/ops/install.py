@@ -3,7 +3,14 @@ agents), the commands that enable them, and running those commands.
 
 Adapted from the reference's ``daemon install`` (§3.12), with its defects fixed: ExecStart is quoted as systemd
 parses it (an interpreter path with a space used to break the unit), units are not ordered ``After`` the target
-that wants them (an ordering cycle), and every file is mode 0600, as it may hold a Redis password.
+that wants them (an ordering cycle), and every file is mode 0600 in a directory created 0700.
+
+Secrets (the Redis URL with its password, the web app's API token) are not in the units: each service reads them
+from ``loopsq-<service>.env`` (mode 0600) next to its unit, through systemd's ``EnvironmentFile=`` or, for
+launchd, which has no such thing, a ``/bin/sh`` that sources the file and execs the service.
+
+The web app and the scheduler are sandboxed (``systemd-analyze security`` rates them "OK"); the worker only as
+far as running the user's commands and agents in the user's repositories allows (see ``WORKER_HARDENING``).
 """
 
 from __future__ import annotations
@@ -21,6 +28,66 @@ from loopsq.ops.embedded_redis import write_private
 
 TARGETS = ("systemd", "launchd")
 SERVICES = ("scheduler", "worker", "web")
+#: Variables that go to the 0600 environment file, never into a unit or a plist.
+SECRET_KEYS = frozenset({"LOOPSQ_REDIS_URL", "REDIS_URL", "LOOPSQ_API_TOKEN"})
+#: systemd's stop timeout in the units, and the kill timeout a worker derives its grace from (``ops.shutdown``).
+SYSTEMD_STOP_TIMEOUT_S = 30
+#: launchd's default ``ExitTimeOut``: SIGKILL this long after SIGTERM.
+LAUNCHD_EXIT_TIMEOUT_S = 20
+
+#: The web app and the scheduler talk to Redis and write the data dir, nothing more: a full sandbox.
+#: ``ReadWritePaths=`` (the data dir) and ``PrivateTmp=`` (unless the data dir is under /tmp) are added per unit.
+SANDBOX_HARDENING = (
+    "NoNewPrivileges=yes",
+    "PrivateDevices=yes",
+    "DevicePolicy=closed",
+    "PrivateUsers=yes",
+    "ProtectSystem=strict",
+    "ProtectHome=read-only",
+    "ProtectKernelTunables=yes",
+    "ProtectKernelModules=yes",
+    "ProtectKernelLogs=yes",
+    "ProtectControlGroups=yes",
+    "ProtectClock=yes",
+    "ProtectHostname=yes",
+    "ProtectProc=invisible",
+    "ProcSubset=pid",
+    "RestrictAddressFamilies=AF_INET AF_INET6 AF_UNIX",
+    "RestrictNamespaces=yes",
+    "RestrictRealtime=yes",
+    "RestrictSUIDSGID=yes",
+    "LockPersonality=yes",
+    "MemoryDenyWriteExecute=yes",
+    "RemoveIPC=yes",
+    "KeyringMode=private",
+    "SystemCallArchitectures=native",
+    "SystemCallFilter=@system-service",
+    "SystemCallFilter=~@privileged @resources",
+    "SystemCallErrorNumber=EPERM",
+    "CapabilityBoundingSet=",
+    "AmbientCapabilities=",
+    "UMask=0077",
+)
+#: The worker runs the user's commands and agent CLIs, in the user's repositories, so it keeps what they may
+#: need: writes anywhere the user may write (no ProtectSystem/ProtectHome/ReadWritePaths), the user's /tmp and
+#: devices (sockets of an SSH agent, GPUs: no PrivateTmp/PrivateDevices), setuid helpers such as sudo (no
+#: NoNewPrivileges, no CapabilityBoundingSet), JITs such as node's, which the agent CLIs run on (no
+#: MemoryDenyWriteExecute), sandboxes built on namespaces, which agent CLIs use (no RestrictNamespaces or
+#: PrivateUsers), any system call and address family (no SystemCallFilter or RestrictAddressFamilies), and the
+#: user's umask. What a command never needs is still taken away:
+WORKER_HARDENING = (
+    "ProtectKernelTunables=yes",
+    "ProtectKernelModules=yes",
+    "ProtectKernelLogs=yes",
+    "ProtectControlGroups=yes",
+    "ProtectClock=yes",
+    "ProtectHostname=yes",
+    "RestrictRealtime=yes",
+    "RestrictSUIDSGID=yes",
+    "LockPersonality=yes",
+    "KeyringMode=private",
+    "SystemCallArchitectures=native",
+)
 
 # Characters after which a word can no longer stand bare in a systemd command line.
 _SYSTEMD_SPECIAL = set(" \t\n\r\"'\\;")
@@ -94,8 +161,49 @@ def systemd_quote(arg: str, *, expand: bool = True) -> str:
     return '"' + escaped.replace("\r", "\\r") + '"'
 
 
-def systemd_unit(service: str, argv: Sequence[str], env: Mapping[str, str]) -> str:
-    """A systemd user unit running ``argv`` with ``env``, restarted always."""
+def env_file_name(service: str) -> str:
+    """``loopsq-<service>.env``."""
+    return f"loopsq-{service}.env"
+
+
+def env_file_text(env: Mapping[str, str]) -> str:
+    """``KEY="value"`` lines, read alike by systemd's ``EnvironmentFile=`` and by ``sh``'s ``.``.
+
+    Inside double quotes both treat a backslash before a backslash, a double quote, a dollar sign or a backquote
+    as an escape, and every other character as itself: those four are escaped, nothing else.
+
+    Raises:
+        ValidationError: a value holds a line break or a NUL, which neither reads back.
+    """
+    lines = ["# Written by `loopsq install`: secrets of one service (mode 0600)."]
+    for key, value in env.items():
+        if any(ch in value for ch in "\n\r\0"):
+            raise ValidationError(f"{key} must not contain a line break or NUL, got {value!r}")
+        escaped = "".join(f"\\{ch}" if ch in '\\"$`' else ch for ch in value)
+        lines.append(f'{key}="{escaped}"')
+    return "\n".join(lines) + "\n"
+
+
+def _in_tmp(path: Path) -> bool:
+    return any(path == Path(t) or Path(t) in path.parents for t in ("/tmp", "/var/tmp"))
+
+
+def hardening(service: str, data_dir: Path | None) -> list[str]:
+    """The sandboxing directives of one service's unit (see ``SANDBOX_HARDENING`` and ``WORKER_HARDENING``)."""
+    if service == "worker":
+        return list(WORKER_HARDENING)
+    lines = list(SANDBOX_HARDENING)
+    if data_dir is None or not _in_tmp(data_dir):
+        lines.insert(0, "PrivateTmp=yes")  # a data dir under /tmp must stay the real one
+    if data_dir is not None:
+        lines.append(f"ReadWritePaths={systemd_quote(str(data_dir), expand=False)}")
+    return lines
+
+
+def systemd_unit(service: str, argv: Sequence[str], env: Mapping[str, str], *, env_file: Path | None = None,
+                 data_dir: Path | None = None) -> str:
+    """A systemd user unit running ``argv`` with ``env`` (and the variables of ``env_file``), restarted always,
+    with the service's hardening directives."""
     lines = [
         "# Written by `loopsq install systemd`.",
         "[Unit]",
@@ -108,21 +216,37 @@ def systemd_unit(service: str, argv: Sequence[str], env: Mapping[str, str]) -> s
         "RestartSec=5",
         # SIGTERM to the loopsq process alone (a worker finishes or hands back its run), the rest after the timeout.
         "KillMode=mixed",
-        "TimeoutStopSec=30",
+        f"TimeoutStopSec={SYSTEMD_STOP_TIMEOUT_S}",
     ]
+    if env_file is not None:
+        # A path, taken as it stands (no quotes): only specifiers are expanded.
+        lines.append(f"EnvironmentFile={str(env_file).replace('%', '%%')}")
     lines += [f"Environment={systemd_quote(f'{k}={v}', expand=False)}" for k, v in env.items()]
+    lines += hardening(service, data_dir)
     lines += ["", "[Install]", "WantedBy=default.target", ""]
     return "\n".join(lines)
 
 
-def launchd_plist(service: str, argv: Sequence[str], env: Mapping[str, str], log_path: Path) -> bytes:
-    """A launchd agent running ``argv`` with ``env``, at load and kept alive, logging to ``log_path``."""
+#: launchd has no environment file: ``/bin/sh`` sources it (``set -a`` exports what it sets), then execs the service.
+LAUNCHD_SOURCE = 'set -a; . "$0"; set +a; exec "$@"'
+
+
+def launchd_argv(argv: Sequence[str], env_file: Path | None) -> list[str]:
+    """What a plist runs: ``argv``, behind a shell that sources ``env_file`` when there is one."""
+    return [*(["/bin/sh", "-c", LAUNCHD_SOURCE, str(env_file)] if env_file is not None else []), *argv]
+
+
+def launchd_plist(service: str, argv: Sequence[str], env: Mapping[str, str], log_path: Path,
+                  env_file: Path | None = None) -> bytes:
+    """A launchd agent running ``argv`` with ``env`` (and the variables of ``env_file``), at load and kept alive,
+    logging to ``log_path``."""
     return plistlib.dumps({
         "Label": plist_label(service),
-        "ProgramArguments": list(argv),
+        "ProgramArguments": launchd_argv(argv, env_file),
         "EnvironmentVariables": dict(env),
         "RunAtLoad": True,
         "KeepAlive": True,
+        "ExitTimeOut": LAUNCHD_EXIT_TIMEOUT_S,
         "StandardOutPath": str(log_path),
         "StandardErrorPath": str(log_path),
     })
@@ -137,33 +261,51 @@ def write_services(
     python: str | None = None,
     default_location: bool = True,
     service_env: Mapping[str, Mapping[str, str]] | None = None,
+    data_dir: Path | None = None,
 ) -> Installation:
-    """Write one file per service (mode 0600) and return them with the commands that enable them.
+    """Write one file per service, and one environment file per service that has secrets (all mode 0600, in
+    ``directory``, created 0700), and return them with the commands that enable them.
 
-    ``service_env`` adds variables to one service's environment (the web app's API token). ``default_location``
-    False means ``directory`` is not where systemd looks: the enable command then names the files by path
-    (``systemctl --user enable`` links them in).
+    ``service_env`` adds variables to one service's environment (the web app's API token). ``data_dir`` is the
+    one directory the sandboxed services may write. ``default_location`` False means ``directory`` is not where
+    systemd looks: the enable command then names the files by path (``systemctl --user enable`` links them in).
+
+    Raises:
+        ValidationError: a secret holds a line break or a NUL (before anything is written).
     """
     validate_target(target)
-    directory.mkdir(parents=True, exist_ok=True)
-    done = Installation(target)
+    kill_timeout = SYSTEMD_STOP_TIMEOUT_S if target == "systemd" else LAUNCHD_EXIT_TIMEOUT_S
+    plans = []
     for service in SERVICES:
-        argv = service_argv(service, python)
         full_env = {**env, **(service_env or {}).get(service, {})}
+        if service == "worker":
+            full_env["LOOPSQ_KILL_TIMEOUT"] = f"{kill_timeout}s"  # its grace ends before the SIGKILL
+        secrets = {k: v for k, v in full_env.items() if k in SECRET_KEYS}
+        public = {k: v for k, v in full_env.items() if k not in SECRET_KEYS}
+        plans.append((service, public, env_file_text(secrets) if secrets else None))
+    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+    done = Installation(target)
+    for service, public, secret_text in plans:
+        argv = service_argv(service, python)
+        env_file = directory / env_file_name(service) if secret_text is not None else None
         if target == "systemd":
             path = directory / unit_name(service)
-            write_private(path, systemd_unit(service, argv, full_env))
+            write_private(path, systemd_unit(service, argv, public, env_file=env_file, data_dir=data_dir))
         else:
             path = directory / f"{plist_label(service)}.plist"
-            write_private(path, launchd_plist(service, argv, full_env, log_dir / f"{service}.log"))
+            write_private(path, launchd_plist(service, argv, public, log_dir / f"{service}.log", env_file))
         done.files.append(path)
+        if env_file is not None and secret_text is not None:
+            write_private(env_file, secret_text)
+            done.files.append(env_file)
     if target == "systemd":
-        units = [unit_name(s) for s in SERVICES] if default_location else [str(p) for p in done.files]
+        unit_files = [p for p in done.files if p.suffix == ".service"]
+        units = [unit_name(s) for s in SERVICES] if default_location else [str(p) for p in unit_files]
         done.commands = [["systemctl", "--user", "daemon-reload"], ["systemctl", "--user", "enable", "--now", *units]]
         done.notes = ["loginctl enable-linger $USER"]
     else:
         log_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-        done.commands = [["launchctl", "load", "-w", str(p)] for p in done.files]
+        done.commands = [["launchctl", "load", "-w", str(p)] for p in done.files if p.suffix == ".plist"]
     return done
 
 

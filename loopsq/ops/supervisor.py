@@ -80,6 +80,11 @@ class Child:
     restart_at: float | None = None
     starts: int = 0
     reader: threading.Thread | None = None
+    #: Exits in a row, each within ``Supervisor.quick_exit_s`` of its start.
+    quick_exits: int = 0
+    #: The supervisor stopped restarting it: it kept failing right after it started.
+    given_up: bool = False
+    last_line: str = ""
 
     @property
     def running(self) -> bool:
@@ -91,7 +96,9 @@ class Supervisor:
     """Runs children, restarts those that exit with capped exponential backoff, and stops them all in stages.
 
     The backoff starts at ``backoff_initial_s`` and doubles up to ``backoff_max_s``; a child that ran for
-    ``stable_after_s`` or longer before exiting starts over from the initial delay.
+    ``stable_after_s`` or longer before exiting starts over from the initial delay. A child that fails
+    ``give_up_after`` times in a row, each time within ``quick_exit_s`` of its start (a taken port, a bad
+    configuration: restarting cannot help), is not restarted again; ``given_up`` names it, and ``run`` returns.
     """
 
     def __init__(
@@ -102,6 +109,8 @@ class Supervisor:
         backoff_initial_s: float = 1.0,
         backoff_max_s: float = 30.0,
         stable_after_s: float = 30.0,
+        quick_exit_s: float = 10.0,
+        give_up_after: int = 3,
         poll_s: float = 0.1,
         name: str = "up",
         clock: Callable[[], float] = time.monotonic,
@@ -111,6 +120,8 @@ class Supervisor:
         self.backoff_initial_s = backoff_initial_s
         self.backoff_max_s = backoff_max_s
         self.stable_after_s = stable_after_s
+        self.quick_exit_s = quick_exit_s
+        self.give_up_after = give_up_after
         self.poll_s = poll_s
         self.name = name
         self.clock = clock
@@ -144,16 +155,25 @@ class Supervisor:
         child.started_at = self.clock()
         child.restart_at = None
         child.starts += 1
-        child.reader = threading.Thread(target=self._pump, args=(child.spec.name, popen), daemon=True,
+        child.last_line = ""
+        child.reader = threading.Thread(target=self._pump, args=(child, popen), daemon=True,
                                         name=f"output-{child.spec.name}")
         child.reader.start()
         self.say(f"started {child.spec.name} (pid {popen.pid})")
 
-    def _pump(self, name: str, popen: subprocess.Popen[bytes]) -> None:
+    def _pump(self, child: Child, popen: subprocess.Popen[bytes]) -> None:
         assert popen.stdout is not None
         with popen.stdout:
             for raw in iter(popen.stdout.readline, b""):
-                self.printer.line(name, raw.decode("utf-8", "replace").rstrip("\r\n"))
+                text = raw.decode("utf-8", "replace").rstrip("\r\n")
+                if text.strip():
+                    child.last_line = text
+                self.printer.line(child.spec.name, text)
+
+    @property
+    def given_up(self) -> Child | None:
+        """The first child the supervisor stopped restarting, if any."""
+        return next((c for c in self.children if c.given_up), None)
 
     # -- supervising ----------------------------------------------------------------------------------------
     def check(self) -> None:
@@ -165,10 +185,20 @@ class Supervisor:
                 ran = now - child.started_at
                 if ran >= self.stable_after_s:
                     child.backoff_s = self.backoff_initial_s
+                child.quick_exits = child.quick_exits + 1 if ran < self.quick_exit_s else 0
                 delay = child.backoff_s
                 child.backoff_s = min(child.backoff_s * 2, self.backoff_max_s)
                 child.popen = None
                 _signal_group(popen.pid, signal.SIGKILL)  # helpers it left in its group go with it
+                if child.quick_exits >= self.give_up_after:
+                    if child.reader is not None:
+                        child.reader.join(timeout=2)  # its last lines say why
+                    child.given_up = True
+                    last = f" (last line: {child.last_line.strip()})" if child.last_line.strip() else ""
+                    self.say(f"{child.spec.name} exited with {describe_exit(popen.returncode)} "
+                             f"{child.quick_exits} times in a row within {self.quick_exit_s:g}s of starting; "
+                             f"not restarting it{last}")
+                    continue
                 child.restart_at = now + delay
                 self.say(f"{child.spec.name} exited with {describe_exit(popen.returncode)}; "
                          f"restarting in {delay:g}s")
@@ -176,10 +206,11 @@ class Supervisor:
                 self.start(child)
 
     def run(self, stop: threading.Event) -> None:
-        """Supervise until ``stop`` is set (``shutdown`` is the caller's)."""
-        while not stop.is_set():
+        """Supervise until ``stop`` is set or a child was given up (``shutdown`` is the caller's)."""
+        while not stop.is_set() and self.given_up is None:
             self.check()
-            stop.wait(self.poll_s)
+            if self.given_up is None:
+                stop.wait(self.poll_s)
 
     # -- stopping -------------------------------------------------------------------------------------------
     def shutdown(self, force: threading.Event | None = None) -> None:

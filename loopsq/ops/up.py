@@ -8,6 +8,7 @@ import fcntl
 import logging
 import os
 import secrets
+import socket
 import sys
 import threading
 import time
@@ -16,6 +17,7 @@ from pathlib import Path
 
 from loopsq.errors import LoopsqError
 from loopsq.ops.embedded_redis import EmbeddedRedis, find_redis_server, server_version, write_private
+from loopsq.ops.shutdown import grace_for
 from loopsq.ops.supervisor import ChildSpec, Printer, Supervisor, describe_exit
 from loopsq.state.connection import connect, mask_url
 from loopsq.state.connection import server_version as redis_version
@@ -102,21 +104,67 @@ def api_token(data_dir: Path) -> str:
     return token
 
 
+#: What any child needs from up's environment: to find Python and loopsq, and the locale, zone and home.
+BASE_ENV_KEYS = frozenset({"PATH", "HOME", "USER", "LOGNAME", "SHELL", "LANG", "LANGUAGE", "TZ", "TMPDIR",
+                           "PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV", "SYSTEMROOT"})
+#: loopsq's own variables a child may be given (each only to the children that use it), never inherited as such.
+PASSED_LOOPSQ_KEYS = {"all": ("LOOPSQ_HOST",), "web": ("LOOPSQ_METRICS_PER_LOOP",)}
+
+
+def child_env(role: str, url: str | None, data_dir: Path, environ: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment of one of up's children: only what it needs.
+
+    Every child gets ``BASE_ENV_KEYS`` and ``LC_*``, the Redis URL and the data dir (the embedded Redis gets neither);
+    the web app its token (added by the caller) and ``LOOPSQ_METRICS_PER_LOOP``. A worker gets the whole
+    environment instead, because the commands and agents it runs need the user's variables (API keys, an SSH
+    agent), but without loopsq's own: no ``LOOPSQ_*`` but what is set here, no ``REDIS_URL``, no ``PORT`` and no
+    fault injection (``LOOPSQ_FAULT``: a stray one would make every worker kill itself on every run).
+    """
+    source = dict(os.environ) if environ is None else environ
+    if role == "worker":
+        env = {k: v for k, v in source.items() if not k.startswith("LOOPSQ_") and k not in ("REDIS_URL", "PORT")}
+    else:
+        env = {k: v for k, v in source.items() if k in BASE_ENV_KEYS or k.startswith("LC_")}
+    if url is not None:  # a loopsq process (the embedded Redis needs none of this)
+        for key in (*PASSED_LOOPSQ_KEYS["all"], *PASSED_LOOPSQ_KEYS.get(role, ())):
+            if source.get(key):
+                env[key] = source[key]
+        env.update(LOOPSQ_REDIS_URL=url, LOOPSQ_DATA_DIR=str(data_dir))
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
 def app_specs(cfg: UpConfig, url: str) -> list[ChildSpec]:
     """The scheduler, the workers, the mirror (and the web app), each a ``python -m loopsq`` child."""
-    env = {**os.environ, "LOOPSQ_REDIS_URL": url, "LOOPSQ_DATA_DIR": str(cfg.data_dir), "PYTHONUNBUFFERED": "1"}
     loopsq = (sys.executable, "-m", "loopsq")
-    specs = [ChildSpec("scheduler", (*loopsq, "scheduler"), env)]
+    specs = [ChildSpec("scheduler", (*loopsq, "scheduler"), child_env("scheduler", url, cfg.data_dir))]
     # A worker's grace must end before up's stop timeout does, so its current run is recorded and handed on
     # rather than killed with it.
-    grace = f"{max(500, int(cfg.stop_grace_s * 1000) - 2000)}ms"
-    specs += [ChildSpec(f"worker.{i}", (*loopsq, "worker", "--grace", grace), env) for i in range(1, cfg.workers + 1)]
-    specs.append(ChildSpec("mirror", (*loopsq, "mirror"), env))
+    grace = f"{grace_for(int(cfg.stop_grace_s * 1000))}ms"
+    worker_env = child_env("worker", url, cfg.data_dir)
+    specs += [ChildSpec(f"worker.{i}", (*loopsq, "worker", "--grace", grace), worker_env)
+              for i in range(1, cfg.workers + 1)]
+    specs.append(ChildSpec("mirror", (*loopsq, "mirror"), child_env("mirror", url, cfg.data_dir)))
     if cfg.web:
         # The mirror above already follows the change stream into this data dir.
-        web_env = {**env, API_TOKEN_ENV: api_token(cfg.data_dir)}
+        web_env = {**child_env("web", url, cfg.data_dir), API_TOKEN_ENV: api_token(cfg.data_dir)}
         specs.append(ChildSpec("web", (*loopsq, "web", "--port", str(cfg.web_port), "--no-mirror"), web_env))
     return specs
+
+
+def check_web_port(port: int) -> None:
+    """Refuse to start when the web app's port is taken (by another ``up``, say): its URL would be another's.
+
+    Raises:
+        LoopsqError: naming the address and the way out.
+    """
+    with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError as exc:
+            raise LoopsqError(f"cannot serve the web app on 127.0.0.1:{port}: {exc.strerror or exc}; "
+                              "pass --web-port PORT (or --no-web)") from exc
 
 
 def start_embedded_redis(sup: Supervisor, embedded: EmbeddedRedis, stop: threading.Event,
@@ -135,7 +183,7 @@ def start_embedded_redis(sup: Supervisor, embedded: EmbeddedRedis, stop: threadi
         embedded.configure()
         sup.say(f"starting redis-server {version} ({embedded.binary}) on 127.0.0.1:{embedded.port}, "
                 f"AOF in {embedded.dir}")
-        child = sup.add(ChildSpec("redis", tuple(embedded.argv()), stage=1))
+        child = sup.add(ChildSpec("redis", tuple(embedded.argv()), child_env("redis", None, embedded.dir), stage=1))
         sup.start(child)
         assert child.popen is not None
         if embedded.wait_ready(child.popen, stop):
@@ -172,22 +220,29 @@ def run_up(cfg: UpConfig, stop: threading.Event, force: threading.Event | None =
     """Run everything until ``stop`` is set, then stop it all; ``force`` skips the stop grace.
 
     Raises:
-        LoopsqError: when another ``up`` runs on the data dir, or the embedded Redis does not start.
+        LoopsqError: when another ``up`` runs on the data dir, the web port is taken, no redis-server can be
+            found, the embedded Redis does not start, or a child keeps failing right after it starts.
         RedisUnavailableError: on a configuration error of a configured Redis (wrong password, bad URL); an
             unreachable one is waited for.
     """
     sup = Supervisor(printer or Printer(), stop_grace_s=cfg.stop_grace_s)
+    binary = None
+    if not config.up_is_running(cfg.data_dir):  # else the lock below says which up runs there
+        # What would make a child fail at once is refused here, before anything is started or written.
+        if cfg.web:
+            check_web_port(cfg.web_port)
+        binary = find_redis_server() if cfg.redis_url is None else None
     cfg.data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     lock = UpLock(cfg.data_dir)
     lock.acquire()
     embedded: EmbeddedRedis | None = None
     try:
         sup.say(f"data dir {cfg.data_dir}")
-        if cfg.redis_url is None:
-            embedded = EmbeddedRedis(cfg.data_dir, find_redis_server())
+        url = cfg.redis_url
+        if url is None:
+            embedded = EmbeddedRedis(cfg.data_dir, binary or find_redis_server())
             url = start_embedded_redis(sup, embedded, stop)
         else:
-            url = cfg.redis_url
             client = connect(url, check=False)
             if not wait_for_redis(client, OutageLog(url, _say_logger(sup)), stop):
                 return
@@ -214,6 +269,10 @@ def run_up(cfg: UpConfig, stop: threading.Event, force: threading.Event | None =
         hint = "; try `loopsq runs demo-hello` in another terminal" if cfg.demo else ""
         sup.say(f"running; Ctrl-C stops everything{hint}")
         sup.run(stop)
+        failing = sup.given_up
+        if failing is not None and not stop.is_set():
+            raise LoopsqError(f"{failing.spec.name} kept failing right after it started; stopped everything "
+                              f"(see its lines above)")
     finally:
         if any(c.running for c in sup.children):
             sup.say("stop signal received; stopping everything" if stop.is_set() else "stopping everything")

@@ -121,7 +121,7 @@ def create_app(settings: WebSettings, *, client: redis.Redis | None = None) -> F
     app = LoopsqAPI(title="loopsq", version=__version__, description=DESCRIPTION, openapi_url=OPENAPI_PATH,
                   docs_url=None, redoc_url=None, lifespan=lifespan)
     app.state.ctx = ctx
-    app.state.metrics_registry = metrics.registry_for(ctx)
+    app.state.metrics_registry = metrics.registry_for(ctx, per_loop=settings.metrics_per_loop)
     errors.install(app, settings.redis_url)
     for router in (api.router, api_workflows.router, metrics.router, dashboard.router):
         app.include_router(router)

@@ -47,6 +47,7 @@ class WebSettings:
         follow_mirror: Run the mirror follower thread (reads catch up anyway; this keeps the lag low).
         rq_dashboard: Mount rq-dashboard under ``/rq``.
         refresh_s: Dashboard auto-refresh period.
+        metrics_per_loop: ``/metrics`` labels run counts per loop (``LOOPSQ_METRICS_PER_LOOP=1``).
     """
 
     redis_url: str
@@ -56,6 +57,7 @@ class WebSettings:
     follow_mirror: bool = True
     rq_dashboard: bool = True
     refresh_s: int = 5
+    metrics_per_loop: bool = False
 
 
 class WebContext:

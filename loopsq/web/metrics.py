@@ -1,29 +1,40 @@
 """``/metrics`` in Prometheus text format: a custom collector that reads the state at scrape time.
 
-Everything is computed from the (caught-up) mirror and Redis when scraped, so every web process reports the
-same numbers and nothing is lost on restart:
+Everything is computed from the (caught-up) mirror and Redis when scraped, so nothing is lost on restart:
 
-- ``loopsq_runs{loop_id,loop,status}``: recorded runs per loop and status;
+- counters, for alerting (``loopsq.mirror.counters``: transitions counted exactly once as the mirror applies
+  them): ``loopsq_runs_total{status}`` (finished attempts), ``loopsq_retries_total`` (retry attempts started),
+  ``loopsq_recoveries_total{reason}`` (runs abandoned: ``worker_died``, ``lease_expired``, ``worker_shutdown``,
+  ``other``);
+- ``loopsq_runs_current{status}``: recorded runs by their current status (a retried slot's row counts once);
 - ``loopsq_loops{status}``: loops per status;
-- ``loopsq_scheduling_lag_seconds``: histogram of ``startedAt - scheduledFor`` over first attempts (a retry
-  starts late on purpose);
+- ``loopsq_scheduling_lag_seconds``: histogram of the start delay of first attempts, measured from when the slot
+  could first have run: its time, or the loop's creation if later (a loop created with a past ``--at`` would
+  otherwise add a sample years long); a retry starts late on purpose and is left out;
 - ``loopsq_run_duration_seconds``: histogram of the finished runs' durations;
 - ``loopsq_queue_depth``: jobs waiting in the RQ queue; ``loopsq_workers_alive``, ``loopsq_schedulers_alive``.
+
+Per-loop labels (``loop_id``, ``loop``) on the run counts come only with ``LOOPSQ_METRICS_PER_LOOP=1``: by default
+the number of series does not grow with the number of loops.
 """
 
 from __future__ import annotations
 
+import os
 import sqlite3
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
-from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from loopsq.domain.models import LOOP_STATUSES
+from loopsq.domain.run_rules import RUN_STATUSES, TERMINAL
 from loopsq.engine import timers
+from loopsq.errors import ValidationError
+from loopsq.mirror import counters
 from loopsq.ops.health import live_processes
 from loopsq.web.context import WebContext
 from loopsq.web.deps import error_responses
@@ -31,9 +42,14 @@ from loopsq.web.deps import error_responses
 LAG_BUCKETS_S = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
 DURATION_BUCKETS_S = (0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 1800.0, 3600.0)
 
-# Whole milliseconds, so that bucket bounds compare exactly. julianday() reads loopsq's ISO timestamps ('Z').
-_LAG_MS = ("MAX(0, CAST(ROUND((julianday(started_at) - julianday(scheduled_for)) * 86400000.0) AS INTEGER))")
-_LAG_FROM = "FROM loop_runs WHERE started_at IS NOT NULL AND attempt = 1"
+PER_LOOP_ENV = "LOOPSQ_METRICS_PER_LOOP"
+
+# Whole milliseconds, so that bucket bounds compare exactly. julianday() reads loopsq's ISO timestamps ('Z'). A slot
+# could not run before its loop existed: the lag counts from the later of the two (a removed loop: from the slot).
+_LAG_MS = ("MAX(0, CAST(ROUND((julianday(r.started_at) - MAX(julianday(r.scheduled_for), "
+           "COALESCE(julianday(l.created_at), julianday(r.scheduled_for)))) * 86400000.0) AS INTEGER))")
+_LAG_FROM = ("FROM loop_runs r LEFT JOIN loops l ON l.id = r.loop_id "
+             "WHERE r.started_at IS NOT NULL AND r.attempt = 1")
 _DURATION_FROM = "FROM loop_runs WHERE duration_ms IS NOT NULL"
 
 
@@ -47,11 +63,40 @@ def histogram(conn: sqlite3.Connection, value_ms: str, source: str,
     return buckets, float(row[1]) / 1000.0
 
 
+def per_loop_from_env(environ: Mapping[str, str] | None = None) -> bool:
+    """``LOOPSQ_METRICS_PER_LOOP``: ``1`` adds per-loop labels, ``0`` or unset leaves them out.
+
+    Raises:
+        ValidationError: any other value.
+    """
+    value = (os.environ if environ is None else environ).get(PER_LOOP_ENV, "").strip()
+    if value not in ("", "0", "1"):
+        raise ValidationError(f"{PER_LOOP_ENV} must be 1 or 0, got '{value}'")
+    return value == "1"
+
+
+def _counter(conn: sqlite3.Connection, name: str, doc: str, metric: str, label: str | None, per_loop: bool,
+             zeros: Sequence[str] = ()) -> CounterMetricFamily:
+    """One counter family from the mirror's counts; ``zeros`` are label values shown at 0 before any count (so an
+    alert on ``increase()`` has a series to start from)."""
+    labels = (["loop_id", "loop"] if per_loop else []) + ([label] if label else [])
+    family = CounterMetricFamily(name, doc, labels=labels)
+    rows = counters.read(conn, metric, per_loop=per_loop)
+    seen = {value for _, _, value, _ in rows}
+    if not per_loop:
+        rows += [("", "", value, 0) for value in zeros if value not in seen]
+        rows.sort(key=lambda row: row[2])
+    for loop_id, loop_name, value, count in rows:
+        family.add_metric(([loop_id, loop_name] if per_loop else []) + ([value] if label else []), count)
+    return family
+
+
 class StateCollector(Collector):
     """Reads loopsq's state on every scrape."""
 
-    def __init__(self, ctx: WebContext) -> None:
+    def __init__(self, ctx: WebContext, *, per_loop: bool = False) -> None:
         self.ctx = ctx
+        self.per_loop = per_loop
 
     def describe(self) -> Iterable[Metric]:
         """Nothing up front: registering must not touch Redis."""
@@ -59,24 +104,33 @@ class StateCollector(Collector):
 
     def collect(self) -> Iterable[Metric]:
         """The metric families, from the caught-up mirror and Redis."""
+        per_loop = self.per_loop
         with self.ctx.mirror() as conn:
-            runs = GaugeMetricFamily("loopsq_runs", "Recorded loop runs by loop and status.",
-                                     labels=["loop_id", "loop", "status"])
-            for loop_id, loop_name, status, count in conn.execute(
-                "SELECT loop_id, loop_name, status, COUNT(*) FROM loop_runs "
-                "GROUP BY loop_id, loop_name, status ORDER BY loop_id, status"
-            ):
-                runs.add_metric([str(loop_id), str(loop_name), str(status)], int(count))
+            terminal = [s for s in RUN_STATUSES if s in TERMINAL]
+            families: list[Metric] = [
+                _counter(conn, "loopsq_runs", "Finished loop run attempts by status.", counters.RUNS, "status",
+                         per_loop, terminal),
+                _counter(conn, "loopsq_retries", "Retry attempts of loop runs started.", counters.RETRIES, None,
+                         per_loop, [""]),
+                _counter(conn, "loopsq_recoveries", "Loop runs abandoned, by reason.", counters.RECOVERIES,
+                         "reason", per_loop, counters.RECOVERY_REASONS),
+            ]
+            keys = "loop_id, loop_name, status" if per_loop else "status"
+            runs = GaugeMetricFamily("loopsq_runs_current", "Recorded loop runs by their current status.",
+                                     labels=(["loop_id", "loop"] if per_loop else []) + ["status"])
+            for row in conn.execute(f"SELECT {keys}, COUNT(*) FROM loop_runs GROUP BY {keys} ORDER BY {keys}"):
+                runs.add_metric([str(v) for v in row[:-1]], int(row[-1]))
             loops = GaugeMetricFamily("loopsq_loops", "Loops by status.", labels=["status"])
             by_status = {str(s): int(n) for s, n in conn.execute("SELECT status, COUNT(*) FROM loops GROUP BY status")}
             for status in sorted({*LOOP_STATUSES, *by_status}):
                 loops.add_metric([status], by_status.get(status, 0))
             lag = HistogramMetricFamily("loopsq_scheduling_lag_seconds",
-                                        "Start delay of first attempts: startedAt - scheduledFor.")
+                                        "Start delay of first attempts, from when the slot could first have run "
+                                        "(its time, or its loop's creation if later).")
             lag.add_metric([], *histogram(conn, _LAG_MS, _LAG_FROM, LAG_BUCKETS_S))
             duration = HistogramMetricFamily("loopsq_run_duration_seconds", "Duration of finished runs.")
             duration.add_metric([], *histogram(conn, "duration_ms", _DURATION_FROM, DURATION_BUCKETS_S))
-        yield from (runs, loops, lag, duration)
+        yield from (*families, runs, loops, lag, duration)
         yield GaugeMetricFamily("loopsq_queue_depth", "Jobs waiting in the RQ queue.",
                                 value=timers.queue_depth(self.ctx.raw()))
         yield GaugeMetricFamily("loopsq_workers_alive", "Workers with a fresh liveness key.",
@@ -85,10 +139,10 @@ class StateCollector(Collector):
                                 value=len(live_processes(self.ctx.client, self.ctx.keys, "scheduler")))
 
 
-def registry_for(ctx: WebContext) -> CollectorRegistry:
+def registry_for(ctx: WebContext, *, per_loop: bool = False) -> CollectorRegistry:
     """A registry of its own per app (no process-wide default registry, no client-library metrics)."""
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(StateCollector(ctx))
+    registry.register(StateCollector(ctx, per_loop=per_loop))
     return registry
 
 

@@ -25,6 +25,7 @@ from loopsq.domain.run_rules import LoopRun
 from loopsq.domain.timeutil import from_iso
 from loopsq.state.connection import client_for
 from loopsq.state.keys import Keys
+from loopsq.system.procs import is_process_alive
 
 T = TypeVar("T")
 
@@ -78,6 +79,23 @@ class Proc:
         if self.alive():
             self.popen.send_signal(signal.SIGKILL)
         self.popen.wait(timeout=10)
+
+    def kill_watchdog(self) -> int:
+        """kill -9 this worker's group watchdog (``loopsq.executor.watchdog``), so that the run processes it
+        started outlive a kill -9 of the worker, as they would if the watchdog had died first: what recovery's own
+        orphan kill is there for. Returns the watchdog's pid."""
+        import psutil
+
+        from loopsq.executor.watchdog import WATCHDOG_CODE
+
+        watchdog = next(p for p in psutil.Process(self.pid).children() if WATCHDOG_CODE in p.cmdline())
+        watchdog.kill()
+        deadline = time.monotonic() + 10
+        # A zombie until the worker reaps it (at its next spawn): dead all the same.
+        while is_process_alive(watchdog.pid):
+            assert time.monotonic() < deadline, f"watchdog {watchdog.pid} of {self.name} did not die"
+            time.sleep(0.02)
+        return int(watchdog.pid)
 
 
 @dataclass

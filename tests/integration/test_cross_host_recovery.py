@@ -53,6 +53,8 @@ def slow_loop(cluster: Cluster) -> None:
 def test_a_dead_workers_run_is_recovered_on_its_own_host_with_its_orphan_killed_first(cluster: Cluster) -> None:
     victim, run = slow_run_on_host_b(cluster)
     sibling = cluster.start("worker", env=B)
+    # Its watchdog would take the run's group along at once; without it, the orphan is the sibling's to kill.
+    victim.kill_watchdog()
     victim.kill9()
     killed_at = time.monotonic()
     final = cluster.wait_until(lambda: (r := cluster.run(run.id)) and r.attempt == 2 and r.terminal and r, 25,

@@ -64,7 +64,7 @@ def test_every_transition_reaches_the_change_stream_and_the_mirror(cluster: Clus
     # Abandon first: a worker that kills itself right after spawning the first run it gets.
     cluster.create("abandoned", "sleep 30", "--every", "1s", "--lease", "30s")
     cluster.start("scheduler")
-    crashing = cluster.start("worker", env={"LOOPSQ_FAULT": "after_spawn"})
+    crashing = cluster.start("worker", env={"LOOPSQ_FAULT": "after_spawn", "LOOPSQ_TEST_FAULTS": "1"})
     cluster.wait_until(lambda: not crashing.alive(), 15, "the crashing worker to kill itself")
     cluster.cli("stop", "abandoned")
     cluster.create("ok", "true", "--every", "1s")

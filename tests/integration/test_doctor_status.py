@@ -53,13 +53,17 @@ def test_doctor_reports_each_check_and_warns_without_failing(env: Path) -> None:
     assert checks["scheduler"] == {"id": "scheduler", "status": "warn",
                                    "message": "no scheduler is running; start `loopsq scheduler`"}
     assert checks["provider:claude"]["status"] == "ok"
-    assert checks["provider:codex"] == {"id": "provider:codex", "status": "warn", "message": "codex is not on PATH"}
-    assert checks["accounts"]["message"] == "accounts CLI is not available; account-routed steps will fail"
-    preflights = {c["message"]: c for c in report["checks"] if c["id"].endswith(":preflight")}
-    assert "active loop target is ready: good" in preflights
-    assert preflights["active loop target preflight failed: bad"]["detail"] == (
+    assert checks["provider:codex"] == {"id": "provider:codex", "status": "warn",
+                                        "message": "local: codex is not on PATH"}
+    assert checks["accounts"]["message"] == "local: accounts CLI is not available here"
+    preflights = {c["message"]: c for c in report["checks"] if c["id"].endswith(":local")}
+    assert "local: active loop target is ready: good" in preflights
+    assert preflights["local: active loop target preflight failed: bad"]["detail"] == (
         "Executable not found in PATH: no-such-binary-xyz"
     )
+    # No worker is live to judge the loops against: a warning each, not a failure.
+    workers = {c["message"] for c in report["checks"] if c["id"].endswith(":workers")}
+    assert workers == {"no live worker to run it: good", "no live worker to run it: bad"}
 
 
 def test_doctor_sees_live_workers_and_a_working_accounts_cli(env: Path, redis_server: RedisServer) -> None:
@@ -70,7 +74,7 @@ def test_doctor_sees_live_workers_and_a_working_accounts_cli(env: Path, redis_se
     lines = {line.split()[1]: line for line in out.splitlines()}
     assert lines["worker"].startswith("ok   worker                 1 worker(s) alive (")
     assert lines["scheduler"].startswith("ok   scheduler              1 scheduler(s) alive (")
-    assert lines["accounts"] == "ok   accounts               accounts CLI is available"
+    assert lines["accounts"] == "ok   accounts               local: accounts CLI is available"
 
 
 def test_doctor_fails_with_exit_1_when_redis_is_unreachable(env: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -197,3 +198,125 @@ def test_honcho_starts_the_procfile_s_scheduler_and_worker_and_a_loop_runs(redis
         assert "worker.1    | [loopsq-worker] stopped" in log.read_text(errors="replace")
     finally:
         _kill_tree(proc)
+
+
+#: honcho with its SIGTERM-to-SIGKILL wait (5 s, hard-coded) shortened, as a platform with a short kill timeout.
+HONCHO_KILL_WAIT_S = 3
+HONCHO_SHORT_KILL = ("import sys, honcho.manager, honcho.command; honcho.manager.KILL_WAIT = int(sys.argv.pop(1)); "
+                     "honcho.command.main()")
+
+
+def _group(pgid: int) -> list[psutil.Process]:
+    members = []
+    for proc in psutil.process_iter(["status"]):
+        with contextlib.suppress(ProcessLookupError, psutil.Error):
+            if os.getpgid(proc.pid) == pgid and proc.info["status"] != psutil.STATUS_ZOMBIE:
+                members.append(proc)
+    return members
+
+
+def _wait(predicate: Any, timeout: float, what: str, log: Path) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        assert time.monotonic() < deadline, f"no {what} within {timeout}s\n{log.read_text(errors='replace')}"
+        time.sleep(0.2)
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(180)
+def test_the_procfile_under_honcho_binds_port_and_ctrl_c_hands_the_run_on_with_nothing_left_running(
+        redis_server: RedisServer, tmp_path: Path) -> None:
+    from tests.redis_server import free_port
+
+    client = redis_server.client()
+    client.flushall()
+    web_port = free_port()
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LOOPSQ_") and k not in ("REDIS_URL", "PORT")}
+    # honcho gives each process type PORT, PORT+100, ... in Procfile order: web is third.
+    env.update(LOOPSQ_REDIS_URL=redis_server.url, LOOPSQ_DATA_DIR=str(tmp_path / "data"), PORT=str(web_port - 200),
+               LOOPSQ_API_TOKEN="t" * 32, LOOPSQ_KILL_TIMEOUT=f"{HONCHO_KILL_WAIT_S}s", PYTHONUNBUFFERED="1",
+               PATH=f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}")
+
+    def loopsq(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "loopsq", *args], env=env, capture_output=True, text=True,
+                              timeout=60, stdin=subprocess.DEVNULL)
+
+    def honcho(log: Path, *args: str) -> subprocess.Popen[bytes]:
+        with log.open("wb") as out:
+            return subprocess.Popen([sys.executable, "-c", HONCHO_SHORT_KILL, str(HONCHO_KILL_WAIT_S), "-f",
+                                     str(PROCFILE), "-d", str(tmp_path), "--no-colour", "start", *args], env=env,
+                                    stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                    start_new_session=True)
+
+    # The first attempt runs long (with a grandchild); the retry ends at once.
+    cmd = (f'echo "$LOOPS_SCHEDULED_FOR $LOOPS_ATTEMPT" >> {marks}/ledger; [ "$LOOPS_ATTEMPT" = 2 ] && exit 0; '
+           f"(sleep 60 & echo $! > {marks}/grandchild; wait) & sleep 60")
+    # A slot of the loop's own (a triggered run is ad hoc: it is never retried).
+    at = (datetime.now(UTC) + timedelta(seconds=3)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    created = loopsq("create", "command", "long", "--at", at, "--cmd", cmd)
+    assert created.returncode == 0, created.stderr
+    log = tmp_path / "honcho.log"
+    proc = honcho(log)
+    try:
+        health = f"http://127.0.0.1:{web_port}/api/health"
+        _wait(lambda: _get(health) == 200, 60, f"the web app on {health}", log)
+        web_pid = _wait(lambda: next((c.laddr for p in psutil.Process(proc.pid).children(recursive=True)
+                                      for c in _listening(p) if c.laddr.port == web_port), None), 10, "web", log)
+        assert web_pid.ip == "0.0.0.0"
+        assert f"[loopsq-web] serving http://0.0.0.0:{web_port} " in log.read_text()
+        run = _wait(lambda: next((r for r in json.loads(loopsq("--json", "runs", "long").stdout)
+                                  if r["status"] == "running" and r.get("pid")), None), 30, "the run", log)
+        _wait(lambda: (marks / "grandchild").exists() and (marks / "grandchild").read_text().strip(), 10,
+              "the grandchild", log)
+        members = _group(run["pid"])
+        assert int((marks / "grandchild").read_text()) in {p.pid for p in members} and len(members) >= 4
+        # Ctrl-C: the terminal sends SIGINT to honcho, which SIGTERMs each process and SIGKILLs it 3 s later.
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=HONCHO_KILL_WAIT_S + 15)
+        output = log.read_text(errors="replace")
+        assert "sending SIGKILL" not in output, output  # everything stopped within the kill window
+        assert "[loopsq-worker] on SIGTERM the current run gets 500ms to finish (kill timeout 3s: " \
+               "LOOPSQ_KILL_TIMEOUT)" in output
+        assert _group(run["pid"]) == [], output
+        (stopped,) = json.loads(loopsq("--json", "runs", "long").stdout)
+        assert (stopped["status"], stopped["error"], stopped["attempt"]) == (
+            "abandoned", "worker shut down before completion", 1)
+        # The formation starts again: the run is retried at once (its slot, attempt 2).
+        log2 = tmp_path / "honcho2.log"
+        proc = honcho(log2)
+        retried = _wait(lambda: next((r for r in json.loads(loopsq("--json", "runs", "long").stdout)
+                                      if r["attempt"] == 2 and r["status"] == "succeeded"), None), 30, "the retry",
+                        log2)
+        assert retried["id"] == stopped["id"] and retried["scheduledFor"] == stopped["scheduledFor"]
+        assert (marks / "ledger").read_text().split() == [stopped["scheduledFor"], "1", stopped["scheduledFor"], "2"]
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=HONCHO_KILL_WAIT_S + 15)
+    finally:
+        _kill_tree(proc)
+        client.close()
+
+
+def _get(url: str) -> int | None:
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(url, timeout=2) as response:
+            return int(response.status)
+    except OSError:
+        return None
+
+
+def _listening(proc: psutil.Process) -> list[Any]:
+    with contextlib.suppress(psutil.Error):
+        return [c for c in proc.net_connections(kind="tcp") if c.status == psutil.CONN_LISTEN]
+    return []
+
+
+def test_the_compose_worker_s_kill_timeout_matches_its_stop_grace_period() -> None:
+    worker = compose()["services"]["worker"]
+    assert worker["environment"]["LOOPSQ_KILL_TIMEOUT"] == worker["stop_grace_period"]

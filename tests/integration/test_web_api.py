@@ -9,6 +9,7 @@ import subprocess
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -381,6 +382,8 @@ def samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
 
 
 def test_metrics_report_runs_lag_durations_queue_depth_and_live_workers(web: Web) -> None:
+    web.client.post("/api/loops", json=loop_body())
+    web.client.get("/metrics")  # the mirror exists: what follows reaches it as transitions, which counters count
     put_run(web.redis, "a", "l1", "2026-01-01T00:00:00.000Z", loopName="alpha", startedAt="2026-01-01T00:00:00.040Z",
             durationMs=1500)
     put_run(web.redis, "b", "l1", "2026-01-01T00:01:00.000Z", loopName="alpha", status="failed",
@@ -388,15 +391,25 @@ def test_metrics_report_runs_lag_durations_queue_depth_and_live_workers(web: Web
     put_run(web.redis, "c", "l1", "2026-01-01T00:02:00.000Z", loopName="alpha", attempt=2,
             startedAt="2026-01-01T00:09:00.000Z", durationMs=50)
     put_run(web.redis, "d", "l2", "2026-01-01T00:03:00.000Z", loopName="beta", status="running")
-    web.client.post("/api/loops", json=loop_body())
     web.client.post("/api/loops/hello/trigger")
     with Runtime(client=web.redis, role="worker"):
         response = web.client.get("/metrics")
     assert response.headers["content-type"].startswith("text/plain; version=")
     got = samples(response.text)
-    assert got[("loopsq_runs", (("loop", "alpha"), ("loop_id", "l1"), ("status", "succeeded")))] == 2
-    assert got[("loopsq_runs", (("loop", "alpha"), ("loop_id", "l1"), ("status", "failed")))] == 1
-    assert got[("loopsq_runs", (("loop", "beta"), ("loop_id", "l2"), ("status", "running")))] == 1
+    # No per-loop labels by default: the number of series does not grow with the number of loops.
+    assert {k: v for k, v in got.items() if k[0] == "loopsq_runs_current"} == {
+        ("loopsq_runs_current", (("status", "failed"),)): 1,
+        ("loopsq_runs_current", (("status", "running"),)): 1,
+        ("loopsq_runs_current", (("status", "succeeded"),)): 2,
+    }
+    assert {k: v for k, v in got.items() if k[0] == "loopsq_runs_total"} == {
+        ("loopsq_runs_total", (("status", s),)): n
+        for s, n in (("succeeded", 2), ("failed", 1), ("timed_out", 0), ("abandoned", 0), ("skipped", 0))
+    }
+    assert got[("loopsq_retries_total", ())] == 0
+    assert {dict(k[1])["reason"] for k in got if k[0] == "loopsq_recoveries_total"} == {
+        "worker_died", "lease_expired", "worker_shutdown", "other"}
+    assert not any("loop_id" in dict(k[1]) for k in got)
     assert got[("loopsq_loops", (("status", "active"),))] == 1
     lag = {dict(k[1]).get("le"): v for k, v in got.items() if k[0] == "loopsq_scheduling_lag_seconds_bucket"}
     assert (lag["0.025"], lag["0.05"], lag["1.0"], lag["2.5"], lag["+Inf"]) == (0, 1, 1, 2, 2)  # attempt 2 left out
@@ -408,6 +421,44 @@ def test_metrics_report_runs_lag_durations_queue_depth_and_live_workers(web: Web
     assert got[("loopsq_queue_depth", ())] == 1
     assert got[("loopsq_workers_alive", ())] == 1
     assert got[("loopsq_schedulers_alive", ())] == 0
+
+
+def test_retries_and_failures_are_counted_from_real_transitions_with_per_loop_labels_when_asked(
+        redis_server: RedisServer, real_redis: redis.Redis, tmp_path: Path) -> None:
+    from loopsq.engine.runner import run_now
+
+    settings = WebSettings(redis_url=redis_server.url, data_dir=tmp_path / "data", token=TOKEN, follow_mirror=False,
+                           metrics_per_loop=True)
+    with TestClient(create_app(settings), headers=AUTH) as client:
+        once = {"type": "once", "at": "2020-01-01T00:00:00.000Z"}  # due now: a slot of its own, which is retried
+        body = loop_body("flaky", "exit 3", maxAttempts=2, retryDelayMs=1, schedule=once)
+        loop_id = client.post("/api/loops", json=body).json()["id"]
+        client.get("/metrics")
+        rt = Runtime(client=real_redis, role="manual").start()
+        try:
+            first = run_now(rt, loop_id)
+            time.sleep(0.05)
+            second = run_now(rt, loop_id)  # the retry of the same slot
+        finally:
+            rt.stop()
+        assert (first.attempt, second.attempt, second.id) == (1, 2, first.id)
+        got = samples(client.get("/metrics").text)
+    labels = (("loop", "flaky"), ("loop_id", loop_id))
+    assert got[("loopsq_runs_total", (*labels, ("status", "failed")))] == 2  # one row, two finished attempts
+    assert got[("loopsq_retries_total", labels)] == 1
+    assert got[("loopsq_runs_current", (*labels, ("status", "failed")))] == 1
+
+
+def test_the_scheduling_lag_of_a_slot_before_its_loop_existed_counts_from_the_loop_s_creation(web: Web) -> None:
+    past = loop_body("late", schedule={"type": "once", "at": "2019-01-01T00:00:00.000Z"})
+    loop = web.client.post("/api/loops", json=past).json()
+    web.client.get("/metrics")
+    started = timeutil.to_iso(timeutil.from_iso(loop["createdAt"]) + timedelta(milliseconds=200))
+    put_run(web.redis, "p1", loop["id"], "2019-01-01T00:00:00.000Z", loopName="late", startedAt=started)
+    got = samples(web.client.get("/metrics").text)
+    lag = {dict(k[1]).get("le"): v for k, v in got.items() if k[0] == "loopsq_scheduling_lag_seconds_bucket"}
+    assert (lag["0.1"], lag["0.25"], lag["+Inf"]) == (0, 1, 1)
+    assert got[("loopsq_scheduling_lag_seconds_sum", ())] == pytest.approx(0.2)
 
 
 def test_reads_see_a_write_made_just_before_without_any_follower(web: Web) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hmac
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -163,12 +164,22 @@ def cli_env(redis_server: RedisServer, tmp_path: Path, monkeypatch: pytest.Monke
     monkeypatch.setenv("LOOPSQ_REDIS_URL", redis_server.url)
     monkeypatch.setenv("LOOPSQ_DATA_DIR", str(tmp_path / "data"))
     monkeypatch.delenv("LOOPSQ_API_TOKEN", raising=False)
+    monkeypatch.delenv("PORT", raising=False)
     served: dict[str, Any] = {}
 
-    def fake_run(app: Any, **kwargs: Any) -> None:
-        served.update(app=app, **kwargs)
+    def fake_bind(host: str, port: int) -> socket.socket:
+        # Where loopsq web would listen, without taking that port on a shared machine.
+        served.update(host=host, port=port)
+        sock = socket.socket()
+        sock.bind(("127.0.0.1", 0))
+        return sock
 
-    monkeypatch.setattr("uvicorn.run", fake_run)
+    def fake_run(server: Any, sockets: Any = None) -> None:
+        served.update(app=server.config.app, sockets=sockets)
+        server.started = True
+
+    monkeypatch.setattr("loopsq.cli.web_cmd.bind", fake_bind)
+    monkeypatch.setattr("uvicorn.Server.run", fake_run)
     return served
 
 

@@ -200,6 +200,7 @@ def test_recover_is_refused_while_the_step_process_of_a_killed_worker_lives_and_
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
     try:
         run_id, pid = cluster.wait_until(lambda: running_step(cluster, "a"), 20, "step a to run on the worker")
+        worker.kill_watchdog()  # else the step's group would die with the worker
         worker.kill9()
         assert is_process_alive(pid)  # orphaned, still running: its outcome can no longer be recorded
 
@@ -257,7 +258,8 @@ def test_a_workflow_loop_created_with_a_50ms_timeout_times_out_on_a_worker_befor
 
 
 @pytest.mark.timeout(90)
-def test_a_killed_worker_leaves_no_parallel_step_process_running(cluster: Cluster) -> None:
+@pytest.mark.parametrize("killer", ["the worker's watchdog", "maintenance, the watchdog dead"])
+def test_a_killed_worker_leaves_no_parallel_step_process_running(cluster: Cluster, killer: str) -> None:
     path = cluster.tmp / "wf.json"
     path.write_text(json.dumps({"name": "wf", "maxParallel": 2, "steps": [
         noted(cluster, "a", "sleep 30"), noted(cluster, "b", "sleep 30")]}))
@@ -274,7 +276,10 @@ def test_a_killed_worker_leaves_no_parallel_step_process_running(cluster: Cluste
         return None
 
     pids = cluster.wait_until(both_running, 20, "both steps to run")
+    if killer != "the worker's watchdog":
+        victim.kill_watchdog()
     victim.kill9()
-    cluster.wait_until(lambda: all(not is_process_alive(pid) for pid in pids), 15,
-                       "the maintenance on this host to kill both orphaned step groups")
+    # The watchdog kills them at once; without it, maintenance on this host does once the worker's liveness expired.
+    cluster.wait_until(lambda: all(not is_process_alive(pid) for pid in pids), 2 if killer == "the worker's watchdog"
+                       else 15, f"{killer} to kill both orphaned step groups")
     cluster.wait_until(lambda: all(s.terminal for s in wf_runs(cluster)), 10, "the workflow run to fail")

@@ -140,3 +140,16 @@ def test_version_prints_the_package_version(cli: Cli) -> None:
     from loopsq import __version__
 
     assert cli.ok("--version") == f"{__version__}\n"
+
+
+def test_env_flags_set_the_target_s_env_which_show_redacts(cli: Cli) -> None:
+    cli.ok("create", "command", "c", "--every", "1m", "--cmd", "env", "--env", "A=1", "--env", "TOKEN=s=e=cret",
+           "--env", "EMPTY=")
+    cli.ok("create", "agent", "a", "--every", "1m", "--provider", "claude", "--prompt", "hi", "--env",
+           "ANTHROPIC_API_KEY=k")
+    stored = {json.loads(cli.redis.get(k))["name"]: json.loads(cli.redis.get(k)) for k in cli.redis.keys("loopsq:loop:*")
+              if cli.redis.type(k) == "string"}
+    assert stored["c"]["target"]["env"] == {"A": "1", "TOKEN": "s=e=cret", "EMPTY": ""}
+    assert stored["a"]["target"]["env"] == {"ANTHROPIC_API_KEY": "k"}
+    assert cli.json("show", "c")["target"]["env"] == "[redacted]"
+    assert cli.json("show", "a")["target"]["env"] == "[redacted]"

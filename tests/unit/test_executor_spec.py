@@ -212,16 +212,43 @@ def test_command_env_overlays_the_base_and_metadata_overlays_both() -> None:
     assert spec.env["LOOPS_RUN_ID"] == "r9"
 
 
-def test_agent_targets_ignore_env_as_in_the_reference() -> None:
-    spec = build_spec(agent("claude", env={"A": "1"}), RunMetadata(), env=BASE_ENV)
-    assert "A" not in spec.env
+def test_agent_targets_get_their_own_env_too_a_loopsq_addition() -> None:
+    spec = build_spec(agent("claude", env={"A": "1", "ANTHROPIC_API_KEY": "k"}), RunMetadata(), env=BASE_ENV)
+    assert (spec.env["A"], spec.env["ANTHROPIC_API_KEY"]) == ("1", "k")
 
 
 def test_env_defaults_to_the_process_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("LOOPSQ_TEST_MARKER", "yes")
-    assert (
-        build_spec({"type": "command", "command": "true"}, RunMetadata()).env["LOOPSQ_TEST_MARKER"] == "yes"
-    )
+    monkeypatch.setenv("SOME_USER_MARKER", "yes")
+    assert build_spec({"type": "command", "command": "true"}, RunMetadata()).env["SOME_USER_MARKER"] == "yes"
+
+
+SECRETS = {
+    "LOOPSQ_REDIS_URL": "redis://:pw@127.0.0.1:7000/0",
+    "REDIS_URL": "rediss://:pw@db.example:6380/0",
+    "LOOPSQ_API_TOKEN": "t" * 32,
+    "LOOPSQ_DATA_DIR": "/srv/loopsq",
+    "LOOPSQ_FAULT": "after_claim",
+    "LOOPSQ_TEST_FAULTS": "1",
+}
+
+
+@pytest.mark.parametrize("source", ["os.environ", "explicit"])
+def test_targets_never_inherit_loopsq_s_own_variables(monkeypatch: pytest.MonkeyPatch, source: str) -> None:
+    for key, value in SECRETS.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setenv("KEEP_ME", "1")
+    base = None if source == "os.environ" else {**SECRETS, "KEEP_ME": "1", "PATH": "/usr/bin:/bin"}
+    for target in ({"type": "command", "command": "true"}, agent("claude")):
+        spec = build_spec(target, RunMetadata(run_id="r1"), env=base)
+        assert not set(SECRETS) & set(spec.env), sorted(spec.env)
+        assert (spec.env["KEEP_ME"], spec.env["LOOPS_RUN_ID"]) == ("1", "r1")
+
+
+def test_a_loop_passes_one_of_loopsq_s_variables_only_through_its_own_env() -> None:
+    target = {"type": "command", "command": "true", "env": {"REDIS_URL": "redis://mine:6379/1"}}
+    spec = build_spec(target, RunMetadata(), env={**SECRETS, "PATH": "/bin"})
+    assert spec.env["REDIS_URL"] == "redis://mine:6379/1"
+    assert "LOOPSQ_REDIS_URL" not in spec.env and "LOOPSQ_API_TOKEN" not in spec.env
 
 
 def test_auth_keys_are_removed_only_when_an_account_env_is_overlaid() -> None:

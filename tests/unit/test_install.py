@@ -5,6 +5,7 @@ from __future__ import annotations
 import fcntl
 import os
 import plistlib
+import re
 import stat
 import subprocess
 import sys
@@ -50,17 +51,20 @@ def mode(path: Path) -> int:
 
 def test_install_systemd_writes_three_private_units_and_prints_how_to_enable_them(tmp_path: Path) -> None:
     out = tmp_path / "units"
-    result = run("--redis-url", "redis://:s3cret@db.example:6379/0", "--data-dir", str(tmp_path / "data"),
+    data = tmp_path / "data"
+    result = run("--redis-url", "redis://:s3cret@db.example:6379/0", "--data-dir", str(data),
                  "install", "systemd", "--dir", str(out))
     assert result.exit_code == 0, result.stderr
     paths = [out / name for name in UNITS]
-    assert result.stdout == "".join(f"wrote {p}\n" for p in paths) + (
-        f"web API token: in {tmp_path / 'data' / 'api.token'}\n"
+    env_files = [out / f"loopsq-{name}.env" for name in ("scheduler", "worker", "web")]
+    assert result.stdout == "".join(f"wrote {p}\nwrote {e}\n" for p, e in zip(paths, env_files, strict=True)) + (
+        f"web API token: in {data / 'api.token'}\n"
         "systemctl --user daemon-reload\n"
         f"systemctl --user enable --now {paths[0]} {paths[1]} {paths[2]}\n"
         "loginctl enable-linger $USER\n"
     )
-    assert [mode(p) for p in paths] == [0o600, 0o600, 0o600]
+    assert [mode(p) for p in (*paths, *env_files)] == [0o600] * 6
+    assert mode(out) == 0o700
     assert paths[0].read_text() == (
         "# Written by `loopsq install systemd`.\n"
         "[Unit]\n"
@@ -73,27 +77,39 @@ def test_install_systemd_writes_three_private_units_and_prints_how_to_enable_the
         "RestartSec=5\n"
         "KillMode=mixed\n"
         "TimeoutStopSec=30\n"
+        f"EnvironmentFile={env_files[0]}\n"
         "Environment=PATH=/usr/local/bin:/usr/bin:/bin\n"
-        "Environment=LOOPSQ_REDIS_URL=redis://:s3cret@db.example:6379/0\n"
-        f"Environment=LOOPSQ_DATA_DIR={tmp_path / 'data'}\n"
+        f"Environment=LOOPSQ_DATA_DIR={data}\n"
+        + "".join(f"{line}\n" for line in install.SANDBOX_HARDENING)
+        + f"ReadWritePaths={data}\n"
         "\n"
         "[Install]\n"
         "WantedBy=default.target\n"
     )
+    assert env_files[0].read_text() == ("# Written by `loopsq install`: secrets of one service (mode 0600).\n"
+                                        'LOOPSQ_REDIS_URL="redis://:s3cret@db.example:6379/0"\n')
+    worker = paths[1].read_text()
+    assert "Environment=LOOPSQ_KILL_TIMEOUT=30s\n" in worker  # its grace ends before systemd's SIGKILL
+    assert "".join(f"{line}\n" for line in install.WORKER_HARDENING) in worker
+    assert "ProtectHome" not in worker and "NoNewPrivileges" not in worker
+    for unit in paths:
+        assert "s3cret" not in unit.read_text()
 
 
-def test_the_web_unit_carries_the_api_token_that_up_keeps_in_the_data_dir(tmp_path: Path) -> None:
+def test_the_web_env_file_carries_the_api_token_that_up_keeps_in_the_data_dir(tmp_path: Path) -> None:
     data = tmp_path / "data"
     result = run("--redis-url", URL, "--data-dir", str(data), "install", "systemd", "--dir", str(tmp_path / "u"))
     assert result.exit_code == 0, result.stderr
     token = (data / "api.token").read_text().strip()
     assert len(token) >= 32
     assert stat.S_IMODE((data / "api.token").stat().st_mode) == 0o600
-    assert f"Environment=LOOPSQ_API_TOKEN={token}\n" in (tmp_path / "u" / "loopsq-web.service").read_text()
-    assert "LOOPSQ_API_TOKEN" not in (tmp_path / "u" / "loopsq-worker.service").read_text()
+    web_env = tmp_path / "u" / "loopsq-web.env"
+    assert f'LOOPSQ_API_TOKEN="{token}"\n' in web_env.read_text()
+    assert token not in (tmp_path / "u" / "loopsq-web.service").read_text()
+    assert token not in (tmp_path / "u" / "loopsq-worker.env").read_text()  # the worker's secret is the URL only
     again = run("--redis-url", URL, "--data-dir", str(data), "install", "systemd", "--dir", str(tmp_path / "u"))
     assert again.exit_code == 0, again.stderr
-    assert f"Environment=LOOPSQ_API_TOKEN={token}\n" in (tmp_path / "u" / "loopsq-web.service").read_text()
+    assert f'LOOPSQ_API_TOKEN="{token}"\n' in web_env.read_text()
 
 
 def test_a_token_in_the_environment_is_the_one_written(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -102,8 +118,7 @@ def test_a_token_in_the_environment_is_the_one_written(tmp_path: Path, monkeypat
                  str(tmp_path / "u"))
     assert result.exit_code == 0, result.stderr
     assert "web API token: LOOPSQ_API_TOKEN from the environment\n" in result.stdout
-    unit = (tmp_path / "u" / "loopsq-web.service").read_text()
-    assert "Environment=LOOPSQ_API_TOKEN=from-the-environment-0123456789\n" in unit
+    assert 'LOOPSQ_API_TOKEN="from-the-environment-0123456789"\n' in (tmp_path / "u" / "loopsq-web.env").read_text()
     assert not (tmp_path / "data" / "api.token").exists()
 
 
@@ -111,13 +126,36 @@ def test_units_in_the_default_directory_are_enabled_by_name() -> None:
     result = run("--redis-url", URL, "install", "systemd")
     assert result.exit_code == 0, result.stderr
     unit_dir = Path(os.environ["HOME"]) / ".config/systemd/user"
-    assert sorted(p.name for p in unit_dir.iterdir()) == sorted(UNITS)
-    assert result.stdout.splitlines()[3:] == [
+    env_files = ("loopsq-scheduler.env", "loopsq-worker.env", "loopsq-web.env")
+    assert sorted(p.name for p in unit_dir.iterdir()) == sorted((*UNITS, *env_files))
+    assert mode(unit_dir) == 0o700
+    assert result.stdout.splitlines()[6:] == [
         f"web API token: in {Path(os.environ['HOME']) / '.loopsq' / 'api.token'}",
         "systemctl --user daemon-reload",
         "systemctl --user enable --now loopsq-scheduler.service loopsq-worker.service loopsq-web.service",
         "loginctl enable-linger $USER",
     ]
+
+
+def test_an_env_file_reads_back_in_sh_exactly_as_written(tmp_path: Path) -> None:
+    secrets = {"LOOPSQ_REDIS_URL": 'redis://:p$a`s"s\\w\'o rd%@h:1/0', "LOOPSQ_API_TOKEN": "t$HOME"}
+    env_file = tmp_path / "x.env"
+    env_file.write_text(install.env_file_text(secrets))
+    # What a launchd agent runs: /bin/sh sources the file, then execs the service (here: env).
+    done = subprocess.run(install.launchd_argv(["/usr/bin/env"], env_file), capture_output=True, text=True,
+                          env={"PATH": "/usr/bin:/bin"}, timeout=30)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    for key, value in secrets.items():
+        assert f"{key}={value}" in lines
+
+
+def test_a_secret_with_a_line_break_is_refused_and_nothing_is_written(tmp_path: Path) -> None:
+    result = run("--redis-url", "redis://:a\nb@h:1/0", "install", "systemd", "--dir", str(tmp_path / "u"))
+    assert (result.exit_code, result.stdout) == (2, "")
+    assert result.stderr == ("error: invalid Redis URL 'redis://:***@h:1/0' (from --redis-url): it contains spaces or "
+                             "control characters\n")
+    assert not (tmp_path / "u").exists()
 
 
 def test_without_any_redis_install_refuses_and_writes_nothing(tmp_path: Path) -> None:
@@ -170,7 +208,10 @@ def test_exec_start_quotes_words_with_spaces_percents_dollars_and_quotes_as_syst
     assert 'Environment="LOOPSQ_REDIS_URL=redis://:p%%40ss word@h:1/0"\n' in unit
 
 
-@needs_tool("systemd-analyze", "systemd")
+NEEDS_SYSTEMD = needs_tool("systemd-analyze", "systemd")
+
+
+@NEEDS_SYSTEMD
 def test_systemd_accepts_a_unit_whose_interpreter_path_has_a_space(tmp_path: Path) -> None:
     spaced = tmp_path / "my tools" / "python3"
     spaced.parent.mkdir()
@@ -178,10 +219,42 @@ def test_systemd_accepts_a_unit_whose_interpreter_path_has_a_space(tmp_path: Pat
     units = tmp_path / "units"
     done = install.write_services("systemd", units, {"PATH": "/usr/bin:/bin", "LOOPSQ_REDIS_URL": "redis://:a b@h/0"},
                                   tmp_path / "logs", python=str(spaced), default_location=False)
-    checked = subprocess.run(["systemd-analyze", "verify", *map(str, done.files)], capture_output=True, text=True,
-                             timeout=60)
-    assert checked.returncode == 0, checked.stderr
+    unit_files = [str(p) for p in done.files if p.suffix == ".service"]
+    checked = subprocess.run(["systemd-analyze", "verify", *unit_files], capture_output=True, text=True, timeout=60)
+    assert (checked.returncode, checked.stderr) == (0, "")
     assert f'ExecStart="{spaced}" -m loopsq worker\n' in (units / UNITS[1]).read_text()
+
+
+def exposure(unit: Path) -> float:
+    """``systemd-analyze security``'s overall exposure level of a unit file (0 safe .. 10 unsafe)."""
+    done = subprocess.run(["systemd-analyze", "security", "--offline=true", str(unit)], capture_output=True,
+                          text=True, timeout=120)
+    found = re.search(r"Overall exposure level for \S+: (\d+\.\d)", done.stdout)
+    assert found, done.stdout + done.stderr
+    return float(found[1])
+
+
+@NEEDS_SYSTEMD
+@pytest.mark.parametrize("data_dir", ["/srv/loopsq data", "under tmp"])
+def test_systemd_verifies_the_units_and_rates_the_web_app_and_scheduler_ok(tmp_path: Path, data_dir: str) -> None:
+    data = tmp_path / "data" if data_dir == "under tmp" else Path(data_dir)
+    units = tmp_path / "units"
+    done = install.write_services("systemd", units, {"PATH": "/usr/bin:/bin", "LOOPSQ_DATA_DIR": str(data),
+                                                     "LOOPSQ_REDIS_URL": "redis://:pw@h:6379/0"},
+                                  tmp_path / "logs", default_location=False, data_dir=data,
+                                  service_env={"web": {"LOOPSQ_API_TOKEN": "t" * 32}})
+    unit_files = [p for p in done.files if p.suffix == ".service"]
+    checked = subprocess.run(["systemd-analyze", "verify", *map(str, unit_files)], capture_output=True, text=True,
+                             timeout=60)
+    assert (checked.returncode, checked.stderr) == (0, "")
+    scores = {p.name: exposure(p) for p in unit_files}
+    assert scores["loopsq-web.service"] <= 5.0, scores
+    assert scores["loopsq-scheduler.service"] <= 5.0, scores
+    # The worker runs the user's commands: hardened as far as that allows, measurably less exposed than a bare unit.
+    bare = tmp_path / "bare" / "loopsq-worker.service"
+    bare.parent.mkdir()
+    bare.write_text("[Service]\nType=simple\nExecStart=" + " ".join(install.service_argv("worker")) + "\n")
+    assert scores["loopsq-worker.service"] < exposure(bare) - 1.0, (scores, exposure(bare))
 
 
 def test_install_launchd_writes_private_plists_that_keep_each_service_alive(tmp_path: Path) -> None:
@@ -191,23 +264,28 @@ def test_install_launchd_writes_private_plists_that_keep_each_service_alive(tmp_
                  "install", "launchd", "--dir", str(out))
     assert result.exit_code == 0, result.stderr
     paths = [out / name for name in PLISTS]
-    assert result.stdout == "".join(f"wrote {p}\n" for p in paths) + f"web API token: in {data / 'api.token'}\n" + "".join(
-        f"launchctl load -w {p}\n" for p in paths
-    )
-    assert [mode(p) for p in paths] == [0o600, 0o600, 0o600]
+    env_files = [out / f"loopsq-{name}.env" for name in ("scheduler", "worker", "web")]
+    assert result.stdout == "".join(f"wrote {p}\nwrote {e}\n" for p, e in zip(paths, env_files, strict=True)) + (
+        f"web API token: in {data / 'api.token'}\n") + "".join(f"launchctl load -w {p}\n" for p in paths)
+    assert [mode(p) for p in (*paths, *env_files)] == [0o600] * 6
+    assert mode(out) == 0o700
     assert plistlib.loads(paths[1].read_bytes()) == {
         "Label": "com.loopsq.worker",
-        "ProgramArguments": [sys.executable, "-m", "loopsq", "worker"],
+        # launchd has no environment file: a shell sources it, then execs the worker.
+        "ProgramArguments": ["/bin/sh", "-c", 'set -a; . "$0"; set +a; exec "$@"', str(env_files[1]),
+                             sys.executable, "-m", "loopsq", "worker"],
         "EnvironmentVariables": {
             "PATH": "/usr/local/bin:/usr/bin:/bin",
-            "LOOPSQ_REDIS_URL": "redis://:s3cret@db.example:6379/0",
             "LOOPSQ_DATA_DIR": str(data),
+            "LOOPSQ_KILL_TIMEOUT": "20s",
         },
         "RunAtLoad": True,
         "KeepAlive": True,
+        "ExitTimeOut": 20,
         "StandardOutPath": str(data / "logs" / "worker.log"),
         "StandardErrorPath": str(data / "logs" / "worker.log"),
     }
+    assert "s3cret" not in paths[1].read_text(errors="replace")
     assert (data / "logs").is_dir()
 
 
@@ -258,7 +336,7 @@ def test_json_output_lists_the_files_the_commands_and_the_enable_results(tmp_pat
     result = run("--redis-url", "redis://h:6379/0", "install", "systemd", "--dir", str(out), "--enable", "--json")
     assert result.exit_code == 0, result.stderr
     payload = json.loads(result.stdout)
-    assert payload["files"] == [str(out / u) for u in UNITS]
+    assert payload["files"] == [str(out / f) for u in UNITS for f in (u, u.replace(".service", ".env"))]
     assert payload["commands"][0] == "systemctl --user daemon-reload"
     assert payload["enabled"][0] == {"command": ["systemctl", "--user", "daemon-reload"], "status": 0,
                                      "stdout": "systemctl says hi\n", "stderr": ""}

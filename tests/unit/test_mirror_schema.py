@@ -201,9 +201,10 @@ def _mode(path: Path) -> int:
     return stat.S_IMODE(path.stat().st_mode)
 
 
-def test_fresh_mirror_has_exactly_the_reference_tables_plus_mirror_meta(conn: sqlite3.Connection) -> None:
+def test_fresh_mirror_has_exactly_the_reference_tables_plus_mirror_meta_and_run_counters(
+        conn: sqlite3.Connection) -> None:
     tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
-    assert tables == set(EXPECTED_COLUMNS)
+    assert tables == set(EXPECTED_COLUMNS) | {"run_counters"}
 
 
 @pytest.mark.parametrize("table", sorted(EXPECTED_COLUMNS))
@@ -240,9 +241,9 @@ def test_table_unique_constraints_are_the_references(conn: sqlite3.Connection) -
     assert found == EXPECTED_UNIQUE_CONSTRAINTS
 
 
-def test_both_migration_ids_are_recorded(conn: sqlite3.Connection) -> None:
+def test_every_migration_id_is_recorded(conn: sqlite3.Connection) -> None:
     ids = [r[0] for r in conn.execute("SELECT id FROM schema_migrations ORDER BY id")]
-    assert ids == ["0001_initial_and_workflows", "0100_loopsq_columns"]
+    assert ids == ["0001_initial_and_workflows", "0100_loopsq_columns", "0101_run_counters"]
 
 
 def test_connection_is_autocommit_wal_normal_sync_with_busy_timeout_and_row_objects(
@@ -306,7 +307,7 @@ def test_a_reference_0_3_0_database_is_upgraded_in_place_keeping_its_rows(tmp_pa
         assert [tuple(r) for r in db.execute("SELECT name, timezone FROM loops")] == [("nightly", None)]
         migrations = db.execute("SELECT id, applied_at FROM schema_migrations ORDER BY id").fetchall()
         assert tuple(migrations[0]) == ("0001_initial_and_workflows", "2024-01-01T00:00:00.000Z")
-        assert [m[0] for m in migrations] == ["0001_initial_and_workflows", "0100_loopsq_columns"]
+        assert [m[0] for m in migrations] == ["0001_initial_and_workflows", "0100_loopsq_columns", "0101_run_counters"]
     finally:
         db.close()
 

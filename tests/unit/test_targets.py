@@ -133,6 +133,9 @@ def test_a_workflow_target_checks_its_input_and_timeout(fields: dict[str, Any], 
         ({"shell": "true"}, 'shell must be a boolean, got "true"'),
         ({"env": "A=1"}, 'env must be an object of string values, got "A=1"'),
         ({"env": {"A": 1}}, "env.A must be a string, got 1"),
+        ({"env": {"1A": "x"}}, 'env key must match [A-Za-z_][A-Za-z0-9_]*, got "1A"'),
+        ({"env": {"A B": "x"}}, 'env key must match [A-Za-z_][A-Za-z0-9_]*, got "A B"'),
+        ({"env": {"A": "x\0"}}, 'env.A must be a string without NUL characters, got "x\\u0000"'),
         ({"timeoutMs": -1}, "timeoutMs must be a positive integer or null, got -1"),
         ({"timeoutMs": True}, "timeoutMs must be a positive integer or null, got true"),
         ({"timeoutMs": 1.5}, "timeoutMs must be a positive integer or null, got 1.5"),
@@ -157,6 +160,8 @@ def test_a_command_target_checks_its_optional_fields(fields: dict[str, Any], mes
         ({"promptVia": "file"}, 'promptVia must be "argv" or "stdin", got "file"'),
         ({"idleTimeoutMs": 0}, "idleTimeoutMs must be a positive integer, got 0"),
         ({"account": {"profile": 7}}, "account.profile must be a non-empty string, got 7"),
+        ({"env": ["A=1"]}, 'env must be an object of string values, got ["A=1"]'),
+        ({"env": {"=": "x"}}, 'env key must match [A-Za-z_][A-Za-z0-9_]*, got "="'),
     ],
 )
 def test_an_agent_target_checks_its_optional_fields(fields: dict[str, Any], message: str) -> None:
