@@ -17,6 +17,7 @@ from loopsq.errors import LoopsqError, ValidationError
 from loopsq.ops import install
 from loopsq.ops.up import API_TOKEN_ENV, API_TOKEN_FILENAME, UpConfig, api_token, run_up
 from loopsq.system import config
+from loopsq.system.exec_path import normalize_execution_path
 
 
 def _root_param(name: str) -> str | None:
@@ -79,7 +80,7 @@ def install_services(target: str, enable: bool, directory: str | None) -> None:
     """Write service files for the scheduler, a worker and the web app, and print how to enable them."""
     install.validate_target(target)
     app = get_app()
-    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}
+    env = {"PATH": normalize_execution_path(os.environ)}  # the PATH every target runs with (0.3.1)
     redis_url = config.configured_redis_url(_root_param("redis_url"))
     if redis_url:
         env["LOOPSQ_REDIS_URL"] = redis_url

@@ -13,6 +13,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from loopsq.domain.agent_options import PERMISSION_MODES, SANDBOXES
 from loopsq.domain.models import LOOP_STATUSES
 from loopsq.domain.run_rules import RUN_STATUSES
 
@@ -206,6 +207,22 @@ class ReasonIn(BaseModel):
 
 
 _MS = {"type": "integer", "minimum": 1}
+#: Agent target fields besides provider, prompt and model (``loopsq.domain.agent_options``).
+AGENT_OPTION_SCHEMAS: dict[str, Any] = {
+    "agent": {"type": "string"},
+    "extraArgs": {"type": "array", "items": {"type": "string"}},
+    "configIsolation": {"enum": ["safe", "none"]},
+    "promptVia": {"enum": ["argv", "stdin"], "description": "Default for a new target: stdin (codewith: argv)."},
+    "promptSource": {"type": "object", "required": ["type", "path"],
+                     "properties": {"type": {"enum": ["file"]}, "path": {"type": "string", "minLength": 1}}},
+    "variant": {"type": "string", "minLength": 1, "description": "Reasoning effort."},
+    "permissionMode": {"enum": list(PERMISSION_MODES)},
+    "sandbox": {"enum": list(SANDBOXES), "description": "codex/codewith: the first three; cursor: enabled|disabled."},
+    "addDirs": {"type": "array", "items": {"type": "string", "minLength": 1}, "description": "codex, codewith."},
+    "authProfile": {"type": "string", "minLength": 1, "description": "codewith only."},
+    "preflight": {"type": "object", "properties": {"beforeRun": {"type": "boolean"}},
+                  "description": "beforeRun: preflight the target before every run."},
+}
 _TARGET = {
     "type": "object",
     "required": ["type"],
@@ -220,8 +237,10 @@ _TARGET = {
         "idleTimeoutMs": _MS,
         "provider": {"type": "string"},
         "prompt": {"type": "string"},
-        "model": {"type": "string"},
+        "model": {"type": "string", "description": "Required for provider opencode (a provider/model id)."},
         "workflowId": {"type": "string", "description": "A stored workflow's id or active name."},
+        # The later 0.3.x agent options; which provider takes which is in the README (agent options).
+        **AGENT_OPTION_SCHEMAS,
     },
 }
 
