@@ -38,7 +38,7 @@ EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_REDIS = 0, 1, 2, 3
 class RootGroup(workflows_cmds.AliasGroup):
     """The root group: maps every error to one ``error: ...`` line on stderr and a documented exit code."""
 
-    aliases: ClassVar[dict[str, str]] = {"ls": "list", "rm": "remove", "workflow": "workflows"}
+    aliases: ClassVar[dict[str, str]] = {"ls": "list", "rm": "remove", "workflow": "workflows", "restore": "unarchive"}
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
@@ -99,7 +99,8 @@ def cli(ctx: click.Context, json_: bool, redis_url: str | None, data_dir: str | 
 
 cli.add_command(create.create)
 for _command in (loops_cmds.list_loops, loops_cmds.show, loops_cmds.pause, loops_cmds.resume, loops_cmds.stop,
-                 loops_cmds.remove, workflows_cmds.workflows, mirror_cmd.mirror, run_cmds.run_now, run_cmds.tick,
+                 loops_cmds.remove, loops_cmds.archive, loops_cmds.unarchive, loops_cmds.rename,
+                 workflows_cmds.workflows, mirror_cmd.mirror, run_cmds.run_now, run_cmds.tick,
                  run_cmds.runs, run_cmds.trigger, process_cmds.scheduler, process_cmds.worker,
                  health_cmds.doctor, health_cmds.status, up_cmds.up, up_cmds.install_services, workflow_run_cmds.logs,
                  web_cmd.web):

@@ -96,7 +96,8 @@ def apply_agent_flags(target: dict[str, Any], opts: dict[str, Any]) -> None:
     problem = agent_options.option_problem(target, cli=True)
     if problem is not None:
         provider = target.get("provider")
-        got = f"--provider {provider}" if problem.by_provider else _q(problem.value)
+        got = (f"--provider {provider}" if problem.by_provider else "nothing" if problem.value is None
+               else _q(problem.value))
         raise ValidationError(f"{FLAGS.get(problem.field, problem.field)} {problem.reason}, got {got}")
 
 

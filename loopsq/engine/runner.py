@@ -21,6 +21,7 @@ import redis
 
 from loopsq.domain import run_rules as rules
 from loopsq.domain import timeutil
+from loopsq.domain.lifecycle import ensure_not_archived
 from loopsq.domain.models import Loop
 from loopsq.domain.run_rules import LoopRun
 from loopsq.domain.timeutil import from_iso, to_iso
@@ -84,8 +85,8 @@ def _execute(rt: Runtime, claim: Claim, *, rearm: bool = True) -> tuple[LoopRun,
     timer in the past, which fires at once on another worker and skips the rest of the backlog as overlapping.
     """
     run, loop = claim.run, claim.loop
-    log.info("run %s claimed loop=%s slot=%s attempt=%d source=%s", run.id, loop.name, run.scheduled_for,
-             run.attempt, run.source)
+    log.info("run %s claimed loop=%s slot=%s attempt=%d%s source=%s", run.id, loop.name, run.scheduled_for,
+             run.attempt, f" rerun={run.rerun} (re-run after shutdown)" if run.rerun else "", run.source)
     held = rt.hold(run.id, claim.token, loop.lease_ms)
     crash_point("after_claim")
     # The run's JSON as this process last wrote it: transitions try it first instead of reading it back. (The
@@ -286,12 +287,12 @@ def _finish_taken(rt: Runtime, job_id: str) -> None:
 
 
 def _claim_ad_hoc(rt: Runtime, loop: Loop, slot: datetime, source: str, run_id: str | None,
-                  key: str | None) -> Claim | Refusal:
+                  key: str | None, retry: bool = True) -> Claim | Refusal:
     """Claim an ad-hoc slot at ``slot``; a slot taken by another run at the same millisecond moves 1 ms on."""
     result: Claim | Refusal = Refusal("gone")
     for _ in range(50):
         result = rt.runs.claim(loop.id, slot, rt.owner, timeutil.now(), source=source, run_id=run_id,
-                               idempotency_key=key)
+                               idempotency_key=key, retry=retry)
         if isinstance(result, Claim) or result.reason in ("gone", "claimed"):
             return result
         slot = slot + timedelta(milliseconds=1)
@@ -299,11 +300,12 @@ def _claim_ad_hoc(rt: Runtime, loop: Loop, slot: datetime, source: str, run_id: 
 
 
 def run_now(rt: Runtime, id_or_name: str, run_id: str | None = None,
-            on_claim: Callable[[LoopRun], None] | None = None) -> LoopRun:
+            on_claim: Callable[[LoopRun], None] | None = None, *, retry: bool = True) -> LoopRun:
     """Run a loop now (reference 0.3.3 sources): its due retry, its due slot, or an ad-hoc slot.
 
     ``run_id`` names a new run (a retry keeps its row's id); ``on_claim`` learns the claimed run before it
-    executes (a worker publishes its id to the waiting CLI there).
+    executes (a worker publishes its id to the waiting CLI there). The loop's retry policy applies to the run
+    (``run_rules.after_finish``) unless ``retry`` is False.
 
     Raises:
         NotFoundError: for an unknown loop.
@@ -312,16 +314,17 @@ def run_now(rt: Runtime, id_or_name: str, run_id: str | None = None,
     from loopsq.errors import ConflictError
 
     loop = rt.loops.require(id_or_name)
+    ensure_not_archived(loop, id_or_name)
     now = timeutil.now()
     slot, source = rules.manual_slot(loop, now)
     claim: Claim | Refusal
     if source != "ad_hoc":
-        claim = rt.runs.claim(loop.id, slot, rt.owner, now, source=source, run_id=run_id)
+        claim = rt.runs.claim(loop.id, slot, rt.owner, now, source=source, run_id=run_id, retry=retry)
         if isinstance(claim, Refusal) and claim.reason in ("done", "exhausted"):
             rt.runs.advance_past(loop.id, slot, now)
             source = "ad_hoc"
     if source == "ad_hoc":
-        claim = _claim_ad_hoc(rt, loop, now, "ad_hoc", run_id, None)
+        claim = _claim_ad_hoc(rt, loop, now, "ad_hoc", run_id, None, retry)
     if isinstance(claim, Refusal):
         raise ConflictError(f"could not claim manual run for {id_or_name} ({claim.reason})")
     if source != "ad_hoc":
@@ -343,7 +346,8 @@ def run_triggered(rt: Runtime, run_id: str) -> LoopRun | None:
     if loop is None:
         rt.client.zrem(rt.keys.triggers, run_id)
         return None
-    claim = _claim_ad_hoc(rt, loop, from_iso(str(data["at"])), "trigger", run_id, data.get("key"))
+    claim = _claim_ad_hoc(rt, loop, from_iso(str(data["at"])), "trigger", run_id, data.get("key"),
+                          data.get("retry", True) is not False)
     rt.client.zrem(rt.keys.triggers, run_id)
     if isinstance(claim, Refusal):
         return rt.runs.get(run_id)

@@ -56,7 +56,8 @@ def status_report(client: redis.Redis, keys: Keys, conn: sqlite3.Connection | No
     loops = LoopStore(client, keys).all()
     by_status: dict[str, int] = {}
     for loop in loops:
-        by_status[loop.status] = by_status.get(loop.status, 0) + 1
+        if not loop.archived:  # archived loops are left out of counts (0.3.15)
+            by_status[loop.status] = by_status.get(loop.status, 0) + 1
     runs: dict[str, int] = {}
     if conn is not None:
         for row in conn.execute("SELECT status, COUNT(*) FROM loop_runs GROUP BY status ORDER BY status"):

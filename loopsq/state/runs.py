@@ -104,12 +104,14 @@ class RunStore(LoopMoves):
         run_id: str | None = None,
         idempotency_key: str | None = None,
         ends_backlog: bool = False,
+        retry: bool = True,
     ) -> Claim | Refusal:
         """Claim the next attempt of ``(loop, slot)`` for ``owner``: at most one claimer ever wins an attempt.
 
         Scheduled, due-slot and retry-slot claims also move the loop (``run_rules.after_claim``, with
         ``ends_backlog`` for the last slot of a catch-up batch) in the same transition; ad-hoc and triggered runs
-        never move it.
+        never move it. ``retry=False`` marks the run ``noRetry``. A row a worker shutdown gave up is re-run under
+        the same attempt (``run_rules.next_attempt``), claimed as ``(loop, slot, attempt, rerun)``.
         """
         slot_iso = to_iso(slot)
         for _ in range(MAX_RETRIES):
@@ -136,21 +138,16 @@ class RunStore(LoopMoves):
                 return Refusal("running", existing)
             elif existing.status not in rules.RETRYABLE:
                 return Refusal("done", existing)
-            elif source in ("ad_hoc", "trigger") or (
-                existing.attempt >= loop.max_attempts and existing.error != rules.SHUTDOWN_ERROR
-            ):
+            elif source in rules.MANUAL_SOURCES or not rules.may_run_again(existing, loop):
                 return Refusal("exhausted", existing)
             else:
-                run = existing.with_changes(
-                    attempt=existing.attempt + 1, status="running", finished_at=None, pid=None, exit_code=None,
-                    duration_ms=None, stdout=None, stderr=None, error=None, host=None, pid_start_time=None,
-                    updated_at=stamp, previous_attempts=rules.attempt_history(existing),
-                )
+                run = rules.next_attempt(existing, stamp)
             token = f"{owner.worker_id}:{run.id}:{run.attempt}:{gen_id()}"
             run = run.with_changes(
                 started_at=stamp, claimed_by=owner.worker_id, worker_id=owner.worker_id, host=owner.host,
-                lease_expires_at=to_iso(now + timedelta(milliseconds=loop.lease_ms)), source=source,
-                idempotency_key=idempotency_key or run.idempotency_key,
+                lease_expires_at=to_iso(now + timedelta(milliseconds=loop.lease_ms)),
+                source=rules.run_source(existing, source), idempotency_key=idempotency_key or run.idempotency_key,
+                no_retry=(run.no_retry or not retry) or None,
             )
             moves_loop = source in ("scheduled", "due_slot", "retry_slot")
             new_loop = (
@@ -158,7 +155,7 @@ class RunStore(LoopMoves):
                 if moves_loop
                 else loop
             )
-            claim_key = self.keys.claim(loop_id, slot_iso, run.attempt)
+            claim_key = self.keys.claim(loop_id, slot_iso, run.attempt, run.rerun)
             tx = (
                 Tx("run_claimed", stamp)
                 .expect(claim_key, None)

@@ -68,7 +68,8 @@ class StateCollector(Collector):
             ):
                 runs.add_metric([str(loop_id), str(loop_name), str(status)], int(count))
             loops = GaugeMetricFamily("loopsq_loops", "Loops by status.", labels=["status"])
-            by_status = {str(s): int(n) for s, n in conn.execute("SELECT status, COUNT(*) FROM loops GROUP BY status")}
+            by_status = {str(s): int(n) for s, n in conn.execute(
+                "SELECT status, COUNT(*) FROM loops WHERE archived_at IS NULL GROUP BY status")}
             for status in sorted({*LOOP_STATUSES, *by_status}):
                 loops.add_metric([status], by_status.get(status, 0))
             lag = HistogramMetricFamily("loopsq_scheduling_lag_seconds",

@@ -48,6 +48,8 @@ class LoopOut(Entity):
     schedule: dict[str, Any]
     target: dict[str, Any]
     nextRunAt: str | None = None
+    archivedAt: str | None = Field(None, description="When the loop was archived (absent: not archived).")
+    archivedFromStatus: str | None = Field(None, description="The status unarchive restores.")
     createdAt: str
     updatedAt: str
 
@@ -75,6 +77,8 @@ class RunOut(Entity):
     previousAttempts: list[dict[str, Any]] | None = Field(
         None, description="The slot's earlier attempts, oldest first (at most 5; output tails redacted like the run's)."
     )
+    rerun: int | None = Field(None, description="Re-runs of this attempt after a worker shutdown gave it up.")
+    noRetry: bool | None = Field(None, description="The caller asked that this run not be retried.")
 
 
 class Page(BaseModel):
@@ -302,6 +306,13 @@ WORKFLOW_CREATE_SCHEMA: dict[str, Any] = {
             },
         },
     },
+}
+
+
+#: The body of ``POST /api/loops/{loop}/rename``.
+RENAME_SCHEMA: dict[str, Any] = {
+    "type": "object", "required": ["name"], "additionalProperties": False,
+    "properties": {"name": {"type": "string", "minLength": 1, "maxLength": 200}},
 }
 
 

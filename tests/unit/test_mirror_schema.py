@@ -43,6 +43,8 @@ EXPECTED_COLUMNS: dict[str, list[tuple[str, str, bool, bool]]] = {
         ("failure_streak", "INTEGER", False, False),
         ("status_reason", "TEXT", False, False),
         ("retry_at", "TEXT", False, False),
+        ("archived_at", "TEXT", False, False),
+        ("archived_from_status", "TEXT", False, False),
     ],
     "loop_runs": [
         ("id", "TEXT", False, True),
@@ -69,6 +71,8 @@ EXPECTED_COLUMNS: dict[str, list[tuple[str, str, bool, bool]]] = {
         ("idempotency_key", "TEXT", False, False),
         ("worker_id", "TEXT", False, False),
         ("previous_attempts_json", "TEXT", False, False),
+        ("rerun", "INTEGER", False, False),
+        ("no_retry", "INTEGER", False, False),
     ],
     "daemon_lease": [
         ("id", "TEXT", False, True),
@@ -239,7 +243,7 @@ def test_table_unique_constraints_are_the_references(conn: sqlite3.Connection) -
 
 def test_both_migration_ids_are_recorded(conn: sqlite3.Connection) -> None:
     ids = [r[0] for r in conn.execute("SELECT id FROM schema_migrations ORDER BY id")]
-    assert ids == ["0001_initial_and_workflows", "0100_loopsq_columns"]
+    assert ids == ["0001_initial_and_workflows", "0004_loop_archive_metadata", "0100_loopsq_columns"]
 
 
 def test_connection_is_autocommit_wal_normal_sync_with_busy_timeout_and_row_objects(
@@ -303,7 +307,8 @@ def test_a_reference_0_3_0_database_is_upgraded_in_place_keeping_its_rows(tmp_pa
         assert [tuple(r) for r in db.execute("SELECT name, timezone FROM loops")] == [("nightly", None)]
         migrations = db.execute("SELECT id, applied_at FROM schema_migrations ORDER BY id").fetchall()
         assert tuple(migrations[0]) == ("0001_initial_and_workflows", "2024-01-01T00:00:00.000Z")
-        assert [m[0] for m in migrations] == ["0001_initial_and_workflows", "0100_loopsq_columns"]
+        assert [m[0] for m in migrations] == ["0001_initial_and_workflows", "0004_loop_archive_metadata",
+                                              "0100_loopsq_columns"]
     finally:
         db.close()
 
