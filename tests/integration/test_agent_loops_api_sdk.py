@@ -132,15 +132,14 @@ def test_the_sdk_reads_a_prompt_file_and_archives_restores_and_renames(
 ) -> None:
     (tmp_path / "p.md").write_text("Fix the flaky test.")
     monkeypatch.chdir(tmp_path)
-    loop = sdk.create(agent_body(promptFile="p.md") | {"target": {"type": "agent", "provider": "claude",
-                                                                    "promptFile": "p.md"}})
+    loop = sdk.create(agent_body() | {"target": {"type": "agent", "provider": "claude", "promptFile": "p.md"}})
     assert loop.target["prompt"] == "Fix the flaky test."
     assert loop.target["promptSource"] == {"type": "file", "path": str(tmp_path / "p.md")}
     with pytest.raises(ValidationError, match=r"^target.promptFile: cannot read 'nope.md': No such file or directory$"):
         sdk.create(agent_body("b2") | {"target": {"type": "agent", "provider": "claude", "promptFile": "nope.md"}})
     assert sdk.archive("bot").archived_from_status == "active"
     assert [x.name for x in sdk.list()] == [] and [x.name for x in sdk.list(archived=True)] == ["bot"]
-    with pytest.raises(ConflictError, match="^loop is archived; unarchive it before running: bot$"):
+    with pytest.raises(ConflictError, match=r"^loop is archived; unarchive it before running: bot$"):
         sdk.trigger("bot")
     assert sdk.restore("bot").status == "active"
     assert sdk.rename("bot", "robot").id == loop.id

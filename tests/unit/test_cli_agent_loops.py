@@ -291,6 +291,14 @@ def test_run_now_no_retry_marks_the_run_and_leaves_no_retry_pending(cli: Cli) ->
     run: dict[str, Any] = json.loads(cli.run("run-now", "f", "--local", "--no-retry", "--json").stdout)
     assert (run["status"], run["noRetry"]) == ("failed", True)
     assert "retryScheduledFor" not in cli.json("show", "f")
+    assert cli.json("runs", "f")[0]["noRetry"] is True  # mirrored as a boolean
     retried: dict[str, Any] = json.loads(cli.run("run-now", "f", "--local", "--json").stdout)
     assert retried["status"] == "failed" and "noRetry" not in retried
     assert cli.json("show", "f")["retryScheduledFor"] == retried["scheduledFor"]
+
+
+def test_archived_loops_are_left_out_of_the_status_counts(cli: Cli) -> None:
+    cli.ok("create", "command", "a", "--every", "1h", "--cmd", "true")
+    cli.ok("create", "command", "b", "--every", "1h", "--cmd", "true")
+    cli.ok("archive", "b")
+    assert cli.json("status")["loops"] == {"active": 1}
