@@ -72,7 +72,7 @@ class Bench:
     """One private Redis, loopsq's Runtime in this process, and both queues."""
 
     def __init__(self, h: hx.Harness) -> None:
-        from loopsq.engine import timers
+        from loopsq.engine import rq_worker, timers
         from loopsq.engine.runtime import Runtime
         from loopsq.engine.worker_process import set_current_runtime
         from loopsq.state.loops import LoopStore
@@ -86,6 +86,7 @@ class Bench:
 
         self.bare_queue = Queue("bare", connection=self.rt.raw, default_timeout=-1)
         self.timers = timers
+        self.rq_worker = rq_worker
         self.serial = 0
 
     def prepare_loopsq(self, k: int) -> None:
@@ -110,8 +111,8 @@ class Bench:
         from rq import Queue
 
         self.serial += 1
-        worker = self.timers._Worker([Queue(queue_name, connection=self.rt.raw, default_timeout=-1)],
-                                     connection=self.rt.raw, name=f"bench-{self.serial}")
+        worker = self.rq_worker._Worker([Queue(queue_name, connection=self.rt.raw, default_timeout=-1)],
+                                        connection=self.rt.raw, name=f"bench-{self.serial}")
         start = time.perf_counter()
         worker.work(burst=True, logging_level="WARNING", with_scheduler=False)
         return time.perf_counter() - start

@@ -18,6 +18,7 @@ from loopsq.domain import timeutil
 from loopsq.domain.loop_spec import new_loop
 from loopsq.domain.models import Loop
 from loopsq.domain.run_rules import LoopRun
+from loopsq.engine.cancel import cancel_run
 from loopsq.engine.triggers import DEFAULT_IDEMPOTENCY_WINDOW_MS, trigger_with
 from loopsq.state.connection import connect
 from loopsq.state.keys import Keys
@@ -106,6 +107,12 @@ class LoopsClient:
         """
         return trigger_with(self.client, self.keys, id_or_name, idempotency_key, window_ms=window_ms,
                             retry=retry)[0]
+
+    def cancel_run(self, run_id: str, reason: str | None = None) -> LoopRun:
+        """Cancel a running loop run (``loopsq cancel``): the worker executing it kills its process group within a
+        second and records it failed with ``cancelled by user[: reason]``, not retried. Returns the run as it
+        stands; NotFoundError or ConflictError (not running) otherwise."""
+        return cancel_run(self.client, self.keys, run_id, timeutil.now(), reason)
 
     def close(self) -> None:
         """Close the connection."""

@@ -26,7 +26,7 @@ def free_port() -> int:
 class RedisServer:
     """One redis-server process; ``url`` points at it. ``start``/``stop``/``restart`` keep the same port."""
 
-    def __init__(self, *, appendonly: bool = False) -> None:
+    def __init__(self, *, appendonly: bool = False, appendfsync: str = "everysec") -> None:
         binary = shutil.which("redis-server")
         if binary is None:
             raise RuntimeError("redis-server is not installed (the CI script installs it; apt-get install redis-server)")
@@ -34,13 +34,16 @@ class RedisServer:
         self.port = free_port()
         self.dir = Path(tempfile.mkdtemp(prefix="loopsq-redis-"))
         self.appendonly = appendonly
+        #: ``always``: every write is on disk before Redis answers it, so a SIGKILL loses no acknowledged write.
+        self.appendfsync = appendfsync
         self.proc: subprocess.Popen[bytes] | None = None
         self.url = f"redis://127.0.0.1:{self.port}/0"
 
     def start(self) -> RedisServer:
         args = [
             self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-            "--appendonly", "yes" if self.appendonly else "no", "--dir", str(self.dir),
+            "--appendonly", "yes" if self.appendonly else "no", "--appendfsync", self.appendfsync,
+            "--dir", str(self.dir),
             "--logfile", str(self.dir / "redis.log"), "--protected-mode", "no",
         ]
         self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

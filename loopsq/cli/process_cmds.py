@@ -22,8 +22,7 @@ def scheduler(poll_ms: int) -> None:
     """Run a scheduler: move due timers to the queue and run maintenance (any number may run)."""
     from loopsq.engine.scheduler_process import run_scheduler
 
-    app = get_app()
-    app.client()  # fail fast, with exit status 3, when Redis is unreachable
+    app = get_app()  # no fail-fast ping: an unreachable Redis is waited for; a configuration error ends it (3)
     _logging("scheduler")
     stop = threading.Event()
 
@@ -47,7 +46,6 @@ def worker(burst: bool, grace: str) -> None:
 
     grace_ms = duration_flag("--grace", grace) or 0
 
-    app = get_app()
-    app.client()
+    app = get_app()  # as the scheduler: Redis is waited for, a configuration error ends it (exit status 3)
     _logging("worker")
     run_worker(app.redis_url, burst=burst, grace_s=grace_ms / 1000.0)

@@ -33,6 +33,9 @@ SKIP_ERROR = "previous run still active"
 SHUTDOWN_ERROR = "worker shut down before completion"
 #: The error of a run that overlap ``replace`` cancelled for a newer slot (``replaced by slot <slot>``).
 REPLACED_ERROR = "replaced by slot "
+#: The error of a run cancelled on request (``loopsq cancel``, the API, the SDK, the dashboard), with
+#: ``: <reason>`` when one was given. Such a run is settled: never retried.
+USER_CANCEL_ERROR = "cancelled by user"
 
 
 def _camel(name: str) -> str:
@@ -190,6 +193,18 @@ def next_retry(loop: Loop) -> Loop:
     return loop.with_changes(retry_scheduled_for=head["slot"], retry_at=head["at"], retry_queue=rest or None)
 
 
+def lease_renew_every_ms(lease_ms: int) -> int:
+    """How often a held lease is renewed: at a third of its length (the reference's cadence), at least every 10 ms,
+    at most every minute."""
+    return max(10, min(60_000, lease_ms // 3))
+
+
+def lease_ttl_ms(lease_ms: int) -> int:
+    """The TTL the lease key gets at each claim or renewal: the lease plus one renewal period. The key was renewed
+    at most a period before any moment, so it outlives any Redis outage shorter than the lease itself."""
+    return lease_ms + lease_renew_every_ms(lease_ms)
+
+
 def advances_at_finish(loop: Loop) -> bool:
     """Fixed-delay, dynamic and once loops compute their next slot when a run ends; the others when it starts."""
     schedule = loop.schedule
@@ -251,6 +266,14 @@ def _next_regular(loop: Loop, slot: datetime, now: datetime, *, ends_backlog: bo
         if schedule.type == "cron" and schedule.expression:
             return next_cron_run(schedule.expression, slot, loop.timezone)
     return compute_next_after(schedule, slot, now, loop.timezone)
+
+
+def user_cancel_error(reason: str | None) -> str:
+    """The error recorded on a run cancelled on request (``cancelled by user[: <reason>]``)."""
+    text = (reason or "").strip()
+    if not text or text == USER_CANCEL_ERROR:
+        return USER_CANCEL_ERROR
+    return f"{USER_CANCEL_ERROR}: {text}"
 
 
 def backlog_cut(loop: Loop, slots: list[datetime], now: datetime) -> datetime | None:
@@ -322,13 +345,14 @@ def after_finish(loop: Loop, run: LoopRun, finished_at: datetime, rng: random.Ra
     ``trigger``) is not the schedule's: once settled it moves nothing. A settled regular slot updates the failure
     streak, and a streak reaching ``pauseAfterFailures`` pauses the loop with the reason recorded; loops
     scheduling from the end of a run get their next slot (a once loop stops). A run that overlap ``replace``
-    cancelled for a newer slot is settled, not retried: its retry would in turn replace the newer run.
+    cancelled for a newer slot is settled, not retried: its retry would in turn replace the newer run; nor is one
+    cancelled on request.
     """
     stamp = to_iso(finished_at)
     succeeded = run.status == "succeeded"
     if loop.status != "active":
         return Advance(loop, "none")
-    replaced = run.status == "failed" and (run.error or "").startswith(REPLACED_ERROR)
+    replaced = run.status == "failed" and (run.error or "").startswith((REPLACED_ERROR, USER_CANCEL_ERROR))
     if is_shutdown_rerun(run):
         return Advance(with_retry(loop, run.scheduled_for, stamp, stamp), "retry_scheduled")
     if not succeeded and not replaced and not run.no_retry and run.attempt < loop.max_attempts:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import logging
 import os
 import secrets
 import sys
@@ -18,6 +19,7 @@ from loopsq.ops.embedded_redis import EmbeddedRedis, find_redis_server, server_v
 from loopsq.ops.supervisor import ChildSpec, Printer, Supervisor, describe_exit
 from loopsq.state.connection import connect, mask_url
 from loopsq.state.connection import server_version as redis_version
+from loopsq.state.outages import OutageLog, wait_for_redis
 from loopsq.system import config
 
 API_TOKEN_ENV = "LOOPSQ_API_TOKEN"
@@ -151,13 +153,28 @@ def start_embedded_redis(sup: Supervisor, embedded: EmbeddedRedis, stop: threadi
     raise LoopsqError(f"the embedded redis-server did not start after {attempts} attempts (see the redis lines)")
 
 
+def _say_logger(sup: Supervisor) -> logging.Logger:
+    """A logger whose records are the supervisor's own lines (``up | ...``)."""
+
+    class Say(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            sup.say(record.getMessage())
+
+    logger = logging.getLogger(f"loopsq.up.{id(sup)}")
+    logger.propagate = False
+    logger.setLevel(logging.INFO)
+    logger.handlers = [Say()]
+    return logger
+
+
 def run_up(cfg: UpConfig, stop: threading.Event, force: threading.Event | None = None,
            printer: Printer | None = None) -> None:
     """Run everything until ``stop`` is set, then stop it all; ``force`` skips the stop grace.
 
     Raises:
         LoopsqError: when another ``up`` runs on the data dir, or the embedded Redis does not start.
-        RedisUnavailableError: when a configured Redis does not answer.
+        RedisUnavailableError: on a configuration error of a configured Redis (wrong password, bad URL); an
+            unreachable one is waited for.
     """
     sup = Supervisor(printer or Printer(), stop_grace_s=cfg.stop_grace_s)
     cfg.data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -171,7 +188,9 @@ def run_up(cfg: UpConfig, stop: threading.Event, force: threading.Event | None =
             url = start_embedded_redis(sup, embedded, stop)
         else:
             url = cfg.redis_url
-            client = connect(url)
+            client = connect(url, check=False)
+            if not wait_for_redis(client, OutageLog(url, _say_logger(sup)), stop):
+                return
             sup.say(f"using Redis at {mask_url(url)} (redis-server {redis_version(client)})")
             client.close()
         if url is None or stop.is_set():

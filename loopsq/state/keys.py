@@ -154,6 +154,18 @@ class Keys:
         """String with a TTL: which scheduler moves due timers and runs maintenance now (owner-checked)."""
         return self._k("scheduler-lock")
 
+    @property
+    def seen(self) -> str:
+        """String: the Redis server's time (epoch ms) of the latest liveness beat of any loopsq process; a silence
+        there means an outage (``outages.note_seen``)."""
+        return self._k("seen")
+
+    @property
+    def recovery_grace(self) -> str:
+        """String with a TTL: set after an outage; while it exists recovery judges no owner dead (their liveness
+        keys may have expired while Redis was away)."""
+        return self._k("recovery-grace")
+
     def timer(self, loop_id: str) -> str:
         """String: the rq-scheduler job id armed for a loop."""
         return self._k("timer", loop_id)

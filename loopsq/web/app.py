@@ -15,6 +15,9 @@ from fastapi.openapi.utils import get_openapi
 from starlette.types import ASGIApp
 
 from loopsq import __version__
+from loopsq.mcp.context import McpContext
+from loopsq.mcp.http import PATH as MCP_PATH
+from loopsq.mcp.http import HttpTransport
 from loopsq.web import api, api_workflows, dashboard, errors, metrics
 from loopsq.web.auth import TokenAuth
 from loopsq.web.context import WebContext, WebSettings
@@ -78,12 +81,15 @@ class LoopsqAPI(FastAPI):
 def create_app(settings: WebSettings, *, client: redis.Redis | None = None) -> FastAPI:
     """Build the app for ``settings`` (``client``: an existing Redis client to use instead of connecting)."""
     ctx = WebContext(settings, client)
+    # The MCP server's streamable-HTTP transport, behind the same token as the API (auth.check).
+    mcp = HttpTransport(McpContext(settings.redis_url, settings.data_dir, settings.keys, client=ctx.client))
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
         ctx.start()
         try:
-            yield
+            async with mcp.run():
+                yield
         finally:
             await run_in_threadpool(ctx.stop)
 
@@ -94,6 +100,8 @@ def create_app(settings: WebSettings, *, client: redis.Redis | None = None) -> F
     errors.install(app, settings.redis_url)
     for router in (api.router, api_workflows.router, metrics.router, dashboard.router):
         app.include_router(router)
+    # Starlette routes an endpoint that is not a function as an ASGI app; its type hint names functions only.
+    app.add_route(MCP_PATH, mcp, include_in_schema=False)  # type: ignore[arg-type]
     if settings.rq_dashboard:
         app.mount("/rq", rq_dashboard_app(settings.redis_url))
     app.add_middleware(TokenAuth, token=settings.token)

@@ -199,3 +199,11 @@ def test_a_retry_delay_is_a_minimum_that_jitter_only_lengthens() -> None:
 def test_a_max_delay_below_the_retry_delay_does_not_shorten_it() -> None:
     loop = loop_at(EVERY_MIN, retryDelayMs=4000, retryBackoff="exponential", retryMaxDelayMs=1000)
     assert all(rules.retry_delay_ms(loop, 1, random.Random(s)) >= 4000 for s in range(50))
+
+
+def test_a_lease_key_lives_one_renewal_period_longer_than_the_lease() -> None:
+    from loopsq.domain.run_rules import lease_renew_every_ms, lease_ttl_ms
+
+    # Renewed at a third of the lease, at most a minute apart: the key outlives any outage shorter than the lease.
+    assert [lease_renew_every_ms(ms) for ms in (15, 3_000, 10_000, 1_800_000)] == [10, 1_000, 3_333, 60_000]
+    assert [lease_ttl_ms(ms) for ms in (3_000, 10_000, 1_800_000)] == [4_000, 13_333, 1_860_000]
