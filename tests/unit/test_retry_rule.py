@@ -195,3 +195,15 @@ def test_a_shutdown_re_run_keeps_its_attempt_and_is_claimed_once_under_its_own_k
     assert isinstance(again, Claim) and (again.run.attempt, again.run.rerun) == (1, 2)
     finish(store, again, "failed", at(1.6))
     assert isinstance(store.claim(loop_id, at(1), W2, at(1.7)), Refusal)
+
+
+def test_a_re_run_whose_claim_reply_was_lost_is_recognised_as_won(client: redis.Redis, store: RunStore) -> None:
+    loop_id = make_loop(client, maxAttempts=1)
+    first = store.claim(loop_id, at(1), W1, at(1))
+    assert isinstance(first, Claim)
+    finish(store, first, "abandoned", at(1.2), error=rules.SHUTDOWN_ERROR)
+    rerun = store.claim(loop_id, at(1), W2, at(1.3), nonce="n-rerun")
+    assert isinstance(rerun, Claim) and rerun.run.rerun == 1
+    won = store.won_claim(loop_id, at(1), "n-rerun")  # what the claimer asks when Redis lost its reply
+    assert won is not None and (won.run.id, won.token) == (rerun.run.id, rerun.token)
+    assert store.won_claim(loop_id, at(1), "someone-else") is None
