@@ -28,6 +28,7 @@ from loopsq.state.keys import Keys
 from loopsq.state.loops import LoopStore
 from loopsq.state.runs import RunStore
 from loopsq.system.config import resolve_redis_url
+from loopsq.system.prompt_files import resolve_prompt_file
 
 
 class LoopsClient:
@@ -46,12 +47,33 @@ class LoopsClient:
         self.runs_store = RunStore(self.client, self.keys)
 
     def create(self, body: Mapping[str, Any]) -> Loop:
-        """Create a loop from a camelCase body (``name``, ``schedule``, ``target``, policies)."""
+        """Create a loop from a camelCase body (``name``, ``schedule``, ``target``, policies).
+
+        An agent target may give ``promptFile`` instead of ``prompt``: the file is read here (a relative path
+        against the working directory) and stored as the prompt with ``promptSource``.
+        """
+        if isinstance(body, Mapping) and "target" in body:
+            body = {**body, "target": resolve_prompt_file(body["target"], "target")}
         return self.loops.create(new_loop(body, timeutil.now()))
 
-    def list(self) -> list[Loop]:
-        """Every loop."""
-        return self.loops.all()
+    def list(self, *, archived: bool | None = False) -> list[Loop]:
+        """Loops: not archived (default), archived only (``archived=True``) or all (``archived=None``)."""
+        loops = self.loops.all()
+        return loops if archived is None else [loop for loop in loops if loop.archived == archived]
+
+    def archive(self, id_or_name: str) -> Loop:
+        """Archive a loop (0.3.15): left out of lists and counts, not run; an active loop is paused."""
+        return self.loops.archive(id_or_name, timeutil.now())
+
+    def unarchive(self, id_or_name: str) -> Loop:
+        """Restore an archived loop with the status it had."""
+        return self.loops.unarchive(id_or_name, timeutil.now())
+
+    restore = unarchive
+
+    def rename(self, id_or_name: str, new_name: str) -> Loop:
+        """Rename a loop (0.3.50); its id and run history stay."""
+        return self.loops.rename(id_or_name, new_name, timeutil.now())
 
     def get(self, id_or_name: str) -> Loop:
         """One loop; ``NotFoundError('loop not found: …')`` otherwise."""
@@ -84,13 +106,14 @@ class LoopsClient:
         return self.runs_store.get(run_id)
 
     def trigger(self, id_or_name: str, idempotency_key: str | None = None,
-                window_ms: int = DEFAULT_IDEMPOTENCY_WINDOW_MS) -> str:
+                window_ms: int = DEFAULT_IDEMPOTENCY_WINDOW_MS, *, retry: bool = True) -> str:
         """Start a run of a loop on a worker now; returns its run id.
 
         The same ``idempotency_key`` within ``window_ms`` (default 24 h) returns the same run id and starts
-        nothing new.
+        nothing new. The loop's retry policy applies to the run, unless ``retry=False``.
         """
-        return trigger_with(self.client, self.keys, id_or_name, idempotency_key, window_ms=window_ms)[0]
+        return trigger_with(self.client, self.keys, id_or_name, idempotency_key, window_ms=window_ms,
+                            retry=retry)[0]
 
     def cancel_run(self, run_id: str, reason: str | None = None) -> LoopRun:
         """Cancel a running loop run (``loopsq cancel``): the worker executing it kills its process group within a

@@ -45,8 +45,9 @@ def fire(loop_id: str) -> dict[str, int]:
 REFUSED = "!"
 
 
-def run_now(loop_id: str, request_id: str) -> str:
-    """Run a loop now on this worker; the run id is published under the request id for the waiting CLI."""
+def run_now(loop_id: str, request_id: str, retry: bool = True) -> str:
+    """Run a loop now on this worker; the run id is published under the request id for the waiting CLI.
+    ``retry=False``: the loop's retry policy does not apply to this run (``--no-retry``)."""
     rt = _runtime()
     from loopsq.domain.run_rules import LoopRun
     from loopsq.domain.timeutil import gen_id
@@ -58,7 +59,7 @@ def run_now(loop_id: str, request_id: str) -> str:
     from loopsq.errors import LoopsqError
 
     try:
-        final = runner.run_now(rt, loop_id, run_id=gen_id(), on_claim=publish)
+        final = runner.run_now(rt, loop_id, run_id=gen_id(), on_claim=publish, retry=retry)
     except LoopsqError as exc:
         # Tell the waiting CLI why (e.g. the slot's run is going on another worker) instead of letting it time out.
         rt.client.set(rt.keys.run_request(request_id), REFUSED + exc.message, px=3_600_000)
@@ -72,12 +73,13 @@ def run_triggered(run_id: str) -> str | None:
     return final.id if final else None
 
 
-def trigger(loop: str, idempotency_key: str | None = None, **_ignored: Any) -> str:
-    """Trigger a loop from another service by dotted path; returns the run id (the same for a repeated key)."""
+def trigger(loop: str, idempotency_key: str | None = None, no_retry: bool = False, **_ignored: Any) -> str:
+    """Trigger a loop from another service by dotted path; returns the run id (the same for a repeated key).
+    ``no_retry=True``: the loop's retry policy does not apply to this run (a keyword ``retry`` would be RQ's)."""
     from loopsq.engine.triggers import trigger_with
 
     rt = _runtime()
-    run_id, created = trigger_with(rt.client, rt.keys, loop, idempotency_key, enqueue=False)
+    run_id, created = trigger_with(rt.client, rt.keys, loop, idempotency_key, enqueue=False, retry=not no_retry)
     if created:
         runner.run_triggered(rt, run_id)
     return run_id

@@ -45,7 +45,7 @@ _invocation: dict[str, App] = {}
 class RootGroup(workflows_cmds.AliasGroup):
     """The root group: maps every error to one ``error: ...`` line on stderr and a documented exit code."""
 
-    aliases: ClassVar[dict[str, str]] = {"ls": "list", "rm": "remove", "workflow": "workflows"}
+    aliases: ClassVar[dict[str, str]] = {"ls": "list", "rm": "remove", "workflow": "workflows", "restore": "unarchive"}
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
@@ -116,7 +116,8 @@ def cli(ctx: click.Context, json_: bool, redis_url: str | None, data_dir: str | 
 
 cli.add_command(create.create)
 for _command in (loops_cmds.list_loops, loops_cmds.show, loops_cmds.pause, loops_cmds.resume, loops_cmds.stop,
-                 loops_cmds.remove, workflows_cmds.workflows, mirror_cmd.mirror, run_cmds.run_now, run_cmds.tick, run_cmds.cancel,
+                 loops_cmds.remove, loops_cmds.archive, loops_cmds.unarchive, loops_cmds.rename,
+                 workflows_cmds.workflows, mirror_cmd.mirror, run_cmds.run_now, run_cmds.tick, run_cmds.cancel,
                  run_cmds.runs, run_cmds.trigger, process_cmds.scheduler, process_cmds.worker,
                  health_cmds.doctor, health_cmds.status, up_cmds.up, up_cmds.install_services, logs_cmd.logs,
                  web_cmd.web, mcp_cmd.mcp, prune_cmd.prune):

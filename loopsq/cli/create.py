@@ -6,6 +6,13 @@ from typing import Any
 
 import click
 
+from loopsq.cli.agent_flags import (
+    agent_option_flags,
+    apply_agent_flags,
+    apply_preflight_flag,
+    preflight_each_run_flag,
+    prompt_from_flags,
+)
 from loopsq.cli.app import echo_err, get_app, json_flag
 from loopsq.cli.options import (
     account_body,
@@ -18,6 +25,7 @@ from loopsq.cli.options import (
     schedule_body,
     schedule_options,
 )
+from loopsq.domain.agent_options import default_prompt_via
 from loopsq.domain.loop_spec import new_loop, validate_name
 from loopsq.domain.models import Loop
 from loopsq.domain.redaction import public_loop
@@ -81,6 +89,7 @@ def _create_executable(body: dict[str, Any], target: dict[str, Any], opts: dict[
     env = env_body(opts.get("env_pairs") or ())
     if env is not None:
         target["env"] = env
+    apply_preflight_flag(target, bool(opts.get("preflight_each_run")))
     account = account_body(opts)
     if account is not None:
         target["account"] = account
@@ -102,6 +111,7 @@ def _print_created(loop: Loop, human: str) -> None:
 @click.option("--shell/--no-shell", default=True, show_default=True, help="Run through /bin/sh -c.")
 @click.option("--preflight", is_flag=True,
               help="Refuse (and store nothing) if the target cannot start here; warn if no live worker can run it.")
+@preflight_each_run_flag
 @env_option
 @schedule_options
 @account_options
@@ -125,30 +135,32 @@ def create_command(name: str, cmd: str, shell: bool, preflight: bool, **opts: An
 @create.command("agent")
 @click.argument("name")
 @click.option("--provider", required=True, metavar="NAME", help=f"One of {', '.join(PROVIDERS)}.")
-@click.option("--prompt", required=True, metavar="TEXT", help="The prompt.")
+@click.option("--prompt", metavar="TEXT", help="The prompt (or --prompt-file).")
 @click.option("--cwd", metavar="DIR", help="Working directory.")
 @click.option("--model", metavar="MODEL", help="Model name passed to the provider.")
 @click.option("--agent", "agent_name", metavar="AGENT", help="Agent name passed to the provider.")
 @click.option("--extra-arg", "extra_args", multiple=True, metavar="ARG", help="Extra provider argument (repeat).")
-@click.option("--timeout", metavar="DURATION", help="Kill after DURATION [30m]; 'none' for no limit.")
+@click.option("--timeout", metavar="DURATION", help="Kill after DURATION [none]; 'none' for no limit.")
 @click.option("--idle-timeout", metavar="DURATION", help="Kill after DURATION without output.")
 @click.option("--config-isolation", default="safe", show_default=True, metavar="MODE", help="safe or none.")
-@click.option("--prompt-via", default="argv", show_default=True, metavar="HOW",
-              help="argv (as the reference) or stdin (keeps the prompt out of the process table).")
+@click.option("--prompt-via", metavar="HOW",
+              help="stdin (keeps the prompt out of the process table) or argv (after --) [stdin; codewith: argv].")
 @click.option("--preflight", is_flag=True,
               help="Refuse (and store nothing) if the target cannot start here; warn if no live worker can run it.")
+@preflight_each_run_flag
 @env_option
+@agent_option_flags
 @schedule_options
 @account_options
 @json_flag
 def create_agent(
     name: str,
     provider: str,
-    prompt: str,
+    prompt: str | None,
     agent_name: str | None,
     extra_args: tuple[str, ...],
     config_isolation: str,
-    prompt_via: str,
+    prompt_via: str | None,
     preflight: bool,
     **opts: Any,
 ) -> None:
@@ -156,29 +168,33 @@ def create_agent(
     body, _tz = _base_body(name, opts)
     if provider not in PROVIDERS:
         raise ValidationError(f"--provider: unsupported provider: {provider} (use one of {', '.join(PROVIDERS)})")
+    prompt, prompt_source = prompt_from_flags(prompt, opts.get("prompt_file"))
     if not prompt.strip():
         raise ValidationError(f"--prompt must be a non-empty string, got '{prompt}'")
     if config_isolation not in ("safe", "none"):
         raise ValidationError(f"--config-isolation must be safe or none, got '{config_isolation}'")
-    if prompt_via not in ("argv", "stdin"):
+    if prompt_via is not None and prompt_via not in ("argv", "stdin"):
         raise ValidationError(f"--prompt-via must be argv or stdin, got '{prompt_via}'")
     target: dict[str, Any] = {"type": "agent", "provider": provider, "prompt": prompt}
+    if prompt_source is not None:
+        target["promptSource"] = prompt_source
     for key, value in (("cwd", opts.get("cwd")), ("model", opts.get("model")), ("agent", agent_name)):
         if value is not None:
             target[key] = value
     if extra_args:
         target["extraArgs"] = list(extra_args)
     target["configIsolation"] = config_isolation
-    if prompt_via != "argv":
-        target["promptVia"] = prompt_via
+    target["promptVia"] = prompt_via or default_prompt_via(provider)
+    apply_agent_flags(target, opts)
     _create_executable(body, target, opts, preflight)
 
 
 @create.command("workflow")
 @click.argument("name")
 @click.option("--workflow", "workflow_ref", required=True, metavar="ID_OR_NAME", help="The workflow to run.")
-@click.option("--timeout", metavar="DURATION", help="Time limit for the whole workflow run.")
+@click.option("--timeout", metavar="DURATION", help="Time limit for the whole workflow run [none].")
 @click.option("--preflight", is_flag=True, help="Refuse (and store nothing) if a step cannot start.")
+@preflight_each_run_flag
 @schedule_options
 @json_flag
 def create_workflow(name: str, workflow_ref: str, preflight: bool, **opts: Any) -> None:
@@ -186,7 +202,8 @@ def create_workflow(name: str, workflow_ref: str, preflight: bool, **opts: Any) 
     body, _tz = _base_body(name, opts)
     target: dict[str, Any] = {"type": "workflow"}
     if opts.get("timeout") is not None:
-        target["timeoutMs"] = duration_flag("--timeout", opts["timeout"])
+        target["timeoutMs"] = duration_flag("--timeout", opts["timeout"], allow_none=True)
+    apply_preflight_flag(target, bool(opts.get("preflight_each_run")))
     app = get_app()
     spec = app.workflows().require(workflow_ref)  # an active name, or any id (archived too), as the reference
     target["workflowId"] = spec["id"]

@@ -1,4 +1,5 @@
-"""Loop commands that read or change a loop definition: list, show, pause, resume, stop, remove."""
+"""Loop commands that read or change a loop definition: list, show, pause, resume, stop, remove, archive,
+unarchive (restore), rename."""
 
 from __future__ import annotations
 
@@ -16,17 +17,23 @@ from loopsq.system import limits
 
 @click.command("list")
 @click.option("--status", metavar="STATUS", help=f"Only loops with this status ({', '.join(LOOP_STATUSES)}).")
+@click.option("--archived", is_flag=True, help="Only archived loops.")
+@click.option("--all", "all_", is_flag=True, help="Archived loops too.")
 @json_flag
-def list_loops(status: str | None) -> None:
-    """List loops: id, status, next run and name."""
+def list_loops(status: str | None, archived: bool, all_: bool) -> None:
+    """List loops: id, status, next run and name (archived ones only with --archived or --all)."""
     if status is not None and status not in LOOP_STATUSES:
         raise ValidationError(f"--status must be one of {', '.join(LOOP_STATUSES)}, got '{status}'")
+    if archived and all_:
+        raise ValidationError("choose one of --archived or --all, got both")
     app = get_app()
-    loops = queries.list_loops(app.mirror(), status=status, limit=200)
+    which = "only" if archived else "include" if all_ else "exclude"
+    loops = queries.list_loops(app.mirror(), status=status, limit=200, archived=which)
     app.emit(
         [public_loop(loop) for loop in loops],
         lambda: "\n".join(
-            f"{loop['id']}  {loop['status']:<7}  next={loop.get('nextRunAt') or '-'}  {loop['name']}" for loop in loops
+            f"{loop['id']}  {loop['status']:<7}  next={loop.get('nextRunAt') or '-'}  {loop['name']}"
+            + ("  [archived]" if loop.get("archivedAt") else "") for loop in loops
         ),
     )
 
@@ -101,3 +108,34 @@ def remove(id_or_name: str) -> None:
     app = get_app()
     app.loops().remove(id_or_name, app.now())
     app.emit({"removed": True}, "removed")
+
+
+@click.command("archive")
+@click.argument("id_or_name")
+@json_flag
+def archive(id_or_name: str) -> None:
+    """Archive a loop: hidden from lists and counts and never run (an active loop is paused) until unarchived."""
+    app = get_app()
+    loop = app.loops().archive(id_or_name, app.now())
+    app.emit(public_loop(loop.to_dict()), f"{loop.id} archived (was {loop.archived_from_status})")
+
+
+@click.command("unarchive")
+@click.argument("id_or_name")
+@json_flag
+def unarchive(id_or_name: str) -> None:
+    """Restore an archived loop with the status it had (alias: restore)."""
+    app = get_app()
+    _status_line(app.loops().unarchive(id_or_name, app.now()))
+
+
+@click.command("rename")
+@click.argument("id_or_name")
+@click.argument("new_name")
+@json_flag
+def rename(id_or_name: str, new_name: str) -> None:
+    """Give a loop a new name; its id and its run history stay."""
+    app = get_app()
+    old = app.loops().require(id_or_name)
+    loop = app.loops().rename(old.id, new_name, app.now())
+    app.emit(public_loop(loop.to_dict()), f"{loop.id} renamed {old.name} -> {loop.name}")

@@ -9,8 +9,9 @@ import click
 
 from loopsq.cli.app import App, echo_err, get_app, json_flag
 from loopsq.domain import timeutil
+from loopsq.domain.lifecycle import ensure_not_archived
 from loopsq.domain.redaction import public_run
-from loopsq.domain.run_rules import RETRYABLE, RUN_STATUSES, TERMINAL, LoopRun
+from loopsq.domain.run_rules import RETRYABLE, RUN_STATUSES, TERMINAL, LoopRun, attempt_label
 from loopsq.domain.timeutil import gen_id
 from loopsq.engine import timers
 from loopsq.errors import LoopsqError, NotFoundError, ValidationError
@@ -46,21 +47,24 @@ def _indent(text: str) -> str:
 @click.option("--show-output", is_flag=True, help="Print the run's stdout and stderr.")
 @click.option("--wait", "wait_s", default=30.0, show_default=True, metavar="SECONDS",
               help="How long to wait for a worker to pick the run up.")
+@click.option("--no-retry", is_flag=True, help="Do not retry this run if it fails (the loop's --attempts otherwise).")
 @json_flag
-def run_now(id_or_name: str, local: bool, show_output: bool, wait_s: float) -> None:
-    """Run a loop now: its due retry, its due slot, or an ad-hoc slot. Exit 1 unless it succeeds."""
+def run_now(id_or_name: str, local: bool, show_output: bool, wait_s: float, no_retry: bool) -> None:
+    """Run a loop now: its due retry, its due slot, or an ad-hoc slot. Exit 1 unless it succeeds (a failed run is
+    retried later as the loop's retry policy says, unless --no-retry)."""
     app = get_app()
     loop = app.loops().require(id_or_name)
+    ensure_not_archived(loop, id_or_name)
     if local:
         from loopsq.engine.runner import run_now as execute_now
 
         rt = _runtime(app, "manual")
         try:
-            final = execute_now(rt, loop.id)
+            final = execute_now(rt, loop.id, retry=not no_retry)
         finally:
             rt.stop()
     else:
-        final = _run_on_worker(app, loop.id, wait_s)
+        final = _run_on_worker(app, loop.id, wait_s, retry=not no_retry)
     source = final.source or "ad_hoc"
     advances = source in ("due_slot", "retry_slot")
     payload = {**public_run(final.to_dict(), show_output), "runNow": {"source": source, "advancesLoop": advances}}
@@ -72,12 +76,13 @@ def run_now(id_or_name: str, local: bool, show_output: bool, wait_s: float) -> N
         raise click.exceptions.Exit(1)
 
 
-def _run_on_worker(app: App, loop_id: str, wait_s: float) -> LoopRun:
+def _run_on_worker(app: App, loop_id: str, wait_s: float, *, retry: bool = True) -> LoopRun:
     from loopsq.state.runs import RunStore
 
     client = app.client()
     request_id = gen_id()
-    timers.enqueue(timers.raw_from(client), "worker.jobs.run_now", loop_id, request_id)
+    # Positional: RQ's enqueue keeps a keyword named ``retry`` for itself.
+    timers.enqueue(timers.raw_from(client), "worker.jobs.run_now", loop_id, request_id, *(() if retry else (False,)))
     deadline = time.monotonic() + wait_s
     run_id = None
     while run_id is None:
@@ -156,14 +161,16 @@ def runs(id_or_name: str | None, limit: int, status: str | None, show_output: bo
     def human() -> str:
         lines = []
         for r in rows:
-            lines.append(f"{r['id']}  {r['status']:<10}  attempt={r['attempt']}  slot={r['scheduledFor']}  {r['loopName']}")
+            attempt = attempt_label(r["attempt"], r.get("rerun")) if r.get("rerun") else f"attempt={r['attempt']}"
+            lines.append(f"{r['id']}  {r['status']:<10}  {attempt}  slot={r['scheduledFor']}  {r['loopName']}")
             if r.get("error") and r["status"] in RETRYABLE:
                 lines.append(f"  error: {r['error']}")
             if show_output:
                 lines.append(_print_output(r))
             for a in r.get("previousAttempts") or []:
                 exit_code = f"  exit={a['exitCode']}" if a.get("exitCode") is not None else ""
-                lines.append(f"  attempt {a['attempt']} {a['status']}{exit_code}  finished={a.get('finishedAt', '-')}"
+                lines.append(f"  {attempt_label(a['attempt'], a.get('rerun'))} {a['status']}{exit_code}  "
+                             f"finished={a.get('finishedAt', '-')}"
                              f"  {a.get('error') or ''}".rstrip())
                 if show_output:
                     lines.append(_indent(_print_output(a)))
@@ -175,15 +182,16 @@ def runs(id_or_name: str | None, limit: int, status: str | None, show_output: bo
 @click.command("trigger")
 @click.argument("id_or_name")
 @click.option("--key", metavar="KEY", help="Idempotency key: the same key within 24 h returns the same run.")
+@click.option("--no-retry", is_flag=True, help="Do not retry this run if it fails (the loop's --attempts otherwise).")
 @json_flag
-def trigger(id_or_name: str, key: str | None) -> None:
+def trigger(id_or_name: str, key: str | None, no_retry: bool) -> None:
     """Start a run of a loop on a worker now; prints its run id."""
     from loopsq.engine.triggers import trigger_with
 
     if key is not None and not key.strip():
         raise ValidationError(f"--key must not be empty, got '{key}'")
     app = get_app()
-    run_id, created = trigger_with(app.client(), app.keys, id_or_name, key)
+    run_id, created = trigger_with(app.client(), app.keys, id_or_name, key, retry=not no_retry)
     app.emit({"runId": run_id, "created": created}, f"{run_id} {'created' if created else 'duplicate'}")
 
 

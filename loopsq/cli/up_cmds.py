@@ -17,6 +17,7 @@ from loopsq.errors import LoopsqError, RedisNotConfiguredError, ValidationError
 from loopsq.ops import install
 from loopsq.ops.up import API_TOKEN_ENV, API_TOKEN_FILENAME, UpConfig, api_token, run_up
 from loopsq.system import config
+from loopsq.system.exec_path import normalize_execution_path
 
 
 def _root_param(name: str) -> str | None:
@@ -93,7 +94,7 @@ def install_services(target: str, enable: bool, directory: str | None) -> None:
     if setting is None:
         raise RedisNotConfiguredError()
     configured = config.configured_redis(app.redis_flag)
-    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}
+    env = {"PATH": normalize_execution_path(os.environ)}  # the PATH every target runs with (0.3.1)
     if configured is not None:
         env["LOOPSQ_REDIS_URL"] = configured.url
     if configured is None or _root_param("data_dir") or os.environ.get("LOOPSQ_DATA_DIR"):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any, ClassVar
 
 import click
@@ -11,6 +12,7 @@ from loopsq.domain.redaction import public_workflow
 from loopsq.domain.workflow_spec import load_workflow_file, workflow_body_from_json
 from loopsq.errors import NotFoundError, ValidationError
 from loopsq.mirror import queries
+from loopsq.system.prompt_files import resolve_spec_prompt_files
 
 
 class AliasGroup(click.Group):
@@ -30,7 +32,10 @@ def workflows() -> None:
 def _read_spec(path: str, name: str | None) -> dict[str, Any]:
     if name is not None and not name.strip():
         raise ValidationError(f"--name must be a non-empty string, got '{name}'")
-    return workflow_body_from_json(load_workflow_file(path), name)
+    spec = load_workflow_file(path)
+    # promptFile paths are relative to the spec file's directory (0.3.54).
+    spec = resolve_spec_prompt_files(spec, os.path.dirname(os.path.abspath(path)))
+    return workflow_body_from_json(spec, name)
 
 
 @workflows.command("validate")

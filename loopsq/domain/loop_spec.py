@@ -13,6 +13,7 @@ from datetime import datetime
 from typing import Any
 
 from loopsq.domain import models
+from loopsq.domain.agent_options import with_creation_defaults
 from loopsq.domain.cron import host_timezone_name, validate_timezone
 from loopsq.domain.models import Loop
 from loopsq.domain.schedules import CATCH_UP_POLICIES, Schedule, initial_next_run, parse_time
@@ -83,7 +84,7 @@ def new_loop(body: Mapping[str, Any], now: datetime) -> Loop:
     else:
         raise ValidationError(f"unknown timezone: {show(tz_value)}")
     schedule = Schedule.from_dict(body.get("schedule"))
-    target = validate_target(body.get("target"), "target")
+    target = with_creation_defaults(validate_target(body.get("target"), "target"))
     expires_at = _expiry(body.get("expiresAt"), timezone)
     loop = Loop(
         id=gen_id(),

@@ -48,6 +48,9 @@ _FIELDS: tuple[tuple[str, str], ...] = (
     ("keep_runs", "keepRuns"),
     ("failure_streak", "failureStreak"),
     ("status_reason", "statusReason"),
+    ("archived_at", "archivedAt"),
+    ("archived_from_status", "archivedFromStatus"),
+    ("retry_queue", "retryQueue"),
     ("created_at", "createdAt"),
     ("updated_at", "updatedAt"),
 )
@@ -83,6 +86,11 @@ class Loop:
     keep_runs: int | None = None
     failure_streak: int = 0
     status_reason: str | None = None
+    #: When the loop was archived (0.3.15) and the status it had then (``unarchive`` restores it).
+    archived_at: str | None = None
+    archived_from_status: str | None = None
+    #: Retries waiting behind the pending one (``retryScheduledFor``), oldest first: ``{"slot", "at"}`` each.
+    retry_queue: list[dict[str, str]] | None = None
     extra: dict[str, Any] = field(default_factory=dict, compare=False)
 
     def to_dict(self) -> dict[str, Any]:
@@ -120,6 +128,11 @@ class Loop:
     def with_changes(self, **changes: Any) -> Loop:
         """A copy with ``changes`` applied (``dataclasses.replace``)."""
         return replace(self, **changes)
+
+    @property
+    def archived(self) -> bool:
+        """True while the loop is archived (hidden from lists and counts, not run)."""
+        return self.archived_at is not None
 
     @property
     def target_type(self) -> str:

@@ -23,6 +23,10 @@ RUN_STATUSES = ("running", "succeeded", "failed", "timed_out", "abandoned", "ski
 TERMINAL = frozenset({"succeeded", "failed", "timed_out", "abandoned", "skipped"})
 RETRYABLE = frozenset({"failed", "timed_out", "abandoned"})
 SOURCES = ("scheduled", "ad_hoc", "due_slot", "retry_slot", "trigger")
+#: Runs that are not a slot of the schedule: they never move the loop, though the retry rule applies to them too.
+MANUAL_SOURCES = ("ad_hoc", "trigger")
+#: Retries waiting behind the loop's pending one (``Loop.retry_queue``) at most; beyond it the oldest is dropped.
+RETRY_QUEUE_MAX = 100
 SKIP_ERROR = "previous run still active"
 #: A run a worker gave up when it was stopped (SIGTERM, after the grace). Not the run's fault: it is retried at
 #: once, even when its attempts are used up.
@@ -68,6 +72,11 @@ class LoopRun:
     idempotency_key: str | None = None
     #: The earlier attempts of this slot, oldest first (``attempt_history``): a retry reuses the row.
     previous_attempts: list[dict[str, Any]] | None = None
+    #: How many times this attempt was re-run after a worker shutdown gave it up (None: never). A re-run is not a
+    #: new attempt: it did not fail (``next_attempt``).
+    rerun: int | None = None
+    #: The caller asked for no retry (``--no-retry``, ``retry: false``): a failure settles the slot at once.
+    no_retry: bool | None = None
     extra: dict[str, Any] = field(default_factory=dict, compare=False)
 
     def to_dict(self) -> dict[str, Any]:
@@ -119,8 +128,69 @@ def attempt_history(ended: LoopRun) -> list[dict[str, Any]]:
         "workerId": ended.worker_id, "host": ended.host,
         "stdout": (ended.stdout or "")[-ATTEMPT_OUTPUT_TAIL:], "stderr": (ended.stderr or "")[-ATTEMPT_OUTPUT_TAIL:],
     }
+    if ended.rerun:
+        summary["rerun"] = ended.rerun
     summary = {k: v for k, v in summary.items() if v is not None and v != ""}
     return [*(ended.previous_attempts or []), summary][-ATTEMPT_HISTORY_MAX:]
+
+
+def attempt_label(attempt: int, rerun: int | None) -> str:
+    """``attempt 1``, or ``attempt 1 (re-run after shutdown)`` for a re-run (``attempt 1 (re-run 2 after
+    shutdown)`` from the second on)."""
+    if not rerun:
+        return f"attempt {attempt}"
+    return f"attempt {attempt} (re-run after shutdown)" if rerun == 1 else f"attempt {attempt} (re-run {rerun} after shutdown)"
+
+
+def is_shutdown_rerun(ended: LoopRun) -> bool:
+    """Whether ``ended`` was given up by a worker shutting down (it did not fail: it is re-run, not retried)."""
+    return ended.status == "abandoned" and ended.error == SHUTDOWN_ERROR
+
+
+def may_run_again(ended: LoopRun, loop: Loop) -> bool:
+    """Whether a settled retryable row may be claimed again: a shutdown re-run always; a retry while attempts are
+    left and the caller did not ask for no retry."""
+    if is_shutdown_rerun(ended):
+        return True
+    return not ended.no_retry and ended.attempt < loop.max_attempts
+
+
+def next_attempt(ended: LoopRun, stamp: str) -> LoopRun:
+    """The row as its next claim starts it: the next attempt, or the same attempt re-run after a shutdown (counted
+    in ``rerun``, claimed under its own key); ``ended`` joins ``previousAttempts``."""
+    rerun = is_shutdown_rerun(ended)
+    return ended.with_changes(
+        attempt=ended.attempt if rerun else ended.attempt + 1, rerun=(ended.rerun or 0) + 1 if rerun else None,
+        status="running", finished_at=None, pid=None, exit_code=None, duration_ms=None, stdout=None, stderr=None,
+        error=None, host=None, pid_start_time=None, updated_at=stamp, previous_attempts=attempt_history(ended),
+    )
+
+
+def run_source(existing: LoopRun | None, source: str) -> str:
+    """The source a claimed run records: a retry of a manual run stays manual (its slot is not the schedule's, so
+    it must never move the loop); otherwise how this claim came."""
+    if existing is not None and existing.source in MANUAL_SOURCES:
+        return str(existing.source)
+    return source
+
+
+def with_retry(loop: Loop, slot: str, at: str, stamp: str) -> Loop:
+    """``loop`` with a retry of ``slot`` due at ``at``: the pending one if there is none (or it is that slot), else
+    queued behind it (a pending retry is never overwritten by another slot's)."""
+    if loop.retry_scheduled_for is None or loop.retry_scheduled_for == slot:
+        return loop.with_changes(retry_scheduled_for=slot, retry_at=at, updated_at=stamp)
+    queue = [entry for entry in loop.retry_queue or [] if entry.get("slot") != slot]
+    queue.append({"slot": slot, "at": at})
+    return loop.with_changes(retry_queue=queue[-RETRY_QUEUE_MAX:], updated_at=stamp)
+
+
+def next_retry(loop: Loop) -> Loop:
+    """``loop`` once its pending retry is taken: the oldest queued retry becomes the pending one, if any."""
+    queue = list(loop.retry_queue or [])
+    if not queue:
+        return loop.with_changes(retry_scheduled_for=None, retry_at=None, retry_queue=None)
+    head, rest = queue[0], queue[1:]
+    return loop.with_changes(retry_scheduled_for=head["slot"], retry_at=head["at"], retry_queue=rest or None)
 
 
 def lease_renew_every_ms(lease_ms: int) -> int:
@@ -228,7 +298,7 @@ def after_claim(loop: Loop, slot: datetime, now: datetime, *, is_retry: bool, en
     """
     stamp = to_iso(now)
     if is_retry:
-        return loop.with_changes(retry_scheduled_for=None, retry_at=None, updated_at=stamp)
+        return next_retry(loop).with_changes(updated_at=stamp)
     if advances_at_finish(loop):
         return loop.with_changes(next_run_at=None, updated_at=stamp)
     upcoming = _next_regular(loop, slot, now, ends_backlog=ends_backlog)
@@ -282,27 +352,28 @@ class Advance:
 def after_finish(loop: Loop, run: LoopRun, finished_at: datetime, rng: random.Random | None = None) -> Advance:
     """The loop once ``run`` has ended at ``finished_at`` (§3.9 with loopsq's fixes and additions).
 
-    Ad-hoc runs (not a loop slot) never move the loop, nor does anything move a loop that is no longer active
-    (a pause or stop during the run is respected). Otherwise: a failed attempt with attempts left schedules a
-    retry of the same slot; a settled slot updates the failure streak, and a streak reaching
-    ``pauseAfterFailures`` pauses the loop with the reason recorded; loops scheduling from the end of a run get
-    their next slot (a once loop stops). A run that overlap ``replace`` cancelled for a newer slot is settled, not
-    retried: its retry would in turn replace the newer run; nor is one cancelled on request.
+    Nothing moves a loop that is no longer active (a pause or stop during the run is respected). Otherwise one
+    retry rule holds for every run of the loop, scheduled, run now or triggered: a failed attempt with attempts
+    left schedules a retry of the same slot, unless the caller asked for none (``noRetry``); a run a worker
+    shutdown gave up is re-run at once (it did not fail: ``next_attempt``). A manual run's slot (``ad_hoc``,
+    ``trigger``) is not the schedule's: once settled it moves nothing. A settled regular slot updates the failure
+    streak, and a streak reaching ``pauseAfterFailures`` pauses the loop with the reason recorded; loops
+    scheduling from the end of a run get their next slot (a once loop stops). A run that overlap ``replace``
+    cancelled for a newer slot is settled, not retried: its retry would in turn replace the newer run; nor is one
+    cancelled on request.
     """
     stamp = to_iso(finished_at)
-    if run.source in ("ad_hoc", "trigger"):
-        return Advance(loop, "none")
     succeeded = run.status == "succeeded"
     if loop.status != "active":
         return Advance(loop, "none")
     replaced = run.status == "failed" and (run.error or "").startswith((REPLACED_ERROR, USER_CANCEL_ERROR))
-    if run.status == "abandoned" and run.error == SHUTDOWN_ERROR:
-        return Advance(loop.with_changes(retry_scheduled_for=run.scheduled_for, retry_at=stamp, updated_at=stamp),
-                       "retry_scheduled")
-    if not succeeded and not replaced and run.attempt < loop.max_attempts:
+    if is_shutdown_rerun(run):
+        return Advance(with_retry(loop, run.scheduled_for, stamp, stamp), "retry_scheduled")
+    if not succeeded and not replaced and not run.no_retry and run.attempt < loop.max_attempts:
         retry_at = finished_at + timedelta(milliseconds=retry_delay_ms(loop, run.attempt, rng))
-        retry = loop.with_changes(retry_scheduled_for=run.scheduled_for, retry_at=to_iso(retry_at), updated_at=stamp)
-        return Advance(retry, "retry_scheduled")
+        return Advance(with_retry(loop, run.scheduled_for, to_iso(retry_at), stamp), "retry_scheduled")
+    if run.source in MANUAL_SOURCES:
+        return Advance(loop, "none")
     # The slot is settled: it counts towards the failure streak once, however many attempts it took.
     streak = 0 if succeeded else loop.failure_streak + 1
     loop = loop.with_changes(failure_streak=streak, updated_at=stamp)

@@ -13,6 +13,7 @@ import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from loopsq.domain import agent_options
 from loopsq.errors import ValidationError
 
 PROVIDERS = ("claude", "cursor", "codewith", "aicopilot", "opencode", "codex")
@@ -193,6 +194,48 @@ def _account(value: Any, label: str, _field: str) -> dict[str, Any]:
     return validate_account(value, label)
 
 
+# -- the later 0.3.x agent options (agent_options), prompt sources and per-run preflight -----------------------
+def _dir_list(value: Any, label: str, field: str) -> list[str]:
+    dirs = _string_list(value, label, field)
+    for index, item in enumerate(dirs):
+        if not is_non_empty_string(item):
+            raise _fail(label, f"{field}[{index}]", "a non-empty string", item)
+    return dirs
+
+
+def _prompt_source(value: Any, label: str, field: str) -> dict[str, Any]:
+    if (not isinstance(value, Mapping) or value.get("type") != "file"
+            or not is_non_empty_string(value.get("path"))):
+        raise _fail(label, field, 'an object {"type": "file", "path": "<file>"}', value)
+    return dict(value)
+
+
+def _preflight(value: Any, label: str, field: str) -> dict[str, Any]:
+    if not isinstance(value, Mapping) or not isinstance(value.get("beforeRun", False), bool):
+        raise _fail(label, field, 'an object {"beforeRun": true|false}', value)
+    return dict(value)
+
+
+def _check_agent_options(target: Mapping[str, Any], label: str) -> None:
+    """The provider x option rules of 0.3.60 (``agent_options.option_problem``), once the types are right."""
+    problem = agent_options.option_problem(target)
+    if problem is None:
+        return
+    got = (f"provider {short_repr(target.get('provider'))}" if problem.by_provider
+           else short_repr(problem.value))
+    raise ValidationError(f"{label}.{problem.field} {problem.reason}, got {got}")
+
+
+def _refuse_unread_prompt_file(target: Mapping[str, Any], label: str) -> None:
+    """``promptFile`` is read where the file is (the CLI, the SDK, a spec file's directory): it never reaches
+    validation itself, so a body that still carries it (the HTTP API) is refused with what to send instead."""
+    if "promptFile" in target:
+        raise ValidationError(
+            f"{label}.promptFile is read only by the CLI, the SDK and spec files; send the text as "
+            f"{label}.prompt, got {short_repr(target['promptFile'])}"
+        )
+
+
 # loopsq's extra checks per target type, in the order they run.
 _EXTRA_CHECKS: dict[str, tuple[tuple[str, _Check], ...]] = {
     "command": (
@@ -203,6 +246,7 @@ _EXTRA_CHECKS: dict[str, tuple[tuple[str, _Check], ...]] = {
         ("timeoutMs", _timeout),
         ("idleTimeoutMs", _positive_int),
         ("account", _account),
+        ("preflight", _preflight),
     ),
     "agent": (
         ("cwd", _non_empty),
@@ -216,8 +260,15 @@ _EXTRA_CHECKS: dict[str, tuple[tuple[str, _Check], ...]] = {
         ("account", _account),
         # loopsq addition (the reference has no env on agent targets): how a loop hands an agent a secret.
         ("env", _env_map),
+        ("variant", _non_empty),
+        ("permissionMode", _one_of(agent_options.PERMISSION_MODES)),
+        ("sandbox", _one_of(agent_options.SANDBOXES)),
+        ("addDirs", _dir_list),
+        ("authProfile", _non_empty),
+        ("promptSource", _prompt_source),
+        ("preflight", _preflight),
     ),
-    "workflow": (("input", _string_map), ("timeoutMs", _timeout)),
+    "workflow": (("input", _string_map), ("timeoutMs", _timeout), ("preflight", _preflight)),
 }
 
 
@@ -255,6 +306,8 @@ def _check_reference_rules(target: Mapping[str, Any], label: str, allow_workflow
 def _validate(target: Any, label: str, allow_workflow: bool) -> dict[str, Any]:
     if not isinstance(target, Mapping):
         raise ValidationError(f"{label} must be an object")
+    if target.get("type") == "agent":
+        _refuse_unread_prompt_file(target, label)
     kind = _check_reference_rules(target, label, allow_workflow)
     result = dict(target)
     for field, check in _EXTRA_CHECKS[kind]:
@@ -264,6 +317,8 @@ def _validate(target: Any, label: str, allow_workflow: bool) -> dict[str, Any]:
             del result[field]
         else:
             result[field] = check(result[field], label, field)
+    if kind == "agent":
+        _check_agent_options(result, label)
     return result
 
 

@@ -20,6 +20,7 @@ import math
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
+from loopsq.domain.agent_options import with_creation_defaults
 from loopsq.domain.targets import (
     is_positive_int,
     js_trim,
@@ -48,7 +49,7 @@ def _normalise_step(raw: Any, index: int, seen: set[str]) -> dict[str, Any]:
     if step_id in seen:
         raise ValidationError(f"duplicate workflow step id: {step_id}")
     seen.add(step_id)
-    step["target"] = validate_executable_target(step.get("target"), f"{label}.target")
+    step["target"] = with_creation_defaults(validate_executable_target(step.get("target"), f"{label}.target"))
 
     depends_on = step.get("dependsOn")
     if depends_on is None:

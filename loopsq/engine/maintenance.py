@@ -65,7 +65,7 @@ def _wanted(loop: Loop, now: datetime, active_loops: set[str]) -> tuple[Loop | N
     if loop.status != "active":
         return None, ""
     if loop.expires_at is not None and from_iso(loop.expires_at) <= now:
-        return loop.with_changes(status="expired", next_run_at=None, retry_scheduled_for=None, retry_at=None,
+        return loop.with_changes(status="expired", next_run_at=None, retry_scheduled_for=None, retry_at=None, retry_queue=None,
                                  updated_at=to_iso(now)), "loop_expired"
     if rules.timer_at(loop) is None and loop.id not in active_loops:
         # Nothing will ever wake this loop (e.g. its last run's owner died before the loop was advanced).

@@ -21,6 +21,7 @@ import redis
 
 from loopsq.domain import run_rules as rules
 from loopsq.domain import timeutil
+from loopsq.domain.lifecycle import ensure_not_archived
 from loopsq.domain.models import Loop
 from loopsq.domain.run_rules import LoopRun
 from loopsq.domain.timeutil import from_iso, gen_id, to_iso
@@ -85,8 +86,8 @@ def _execute(rt: Runtime, claim: Claim, *, rearm: bool = True) -> tuple[LoopRun,
     timer in the past, which fires at once on another worker and skips the rest of the backlog as overlapping.
     """
     run, loop = claim.run, claim.loop
-    log.info("run %s claimed loop=%s slot=%s attempt=%d source=%s", run.id, loop.name, run.scheduled_for,
-             run.attempt, run.source)
+    log.info("run %s claimed loop=%s slot=%s attempt=%d%s source=%s", run.id, loop.name, run.scheduled_for,
+             run.attempt, f" rerun={run.rerun} (re-run after shutdown)" if run.rerun else "", run.source)
     held = rt.hold(run.id, claim.token, loop.lease_ms)
     crash_point("after_claim")
     # The run's JSON as this process last wrote it: transitions try it first instead of reading it back. (The
@@ -293,27 +294,28 @@ def _finish_taken(rt: Runtime, job_id: str) -> None:
 
 def claim_slot(rt: Runtime, loop_id: str, slot: datetime, now: datetime, *, source: str,
                run_id: str | None = None, idempotency_key: str | None = None,
-               ends_backlog: bool = False, trigger_request: str | None = None) -> Claim | Refusal:
+               ends_backlog: bool = False, trigger_request: str | None = None, retry: bool = True) -> Claim | Refusal:
     """``RunStore.claim`` for this runtime, which also recognizes its own claim when the reply was lost: a claim
-    resent after Redis applied it is refused by its own guard (``claimed``/``running``), and is ours after all."""
+    resent after Redis applied it is refused by its own guard (``claimed``/``running``), and is ours after all.
+    ``retry=False``: the run is not retried (``--no-retry``)."""
     nonce = gen_id()
     result = rt.runs.claim(loop_id, slot, rt.owner, now, source=source, run_id=run_id,
                            idempotency_key=idempotency_key, nonce=nonce, ends_backlog=ends_backlog,
-                           trigger_request=trigger_request)
+                           trigger_request=trigger_request, retry=retry)
     if isinstance(result, Refusal) and result.reason in ("claimed", "running"):
         return rt.runs.won_claim(loop_id, slot, nonce) or result
     return result
 
 
 def _claim_ad_hoc(rt: Runtime, loop: Loop, slot: datetime, source: str, run_id: str | None,
-                  key: str | None, request: str | None = None) -> Claim | Refusal:
+                  key: str | None, request: str | None = None, retry: bool = True) -> Claim | Refusal:
     """Claim an ad-hoc slot at ``slot``; a slot taken by another run at the same millisecond moves 1 ms on (also
     when that run won it while this claim was being made). ``claimed`` is final only for this very run (it exists
     already, or its trigger was consumed). ``request``: the trigger request the claim consumes (a triggered run)."""
     result: Claim | Refusal = Refusal("gone")
     for _ in range(50):
         result = claim_slot(rt, loop.id, slot, timeutil.now(), source=source, run_id=run_id, idempotency_key=key,
-                            trigger_request=request)
+                            trigger_request=request, retry=retry)
         if isinstance(result, Claim) or result.reason == "gone":
             return result
         if result.reason == "claimed" and (result.run is None or result.run.id == run_id or (
@@ -324,11 +326,12 @@ def _claim_ad_hoc(rt: Runtime, loop: Loop, slot: datetime, source: str, run_id: 
 
 
 def run_now(rt: Runtime, id_or_name: str, run_id: str | None = None,
-            on_claim: Callable[[LoopRun], None] | None = None) -> LoopRun:
+            on_claim: Callable[[LoopRun], None] | None = None, *, retry: bool = True) -> LoopRun:
     """Run a loop now (reference 0.3.3 sources): its due retry, its due slot, or an ad-hoc slot.
 
     ``run_id`` names a new run (a retry keeps its row's id); ``on_claim`` learns the claimed run before it
-    executes (a worker publishes its id to the waiting CLI there).
+    executes (a worker publishes its id to the waiting CLI there). The loop's retry policy applies to the run
+    (``run_rules.after_finish``) unless ``retry`` is False.
 
     Raises:
         NotFoundError: for an unknown loop.
@@ -337,11 +340,12 @@ def run_now(rt: Runtime, id_or_name: str, run_id: str | None = None,
     from loopsq.errors import ConflictError
 
     loop = rt.loops.require(id_or_name)
+    ensure_not_archived(loop, id_or_name)
     now = timeutil.now()
     slot, source = rules.manual_slot(loop, now)
     claim: Claim | Refusal
     if source != "ad_hoc":
-        claim = claim_slot(rt, loop.id, slot, now, source=source, run_id=run_id)
+        claim = claim_slot(rt, loop.id, slot, now, source=source, run_id=run_id, retry=retry)
         if isinstance(claim, Refusal) and claim.reason in ("done", "exhausted", "past"):
             if claim.reason != "past":  # (a past slot: the loop has moved on already)
                 rt.runs.advance_past(loop.id, slot, now)
@@ -349,7 +353,7 @@ def run_now(rt: Runtime, id_or_name: str, run_id: str | None = None,
         elif isinstance(claim, Refusal) and claim.reason == "inactive":
             source = "ad_hoc"  # paused meanwhile: run-now of a loop that is not active is an ad-hoc run
     if source == "ad_hoc":
-        claim = _claim_ad_hoc(rt, loop, now, "ad_hoc", run_id, None)
+        claim = _claim_ad_hoc(rt, loop, now, "ad_hoc", run_id, None, retry=retry)
     if isinstance(claim, Refusal):
         raise ConflictError(f"could not claim manual run for {id_or_name} ({claim.reason})")
     if source != "ad_hoc":
@@ -374,7 +378,8 @@ def run_triggered(rt: Runtime, run_id: str) -> LoopRun | None:
         rt.client.zrem(rt.keys.triggers, run_id)
         return None
     # The claim consumes the trigger (its request key and its entry in ``keys.triggers``) in one transition.
-    claim = _claim_ad_hoc(rt, loop, from_iso(str(data["at"])), "trigger", run_id, data.get("key"), text)
+    claim = _claim_ad_hoc(rt, loop, from_iso(str(data["at"])), "trigger", run_id, data.get("key"), text,
+                          retry=data.get("retry", True) is not False)
     if isinstance(claim, Refusal):
         return rt.runs.get(run_id)
     return execute_claim(rt, claim)

@@ -9,6 +9,7 @@ import json
 import redis
 
 from loopsq.domain import timeutil
+from loopsq.domain.lifecycle import ensure_not_archived
 from loopsq.domain.timeutil import gen_id, to_iso, to_ms
 from loopsq.engine import timers
 from loopsq.errors import ValidationError
@@ -28,21 +29,25 @@ def trigger_with(
     *,
     window_ms: int = DEFAULT_IDEMPOTENCY_WINDOW_MS,
     enqueue: bool = True,
+    retry: bool = True,
 ) -> tuple[str, bool]:
     """Reserve a triggered run of a loop; returns ``(run_id, created)``.
 
     With an idempotency key, the first trigger reserves the run id with ``SET NX`` (in the same transition that
     records the trigger) and every later trigger with the same key within ``window_ms`` gets that run id back
-    and starts nothing. With ``enqueue`` the run is handed to a worker (``worker.jobs.run_triggered``).
+    and starts nothing. With ``enqueue`` the run is handed to a worker (``worker.jobs.run_triggered``). The loop's
+    retry policy applies to the run unless ``retry`` is False.
     """
     if idempotency_key is not None and (not isinstance(idempotency_key, str) or not idempotency_key.strip()):
         raise ValidationError(f"idempotency key must be a non-empty string, got {json.dumps(idempotency_key)}")
     if window_ms <= 0:
         raise ValidationError(f"idempotency window must be > 0 ms, got {window_ms}")
     loop = LoopStore(client, keys).require(id_or_name)
+    ensure_not_archived(loop, id_or_name)
     now = timeutil.now()
     run_id = gen_id()
-    request = json.dumps({"loopId": loop.id, "at": to_iso(now), "key": idempotency_key})
+    request = json.dumps({"loopId": loop.id, "at": to_iso(now), "key": idempotency_key,
+                          **({} if retry else {"retry": False})})
     tx = Tx("run_triggered", to_iso(now))
     if idempotency_key is not None:
         idem = keys.idempotency(loop.id, idempotency_key)
@@ -52,7 +57,8 @@ def trigger_with(
         existing = client.get(keys.idempotency(loop.id, str(idempotency_key)))
         if existing:
             return (existing.decode() if isinstance(existing, bytes) else str(existing)), False
-        return trigger_with(client, keys, id_or_name, idempotency_key, window_ms=window_ms, enqueue=enqueue)
+        return trigger_with(client, keys, id_or_name, idempotency_key, window_ms=window_ms, enqueue=enqueue,
+                            retry=retry)
     if enqueue:
         timers.enqueue(timers.raw_from(client), "worker.jobs.run_triggered", run_id, job_id=f"loopsq-trigger-{run_id}",
                        result_ttl=timers.NO_RESULT_TTL)

@@ -119,6 +119,9 @@ class _Execution:
     def _run_step(self, step_id: str, cancel: threading.Event) -> ExecutorResult:
         step = self.steps[step_id]
         target = step_target(step)
+        loop_target = self.loop.get("target")
+        if isinstance(loop_target, dict) and isinstance(loop_target.get("preflight"), dict):
+            target.setdefault("preflight", loop_target["preflight"])  # a workflow loop's --preflight-each-run
         metadata = RunMetadata(
             loop_id=self.loop.get("id"), loop_name=self.loop.get("name"), run_id=self.state.run.get("loopRunId"),
             scheduled_for=self.state.run.get("scheduledFor"), workflow_id=str(self.spec["id"]),

@@ -55,6 +55,17 @@ def preflight_target(
     return report
 
 
+def preflights_each_run(target: Mapping[str, Any]) -> bool:
+    """Whether the target asks for a preflight before every run (``preflight: {beforeRun: true}``, 0.3.16+)."""
+    preflight = target.get("preflight")
+    return isinstance(preflight, Mapping) and preflight.get("beforeRun") is True
+
+
+def preflight_label(metadata: RunMetadata) -> str:
+    """``runtime`` for a loop run, ``workflow step <id>`` for a step (the reference's two messages)."""
+    return f"workflow step {metadata.workflow_step_id}" if metadata.workflow_step_id else "runtime"
+
+
 def execute_target(
     target: Mapping[str, Any],
     metadata: RunMetadata,
@@ -85,8 +96,15 @@ def execute_target(
 
     Returns:
         The result. It never raises for a target that cannot start: an account failure, a missing executable or
-        a spawn error give status ``failed`` with the message as error and ``durationMs`` 0.
+        a spawn error give status ``failed`` with the message as error and ``durationMs`` 0. A target with
+        ``preflight.beforeRun`` is preflighted first; a failure there is ``runtime preflight failed: <msg>``
+        (``workflow step <id> preflight failed: <msg>`` for a workflow step).
     """
+    if preflights_each_run(target):
+        try:
+            preflight_target(target, metadata, env=env)
+        except LoopsqError as exc:
+            return _not_started("failed", f"{preflight_label(metadata)} preflight failed: {exc.message}")
     try:
         spec = build_spec(target, metadata, env=env)
         executable = check_executable(spec)
@@ -94,6 +112,14 @@ def execute_target(
         return _not_started("failed", exc.message)
     if cancel is not None and cancel.is_set():
         return _not_started("cancelled", "cancelled")
+    if spec.codewith_agent and executable is not None:
+        from loopsq.executor.codewith_agent import DurableAgent
+
+        def started_agent(pid: int) -> None:
+            if on_spawn is not None:
+                _report_spawn(on_spawn, pid)
+
+        return DurableAgent(spec, executable, cancel, max_output_bytes, started_agent).run()
     guard = watchdog()
     # Without a watchdog (it could not start), the kernel's parent-death signal at least takes the leader along.
     preexec = None if guard.ensure() else pdeathsig_preexec()

@@ -6,20 +6,29 @@ Targets arrive as validated camelCase dicts. Building a spec resolves the target
 
 from __future__ import annotations
 
+import json
 import os
+import secrets
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from loopsq.domain.agent_options import (
+    SEPARATOR_PROVIDERS,
+    codex_like_sandbox,
+    option_problem,
+    prompt_on_argv,
+)
 from loopsq.errors import ExecutionError, ValidationError
 from loopsq.executor.accounts import AUTH_ENV_KEYS, account_tool_for_provider, resolve_account_env
+from loopsq.system.exec_path import normalize_execution_path, not_found_message
 
 DEFAULT_TIMEOUT_MS = 1_800_000
 
 PROVIDER_EXECUTABLES: dict[str, str] = {
     "claude": "claude",
-    "cursor": "cursor-agent",
+    "cursor": "agent",  # Cursor's CLI (0.3.60; formerly cursor-agent)
     "codewith": "codewith",
     "aicopilot": "aicopilot",
     "opencode": "opencode",
@@ -82,6 +91,9 @@ class CommandSpec:
     stdin_text: str | None = None
     account_profile: str | None = None
     account_tool: str | None = None
+    #: A codewith durable agent (0.3.60): ``argv`` starts it; ``loopsq.executor.codewith_agent`` polls it.
+    codewith_agent: bool = False
+    auth_profile: str | None = None
 
 
 def _opt(flag: str, value: Any) -> list[str]:
@@ -89,10 +101,69 @@ def _opt(flag: str, value: Any) -> list[str]:
     return [flag, str(value)] if value else []
 
 
-def agent_args(target: Mapping[str, Any]) -> list[str]:
-    """Return the argv after the provider executable for an agent target, as the table of §4.1.
+def _effort(value: Any) -> list[str]:
+    # codex and codewith read ``-c key=value`` as TOML: the effort is a quoted string.
+    return ["-c", f"model_reasoning_effort={json.dumps(str(value))}"] if value else []
 
-    The prompt is the last element, unless ``promptVia`` is ``"stdin"`` (0.3.3), in which case it is left out.
+
+def _claude_args(target: Mapping[str, Any], safe: bool) -> list[str]:
+    args = ["--safe-mode", "--setting-sources", "local", "--no-session-persistence"] if safe else []
+    mode = target.get("permissionMode") or "default"
+    if mode != "default":
+        args += ["--permission-mode", "bypassPermissions" if mode == "bypass" else str(mode)]
+    return [*args, "-p", "--output-format", "json", *_opt("--model", target.get("model")),
+            *_opt("--effort", target.get("variant")), *_opt("--agent", target.get("agent"))]
+
+
+def _cursor_args(target: Mapping[str, Any], safe: bool) -> list[str]:
+    mode = target.get("permissionMode") or "default"
+    sandbox = target.get("sandbox") or ("enabled" if safe else None)
+    return ["-p", *(["--mode", "plan"] if mode == "plan" else []), *(["--force"] if mode == "bypass" else []),
+            *_opt("--sandbox", sandbox), *_opt("--model", target.get("model")), *_opt("--agent", target.get("agent"))]
+
+
+def _codex_args(target: Mapping[str, Any], safe: bool) -> list[str]:
+    return [*_effort(target.get("variant")), "--ask-for-approval", "never", "exec", "--json", "--ephemeral",
+            "--sandbox", codex_like_sandbox(target), "--skip-git-repo-check", *(["--ignore-rules"] if safe else []),
+            *_opt("--cd", target.get("cwd")), *_add_dirs(target), *_opt("--model", target.get("model"))]
+
+
+def _codewith_args(target: Mapping[str, Any], _safe: bool) -> list[str]:
+    """The options before ``extraArgs``; ``agent start [--cwd CWD]`` follows them (``agent_args``)."""
+    return [*_opt("--auth-profile", target.get("authProfile")), *_effort(target.get("variant")),
+            "--ask-for-approval", "never", "--sandbox", codex_like_sandbox(target), *_opt("--cd", target.get("cwd")),
+            *_add_dirs(target), *_opt("--model", target.get("model"))]
+
+
+def _opencode_args(target: Mapping[str, Any], safe: bool) -> list[str]:
+    bypass = target.get("permissionMode") == "bypass"
+    return ["run", "--format", "json", *(["--pure"] if safe else []),
+            *(["--dangerously-skip-permissions"] if bypass else []), *_opt("--dir", target.get("cwd")),
+            *_opt("--model", target.get("model")), *_opt("--variant", target.get("variant")),
+            *_opt("--agent", target.get("agent"))]
+
+
+def _add_dirs(target: Mapping[str, Any]) -> list[str]:
+    return [part for directory in target.get("addDirs") or [] for part in ("--add-dir", str(directory))]
+
+
+_PROVIDER_ARGS = {
+    "claude": _claude_args,
+    "cursor": _cursor_args,
+    "codex": _codex_args,
+    "codewith": _codewith_args,
+    "opencode": _opencode_args,
+    "aicopilot": _opencode_args,
+}
+
+
+def agent_args(target: Mapping[str, Any]) -> list[str]:
+    """Return the argv after the provider executable for an agent target: each provider's argv at 0.3.60.
+
+    The provider's options, then ``extraArgs``; codewith then ``agent start [--cwd CWD]``. The prompt comes last
+    unless it goes through stdin (``promptVia: "stdin"``; codewith always takes it on argv): after ``--`` where the
+    provider's CLI ends its options there (``agent_options.SEPARATOR_PROVIDERS``), so a prompt is never read as
+    an option. On aicopilot, which is not known to, a prompt beginning with ``-`` is refused.
 
     Args:
         target: a validated agent target.
@@ -101,50 +172,25 @@ def agent_args(target: Mapping[str, Any]) -> list[str]:
         The argument list.
 
     Raises:
-        ValidationError: when the provider is unknown.
+        ValidationError: when the provider is unknown, or the prompt cannot be passed literally.
     """
-    provider = target.get("provider")
-    safe = (target.get("configIsolation") or "safe") == "safe"
-    cwd = target.get("cwd")
-    model = _opt("--model", target.get("model"))
-    agent = _opt("--agent", target.get("agent"))
-    extra = [str(arg) for arg in target.get("extraArgs") or []]
-    if provider == "claude":
-        isolation = ["--safe-mode", "--setting-sources", "local", "--no-session-persistence"] if safe else []
-        args = [*isolation, "-p", "--output-format", "json", *model, *agent, *extra]
-    elif provider == "cursor":
-        args = ["-p", *model, *agent, *extra]
-    elif provider in ("codewith", "codex"):
-        args = [
-            "exec",
-            "--json",
-            "--ephemeral",
-            "--ask-for-approval",
-            "never",
-            "--sandbox",
-            "workspace-write",
-        ]
-        if safe:
-            args.append("--ignore-rules")
-        args += [*_opt("--cd", cwd), *model]
-        if provider == "codewith":
-            args += agent
-        args += extra
-    elif provider in ("aicopilot", "opencode"):
-        args = [
-            "run",
-            "--format",
-            "json",
-            *(["--pure"] if safe else []),
-            *_opt("--dir", cwd),
-            *model,
-            *agent,
-            *extra,
-        ]
-    else:
+    provider = str(target.get("provider"))
+    build = _PROVIDER_ARGS.get(provider)
+    if build is None:
         raise ValidationError(f"unknown agent provider: {provider!r}")
-    if target.get("promptVia") != "stdin":
-        args.append(str(target.get("prompt", "")))
+    safe = (target.get("configIsolation") or "safe") == "safe"
+    args = [*build(target, safe), *(str(arg) for arg in target.get("extraArgs") or [])]
+    if provider == "codewith":
+        args += ["agent", "start", *_opt("--cwd", target.get("cwd"))]
+    if prompt_on_argv(target):
+        prompt = str(target.get("prompt", ""))
+        if provider in SEPARATOR_PROVIDERS:
+            args.append("--")
+        elif prompt.startswith("-"):
+            problem = option_problem(target)
+            raise ValidationError(f"target.prompt {problem.reason if problem else 'must not begin with -'}, got "
+                                  f"{json.dumps(prompt[:57])}")
+        args.append(prompt)
     return args
 
 
@@ -165,6 +211,33 @@ def inherited_env(base: Mapping[str, str]) -> dict[str, str]:
     if base is os.environ:
         return _copy_os_environ()
     return {key: value for key, value in base.items() if not is_private_env_key(key)}
+
+
+def idempotency_key(metadata: RunMetadata) -> str:
+    """The start's idempotency key: the workflow run and step, the loop run and its attempt, the loop and slot.
+
+    The reference left the attempt out, so a retry found the failed agent of the attempt before and failed at
+    once; loopsq's key has it. A start with no run identifiers at all gets a random key.
+    """
+    parts = [
+        f"workflow-run:{metadata.workflow_run_id}" if metadata.workflow_run_id else None,
+        f"step:{metadata.workflow_step_id}" if metadata.workflow_step_id else None,
+        f"loop-run:{metadata.run_id}" if metadata.run_id else None,
+        f"attempt:{metadata.attempt}" if metadata.attempt else None,
+        f"loop:{metadata.loop_id}" if metadata.loop_id else None,
+        f"scheduled:{metadata.scheduled_for}" if metadata.scheduled_for else None,
+    ]
+    named = [part for part in parts if part]
+    return "loopsq:" + (":".join(named) if named else f"adhoc:{secrets.token_hex(16)}")
+
+
+def with_idempotency_key(args: Sequence[str], key: str) -> list[str]:
+    """``args`` (``agent_args`` of a codewith target) with ``--idempotency-key KEY`` right after ``agent start``."""
+    out = list(args)
+    for index in range(len(out) - 1):
+        if out[index] == "agent" and out[index + 1] == "start":
+            return [*out[: index + 2], "--idempotency-key", key, *out[index + 2:]]
+    raise AssertionError("a codewith agent target's argv has no 'agent start'")
 
 
 def _copy_os_environ() -> dict[str, str]:
@@ -202,7 +275,7 @@ def compose_env(
         target_env: the target's own ``env``, overlaid after the account env.
 
     Returns:
-        A new dict.
+        A new dict; its ``PATH`` is normalised (``loopsq.system.exec_path``).
     """
     env = inherited_env(base)
     if account_env is not None:
@@ -211,6 +284,7 @@ def compose_env(
         env.update(account_env)
     if target_env:
         env.update({str(k): str(v) for k, v in target_env.items()})
+    env["PATH"] = normalize_execution_path(env)  # reference 0.3.1: the common bin dirs appended, de-duplicated
     env.update(metadata.env())
     return env
 
@@ -251,9 +325,11 @@ def build_spec(
             raise ValidationError(f"unknown agent provider: {provider!r}")
         command = PROVIDER_EXECUTABLES[provider]
         args = tuple(agent_args(target))
+        if provider == "codewith":
+            args = tuple(with_idempotency_key(args, idempotency_key(metadata)))
         shell = False
         tool_hint = account_tool_for_provider(provider)
-        if target.get("promptVia") == "stdin":
+        if not prompt_on_argv(target):
             stdin_text = str(target.get("prompt", ""))
     else:
         raise ValidationError(f"target type cannot be executed as a process: {kind!r}")
@@ -279,6 +355,8 @@ def build_spec(
         stdin_text=stdin_text,
         account_profile=account_profile,
         account_tool=account_tool,
+        codewith_agent=kind == "agent" and target.get("provider") == "codewith",
+        auth_profile=target.get("authProfile") or None,
     )
 
 
@@ -299,10 +377,12 @@ def find_executable(spec: CommandSpec) -> str | None:
         # Returned as given: the child resolves a relative path itself, after changing to its cwd.
         return command if os.path.exists(path) else None
     access, x_ok = os.access, os.X_OK  # one syscall per PATH entry: this is on the per-run hot path
-    for directory in spec.env.get("PATH", os.defpath).split(os.pathsep):
-        # An empty entry means the current directory, as for execvp. A relative entry resolves against our cwd,
-        # not the child's: the path is made absolute before the child changes directory.
-        path = f"{directory or os.curdir}/{command}"
+    for directory in spec.env.get("PATH", "").split(os.pathsep):
+        # A pure PATH scan (0.3.1): empty entries are skipped (a normalised PATH has none). A relative entry
+        # resolves against our cwd, not the child's: the path is made absolute before the child changes directory.
+        if not directory:
+            continue
+        path = f"{directory}/{command}"
         if access(path, x_ok) and not os.path.isdir(path):
             return path if path[0] == "/" else os.path.abspath(path)
     return None
@@ -312,11 +392,12 @@ def check_executable(spec: CommandSpec) -> str | None:
     """Return the path to execute (None for shell specs, which ``/bin/sh`` resolves).
 
     Raises:
-        ExecutionError: ``Executable not found in PATH: <cmd>`` when a non-shell executable is missing.
+        ExecutionError: ``Executable not found in PATH: <cmd>. Effective PATH=<PATH|(empty)>`` (0.3.1) when a
+            non-shell executable is missing.
     """
     if spec.shell:
         return None
     path = find_executable(spec)
     if path is None:
-        raise ExecutionError(f"Executable not found in PATH: {spec.command}")
+        raise ExecutionError(not_found_message(spec.command, spec.env))
     return path

@@ -46,10 +46,10 @@ def _find_workflow(conn: sqlite3.Connection, ref: str) -> dict[str, Any]:
 def loops_list(call: Call) -> dict[str, Any]:
     args = call.args
     status = args.get("status", "all")
-    if args.get("archivedOnly"):
-        return {"items": []}  # loopsq does not archive loops
+    archived = "only" if args.get("archivedOnly") else "include" if args.get("includeArchived") else "exclude"
     with call.ctx.mirror() as conn:
-        loops = queries.list_loops(conn, status=None if status == "all" else status, limit=args.get("limit", 200))
+        loops = queries.list_loops(conn, status=None if status == "all" else status, limit=args.get("limit", 200),
+                                   archived=archived)
     return {"items": [public_loop(loop) for loop in loops]}
 
 
@@ -152,11 +152,11 @@ def workflow_run_inspect(call: Call) -> dict[str, Any]:
 
 
 TOOLS = (
-    Tool("loops_list", "List loops (command env and agent prompts redacted). loopsq does not archive loops: "
-         "includeArchived changes nothing and archivedOnly lists none.",
+    Tool("loops_list", "List loops (command env and agent prompts redacted); archived loops only with "
+         "includeArchived (them too) or archivedOnly (only them).",
          s.obj({"status": s.LOOP_STATUS, "limit": {**s.LIMIT, "default": 200},
-                "includeArchived": s.boolean("Accepted for compatibility; loopsq has no archived loops."),
-                "archivedOnly": s.boolean("Only archived loops (loopsq has none).")}),
+                "includeArchived": s.boolean("Archived loops too."),
+                "archivedOnly": s.boolean("Only archived loops.")}),
          in_thread(loops_list)),
     Tool("loops_show", "Show one loop by id or name (redacted); with includeLatestRun, its newest run as "
          "latestRun.",

@@ -24,7 +24,7 @@ from typing import Any
 
 from loopsq.errors import LoopsqError
 from loopsq.mirror import counters
-from loopsq.mirror.schema import JSON_COLUMNS, MIRRORED_COLUMNS, transaction
+from loopsq.mirror.schema import BOOLEAN_COLUMNS, JSON_COLUMNS, MIRRORED_COLUMNS, transaction
 
 log = logging.getLogger(__name__)
 
@@ -189,7 +189,11 @@ def row_to_entity(table: str, row: sqlite3.Row | Mapping[str, Any]) -> dict[str,
         value = row[column]
         if value is None:
             continue
-        entity[key] = json.loads(value) if column in JSON_COLUMNS else value
+        if column in JSON_COLUMNS:
+            value = json.loads(value)
+        elif column in BOOLEAN_COLUMNS:
+            value = bool(value)
+        entity[key] = value
     return entity
 
 

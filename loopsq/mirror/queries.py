@@ -17,12 +17,20 @@ from loopsq.mirror.apply import row_to_entity
 Entity = dict[str, Any]
 
 
-def list_loops(conn: sqlite3.Connection, status: str | None = None, limit: int = 200) -> list[Entity]:
-    """Loops, ``next_run_at ASC`` when filtered by status, else ``status ASC, next_run_at ASC``."""
+#: Which loops a list shows: not archived (the default, as 0.3.15), archived only, or both.
+ARCHIVED_FILTERS = ("exclude", "only", "include")
+_ARCHIVED_SQL = {"exclude": "archived_at IS NULL", "only": "archived_at IS NOT NULL", "include": "1 = 1"}
+
+
+def list_loops(conn: sqlite3.Connection, status: str | None = None, limit: int = 200,
+               archived: str = "exclude") -> list[Entity]:
+    """Loops, ``next_run_at ASC`` when filtered by status, else ``status ASC, next_run_at ASC``; archived loops
+    only with ``archived="only"`` or ``"include"``."""
+    where = _ARCHIVED_SQL[archived]
     if status is not None:
-        sql = "SELECT * FROM loops WHERE status = ? ORDER BY next_run_at ASC, id ASC LIMIT ?"
+        sql = f"SELECT * FROM loops WHERE status = ? AND {where} ORDER BY next_run_at ASC, id ASC LIMIT ?"
         return _all(conn, "loops", sql, (status, limit))
-    sql = "SELECT * FROM loops ORDER BY status ASC, next_run_at ASC, id ASC LIMIT ?"
+    sql = f"SELECT * FROM loops WHERE {where} ORDER BY status ASC, next_run_at ASC, id ASC LIMIT ?"
     return _all(conn, "loops", sql, (limit,))
 
 
@@ -41,8 +49,14 @@ def find_loop(conn: sqlite3.Connection, id_or_name: str) -> Entity | None:
 
 
 def count_loops(conn: sqlite3.Connection, status: str | None = None) -> int:
-    """How many loops there are, optionally with this status."""
-    return _count(conn, "loops", status)
+    """How many loops there are, optionally with this status; archived loops are not counted (0.3.15)."""
+    where, params = _where((("status", status),))
+    where = f"{where} AND archived_at IS NULL" if where else " WHERE archived_at IS NULL"
+    try:
+        row = conn.execute(f"SELECT COUNT(*) FROM loops{where}", params).fetchone()
+    except sqlite3.Error as exc:
+        raise LoopsqError(f"cannot read loops from the mirror: {exc}") from exc
+    return int(row[0])
 
 
 def list_runs(

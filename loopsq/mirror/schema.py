@@ -24,6 +24,8 @@ INITIAL_MIGRATION = "0001_initial_and_workflows"
 LOOPSQ_MIGRATION = "0100_loopsq_columns"
 #: loopsq's table of run-transition counters (``loopsq.mirror.counters``).
 COUNTERS_MIGRATION = "0101_run_counters"
+#: The reference's own id for ``loops.archived_at`` and ``loops.archived_from_status`` (0.3.15).
+ARCHIVE_MIGRATION = "0004_loop_archive_metadata"
 
 _REFERENCE_DDL: tuple[str, ...] = (
     """CREATE TABLE IF NOT EXISTS schema_migrations (
@@ -165,6 +167,8 @@ LOOPSQ_COLUMNS: tuple[tuple[str, str, str], ...] = (
     ("loops", "status_reason", "TEXT"),
     ("loops", "retry_at", "TEXT"),
     ("loops", "keep_runs", "INTEGER"),
+    ("loops", "archived_at", "TEXT"),  # the reference's 0.3.15 columns (0004_loop_archive_metadata)
+    ("loops", "archived_from_status", "TEXT"),
     ("loop_runs", "source", "TEXT"),
     ("loop_runs", "host", "TEXT"),
     ("loop_runs", "pid_start_time", "REAL"),
@@ -174,6 +178,8 @@ LOOPSQ_COLUMNS: tuple[tuple[str, str, str], ...] = (
     # When the row left Redis's history window (NULL while Redis holds it): the mirror is the archive.
     ("loop_runs", "archived_at", "TEXT"),
     ("workflow_runs", "archived_at", "TEXT"),
+    ("loop_runs", "rerun", "INTEGER"),
+    ("loop_runs", "no_retry", "INTEGER"),
     ("workflow_specs", "max_parallel", "INTEGER"),
 )
 
@@ -203,6 +209,9 @@ MIRRORED_COLUMNS: dict[str, tuple[str, ...]] = {
     table: _reference_columns(table) + tuple(col for tbl, col, _ in LOOPSQ_COLUMNS if tbl == table)
     for table in _MIRRORED_TABLES
 }
+
+# Columns holding a boolean (stored 0/1; read back as false/true).
+BOOLEAN_COLUMNS = frozenset({"no_retry"})
 
 # Columns holding JSON text; the entity key drops the ``_json`` suffix.
 JSON_COLUMNS = frozenset({"schedule_json", "target_json", "steps_json", "payload_json", "previous_attempts_json"})
@@ -268,10 +277,10 @@ def migrate(conn: sqlite3.Connection) -> None:
         for table, column, declaration in LOOPSQ_COLUMNS:
             add_column_if_missing(conn, table, column, declaration)
         conn.execute(_MIRROR_META_DDL)
-        conn.execute(
-            "INSERT OR IGNORE INTO schema_migrations (id, applied_at) VALUES (?, ?)",
-            (LOOPSQ_MIGRATION, applied_at),
-        )
+        for migration in (ARCHIVE_MIGRATION, LOOPSQ_MIGRATION):
+            conn.execute(
+                "INSERT OR IGNORE INTO schema_migrations (id, applied_at) VALUES (?, ?)", (migration, applied_at)
+            )
         conn.execute(counters.DDL)
         conn.execute(
             "INSERT OR IGNORE INTO schema_migrations (id, applied_at) VALUES (?, ?)",
@@ -284,7 +293,7 @@ def _is_current(conn: sqlite3.Connection) -> bool:
     if not all(column_names(conn, t) for t in ("schema_migrations", "mirror_meta", counters.TABLE)):
         return False
     ids = {str(row[0]) for row in conn.execute("SELECT id FROM schema_migrations")}
-    if not {INITIAL_MIGRATION, LOOPSQ_MIGRATION, COUNTERS_MIGRATION} <= ids:
+    if not {INITIAL_MIGRATION, ARCHIVE_MIGRATION, LOOPSQ_MIGRATION, COUNTERS_MIGRATION} <= ids:
         return False
     expected = {(table, column) for table, columns in MIRRORED_COLUMNS.items() for column in columns}
     present = {(table, column) for table in MIRRORED_COLUMNS for column in column_names(conn, table)}

@@ -25,6 +25,7 @@ from loopsq.ops.fit import WorkflowSource, describe_worker, executable_targets, 
 from loopsq.state.connection import connect, server_version
 from loopsq.state.keys import Keys
 from loopsq.system import config
+from loopsq.system.exec_path import normalize_execution_path
 
 
 @dataclass(frozen=True)
@@ -59,8 +60,9 @@ def check_data_dir(data_dir: Path) -> Check:
 
 
 def check_tools(env: dict[str, str] | None = None) -> list[Check]:
-    """The accounts CLI and each provider CLI on PATH (warnings: only loops that use them need them)."""
-    path = (env or os.environ).get("PATH")
+    """The accounts CLI and each provider CLI on the PATH targets run with (``normalize_execution_path``; warnings:
+    only loops that use them need them)."""
+    path = normalize_execution_path(env if env is not None else os.environ)
     checks = []
     accounts = shutil.which("accounts", path=path)
     ok = False

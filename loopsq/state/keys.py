@@ -85,8 +85,11 @@ class Keys:
         """String: the run id holding slot ``(loop, scheduledFor)`` (one row per slot, as the reference)."""
         return self._k("slot", loop_id, scheduled_for)
 
-    def claim(self, loop_id: str, scheduled_for: str, attempt: int) -> str:
-        """String (SET NX): the one claim of ``(loop, slot, attempt)``; its value is the claimer's token."""
+    def claim(self, loop_id: str, scheduled_for: str, attempt: int, rerun: int | None = None) -> str:
+        """String (SET NX): the one claim of ``(loop, slot, attempt)``, or of its ``rerun``-th re-run after a worker
+        shutdown (``...:<attempt>:rerun:<n>``: a re-run keeps its attempt); its value is the claimer's token."""
+        if rerun:
+            return self._k("claim", loop_id, scheduled_for, str(attempt), "rerun", str(rerun))
         return self._k("claim", loop_id, scheduled_for, str(attempt))
 
     def lease(self, run_id: str) -> str:

@@ -12,6 +12,7 @@ from datetime import datetime
 import redis
 
 from loopsq.domain import lifecycle
+from loopsq.domain.loop_spec import validate_name
 from loopsq.domain.models import Loop
 from loopsq.domain.timeutil import to_iso, to_ms
 from loopsq.errors import ConflictError, NotFoundError
@@ -20,6 +21,11 @@ from loopsq.state.keys import Keys
 
 MAX_RETRIES = 20
 TABLE = "loops"
+
+
+def _unarchived(loop: Loop, ref: str, doing: str) -> Loop:
+    lifecycle.ensure_not_archived(loop, ref, doing)
+    return loop
 
 
 class LoopStore:
@@ -105,15 +111,74 @@ class LoopStore:
 
     def pause(self, id_or_name: str, now: datetime) -> Loop:
         """Set status ``paused``."""
-        return self.update(id_or_name, "loop_paused", now, lambda loop: lifecycle.pause(loop, now))
+        return self.update(id_or_name, "loop_paused", now,
+                           lambda loop: lifecycle.pause(_unarchived(loop, id_or_name, "pausing"), now))
 
     def resume(self, id_or_name: str, now: datetime) -> Loop:
         """Set status ``active``, scheduling the next slot again when the loop had none (after stop)."""
-        return self.update(id_or_name, "loop_resumed", now, lambda loop: lifecycle.resume(loop, now))
+        return self.update(id_or_name, "loop_resumed", now,
+                           lambda loop: lifecycle.resume(_unarchived(loop, id_or_name, "resuming"), now))
 
     def stop(self, id_or_name: str, now: datetime) -> Loop:
         """Set status ``stopped`` and clear ``nextRunAt``."""
-        return self.update(id_or_name, "loop_stopped", now, lambda loop: lifecycle.stop(loop, now))
+        return self.update(id_or_name, "loop_stopped", now,
+                           lambda loop: lifecycle.stop(_unarchived(loop, id_or_name, "stopping"), now))
+
+    def archive(self, id_or_name: str, now: datetime) -> Loop:
+        """Archive a loop (0.3.15): hidden from lists and counts, never run; an active loop is paused.
+
+        Raises:
+            ConflictError: ``loop is already archived: <x>`` (nothing is written).
+        """
+        return self.update(id_or_name, "loop_archived", now, lambda loop: lifecycle.archive(loop, now, id_or_name))
+
+    def unarchive(self, id_or_name: str, now: datetime) -> Loop:
+        """Restore an archived loop with the status it had when archived.
+
+        Raises:
+            ConflictError: ``loop is not archived: <x>`` (nothing is written).
+        """
+        return self.update(id_or_name, "loop_unarchived", now,
+                           lambda loop: lifecycle.unarchive(loop, now, id_or_name))
+
+    def rename(self, id_or_name: str, new_name: str, now: datetime) -> Loop:
+        """Rename a loop (0.3.50): its name-index entry moves to the new name in the same transition that rewrites
+        the loop, so no reader ever finds both names or neither; its id, and so its history, stay. Renaming to its
+        own name changes nothing.
+
+        Raises:
+            ValidationError: for an empty or invalid name (``loop name must not be empty``).
+            ConflictError: when another loop has the name, or an id equal to it.
+            NotFoundError: when the loop does not exist.
+        """
+        name = validate_name(new_name)
+        loop = self.require(id_or_name)
+        for _ in range(MAX_RETRIES):
+            raw = self.client.get(self.keys.loop(loop.id))
+            if not raw:
+                raise NotFoundError(f"loop not found: {id_or_name}")
+            current = Loop.from_json(str(raw))
+            if current.name == name:
+                return current
+            owner = self.client.hget(self.keys.loop_names, name)
+            if owner or (name != current.id and self.client.exists(self.keys.loop(name))):
+                raise ConflictError(f"loop name already exists: {name}")
+            renamed = lifecycle.rename(current, name, now)
+            tx = (
+                Tx("loop_renamed", to_iso(now))
+                .expect(self.keys.loop(loop.id), str(raw))
+                .expect_field(self.keys.loop_names, name, None)
+                .set(self.keys.loop(loop.id), renamed.to_json())
+                .hset(self.keys.loop_names, name, loop.id)
+                .put(TABLE, renamed.to_dict())
+            )
+            if name != current.id:
+                tx.expect_absent(self.keys.loop(name))  # a name never equals another loop's id
+            if self.client.hget(self.keys.loop_names, current.name) == loop.id:
+                tx.expect_field(self.keys.loop_names, current.name, loop.id).hdel(self.keys.loop_names, current.name)
+            if self.committer.commit(tx).ok:
+                return renamed
+        raise ConflictError(f"loop {loop.id} changed concurrently {MAX_RETRIES} times; try again")
 
     def remove(self, id_or_name: str, now: datetime) -> Loop:
         """Delete a loop definition. Returns the removed loop. Its runs stay in the mirrors (as the reference keeps

@@ -120,6 +120,7 @@ class RunStore(LoopMoves):
         ends_backlog: bool = False,
         nonce: str | None = None,
         trigger_request: str | None = None,
+        retry: bool = True,
     ) -> Claim | Refusal:
         """Claim the next attempt of ``(loop, slot)`` for ``owner``: at most one claimer ever wins an attempt.
 
@@ -127,7 +128,9 @@ class RunStore(LoopMoves):
         ``ends_backlog`` for the slot where catch-up cut its backlog) in the same transition; ad-hoc and triggered
         runs never move it. ``nonce`` ends the lease token, so a claimer whose reply was lost can find out it won
         (``won_claim``). ``trigger_request``: the pending trigger's request (``keys.trigger(run_id)``) that this
-        claim consumes; a trigger already consumed is refused ``claimed``.
+        claim consumes; a trigger already consumed is refused ``claimed``. ``retry=False`` marks the run ``noRetry``.
+        A row a worker shutdown gave up is re-run under the same attempt (``run_rules.next_attempt``), claimed as
+        ``(loop, slot, attempt, rerun)``.
         """
         slot_iso = to_iso(slot)
         for _ in range(MAX_RETRIES):
@@ -163,28 +166,23 @@ class RunStore(LoopMoves):
                 return Refusal("running", existing)
             elif existing.status not in rules.RETRYABLE:
                 return Refusal("done", existing)
-            elif source in ("ad_hoc", "trigger") or (
-                existing.attempt >= loop.max_attempts and existing.error != rules.SHUTDOWN_ERROR
-            ):
+            elif source in rules.MANUAL_SOURCES or not rules.may_run_again(existing, loop):
                 return Refusal("exhausted", existing)
             else:
-                run = existing.with_changes(
-                    attempt=existing.attempt + 1, status="running", finished_at=None, pid=None, exit_code=None,
-                    duration_ms=None, stdout=None, stderr=None, error=None, host=None, pid_start_time=None,
-                    updated_at=stamp, previous_attempts=rules.attempt_history(existing),
-                )
+                run = rules.next_attempt(existing, stamp)
             token = f"{owner.worker_id}:{run.id}:{run.attempt}:{nonce or gen_id()}"
             run = run.with_changes(
                 started_at=stamp, claimed_by=owner.worker_id, worker_id=owner.worker_id, host=owner.host,
-                lease_expires_at=to_iso(now + timedelta(milliseconds=loop.lease_ms)), source=source,
-                idempotency_key=idempotency_key or run.idempotency_key,
+                lease_expires_at=to_iso(now + timedelta(milliseconds=loop.lease_ms)),
+                source=rules.run_source(existing, source), idempotency_key=idempotency_key or run.idempotency_key,
+                no_retry=(run.no_retry or not retry) or None,
             )
             new_loop = (
                 rules.after_claim(loop, slot, now, is_retry=loop.retry_scheduled_for == slot_iso, ends_backlog=ends_backlog)
                 if moves_loop
                 else loop
             )
-            claim_key = self.keys.claim(loop_id, slot_iso, run.attempt)
+            claim_key = self.keys.claim(loop_id, slot_iso, run.attempt, run.rerun)
             tx = (
                 Tx("run_claimed", stamp)
                 .expect(claim_key, None)
@@ -233,7 +231,7 @@ class RunStore(LoopMoves):
         run = self.get(run_id) if run_id else None
         if run is None or run.status != "running":
             return None
-        token = _s(self.client.get(self.keys.claim(loop_id, slot_iso, run.attempt)))
+        token = _s(self.client.get(self.keys.claim(loop_id, slot_iso, run.attempt, run.rerun)))
         loop_raw = _s(self.client.get(self.keys.loop(loop_id)))
         if token is None or not token.endswith(f":{nonce}") or loop_raw is None:
             return None

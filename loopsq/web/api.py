@@ -54,10 +54,14 @@ def health(ctx: Ctx) -> JSONResponse:
 # -- loops -------------------------------------------------------------------------------------------------
 @router.get("/loops", tags=["loops"], summary="List loops", responses=responses(200, schemas.LoopList, 400))
 def list_loops(ctx: Ctx, status: Annotated[LoopStatus | None, Query()] = None,
-               limit: Annotated[int, Query(ge=1, le=1000)] = 200) -> JSONResponse:
-    """Loops, by status then next run (the CLI's ``list``)."""
+               limit: Annotated[int, Query(ge=1, le=1000)] = 200,
+               archived: Annotated[Literal["exclude", "only", "include"], Query(
+                   description="Archived loops: left out (default), only them, or included.")] = "exclude",
+               ) -> JSONResponse:
+    """Loops, by status then next run (the CLI's ``list``; ``archived=only`` is ``--archived``, ``include``
+    is ``--all``)."""
     with ctx.mirror() as conn:
-        loops = queries.list_loops(conn, status=status, limit=limit)
+        loops = queries.list_loops(conn, status=status, limit=limit, archived=archived)
     return JSONResponse({"items": [public_loop(loop) for loop in loops]})
 
 
@@ -99,8 +103,37 @@ def show_loop(ctx: Ctx, loop: LoopRef) -> JSONResponse:
 
 def _lifecycle(ctx: Ctx, loop: str, verb: str) -> JSONResponse:
     store = LoopStore(ctx.client, ctx.keys)
-    action = {"pause": store.pause, "resume": store.resume, "stop": store.stop}[verb]
+    action = {"pause": store.pause, "resume": store.resume, "stop": store.stop, "archive": store.archive,
+              "unarchive": store.unarchive}[verb]
     return JSONResponse(public_loop(action(loop, ctx.now()).to_dict()))
+
+
+@router.post("/loops/{loop}/archive", tags=["loops"], summary="Archive a loop",
+             responses=responses(200, schemas.LoopOut, 404, 409))
+def archive_loop(ctx: Ctx, loop: LoopRef) -> JSONResponse:
+    """Hidden from lists and counts and never run (an active loop is paused); 409 when already archived."""
+    return _lifecycle(ctx, loop, "archive")
+
+
+@router.post("/loops/{loop}/unarchive", tags=["loops"], summary="Unarchive (restore) a loop",
+             responses=responses(200, schemas.LoopOut, 404, 409))
+@router.post("/loops/{loop}/restore", tags=["loops"], summary="Unarchive (restore) a loop",
+             responses=responses(200, schemas.LoopOut, 404, 409))
+def unarchive_loop(ctx: Ctx, loop: LoopRef) -> JSONResponse:
+    """Back with the status it had when archived; 409 when it is not archived."""
+    return _lifecycle(ctx, loop, "unarchive")
+
+
+@router.post("/loops/{loop}/rename", tags=["loops"], summary="Rename a loop",
+             responses=responses(200, schemas.LoopOut, 400, 404, 409),
+             openapi_extra=schemas.json_body(schemas.RENAME_SCHEMA, "The new name."))
+def rename_loop(ctx: Ctx, loop: LoopRef, body: Annotated[Any, Body()]) -> JSONResponse:
+    """A new name; the id and the run history stay. 409 when another loop has the name."""
+    request = json_object(body)
+    if set(request) != {"name"}:
+        raise ValidationError(f"rename takes exactly {{\"name\": ...}}, got {show(request)}")
+    renamed = LoopStore(ctx.client, ctx.keys).rename(loop, request["name"], ctx.now())
+    return JSONResponse(public_loop(renamed.to_dict()))
 
 
 @router.post("/loops/{loop}/pause", tags=["loops"], summary="Pause a loop",
@@ -142,10 +175,27 @@ def trigger_loop(
     idempotency_key: Annotated[str | None, Header(alias="Idempotency-Key", min_length=1, max_length=MAX_KEY_LENGTH,
                                                   description="The same key within 24 h returns the same run.")]
     = None,
+    body: Annotated[Any, Body()] = None,
 ) -> JSONResponse:
-    """Start a run on a worker now. 201 with a new run id; 200 with the same run id for a repeated key."""
-    run_id, created = trigger_with(ctx.client, ctx.keys, loop, idempotency_key)
+    """Start a run on a worker now. 201 with a new run id; 200 with the same run id for a repeated key. An optional
+    body ``{"retry": false}`` keeps the loop's retry policy from applying to this run."""
+    retry = _trigger_retry(body)
+    run_id, created = trigger_with(ctx.client, ctx.keys, loop, idempotency_key, retry=retry)
     return JSONResponse({"runId": run_id, "created": created}, status_code=201 if created else 200)
+
+
+def _trigger_retry(body: Any) -> bool:
+    """``retry`` of a trigger's optional body (absent: true)."""
+    if body is None:
+        return True
+    request = json_object(body)
+    unknown = sorted(set(request) - {"retry"})
+    if unknown:
+        raise ValidationError(f"trigger body takes only retry, got {show(unknown[0])}")
+    retry = request.get("retry", True)
+    if not isinstance(retry, bool):
+        raise ValidationError(f"retry must be true or false, got {show(retry)}")
+    return retry
 
 
 # -- runs --------------------------------------------------------------------------------------------------

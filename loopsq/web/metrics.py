@@ -121,7 +121,8 @@ class StateCollector(Collector):
             for row in conn.execute(f"SELECT {keys}, COUNT(*) FROM loop_runs GROUP BY {keys} ORDER BY {keys}"):
                 runs.add_metric([str(v) for v in row[:-1]], int(row[-1]))
             loops = GaugeMetricFamily("loopsq_loops", "Loops by status.", labels=["status"])
-            by_status = {str(s): int(n) for s, n in conn.execute("SELECT status, COUNT(*) FROM loops GROUP BY status")}
+            by_status = {str(s): int(n) for s, n in conn.execute(
+                "SELECT status, COUNT(*) FROM loops WHERE archived_at IS NULL GROUP BY status")}
             for status in sorted({*LOOP_STATUSES, *by_status}):
                 loops.add_metric([status], by_status.get(status, 0))
             lag = HistogramMetricFamily("loopsq_scheduling_lag_seconds",

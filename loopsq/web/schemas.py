@@ -13,6 +13,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from loopsq.domain.agent_options import PERMISSION_MODES, SANDBOXES
 from loopsq.domain.models import LOOP_STATUSES
 from loopsq.domain.run_rules import RUN_STATUSES
 
@@ -47,6 +48,8 @@ class LoopOut(Entity):
     schedule: dict[str, Any]
     target: dict[str, Any]
     nextRunAt: str | None = None
+    archivedAt: str | None = Field(None, description="When the loop was archived (absent: not archived).")
+    archivedFromStatus: str | None = Field(None, description="The status unarchive restores.")
     createdAt: str
     updatedAt: str
 
@@ -74,6 +77,8 @@ class RunOut(Entity):
     previousAttempts: list[dict[str, Any]] | None = Field(
         None, description="The slot's earlier attempts, oldest first (at most 5; output tails redacted like the run's)."
     )
+    rerun: int | None = Field(None, description="Re-runs of this attempt after a worker shutdown gave it up.")
+    noRetry: bool | None = Field(None, description="The caller asked that this run not be retried.")
 
 
 class Page(BaseModel):
@@ -206,6 +211,22 @@ class ReasonIn(BaseModel):
 
 
 _MS = {"type": "integer", "minimum": 1}
+#: Agent target fields besides provider, prompt and model (``loopsq.domain.agent_options``).
+AGENT_OPTION_SCHEMAS: dict[str, Any] = {
+    "agent": {"type": "string"},
+    "extraArgs": {"type": "array", "items": {"type": "string"}},
+    "configIsolation": {"enum": ["safe", "none"]},
+    "promptVia": {"enum": ["argv", "stdin"], "description": "Default for a new target: stdin (codewith: argv)."},
+    "promptSource": {"type": "object", "required": ["type", "path"],
+                     "properties": {"type": {"enum": ["file"]}, "path": {"type": "string", "minLength": 1}}},
+    "variant": {"type": "string", "minLength": 1, "description": "Reasoning effort."},
+    "permissionMode": {"enum": list(PERMISSION_MODES)},
+    "sandbox": {"enum": list(SANDBOXES), "description": "codex/codewith: the first three; cursor: enabled|disabled."},
+    "addDirs": {"type": "array", "items": {"type": "string", "minLength": 1}, "description": "codex, codewith."},
+    "authProfile": {"type": "string", "minLength": 1, "description": "codewith only."},
+    "preflight": {"type": "object", "properties": {"beforeRun": {"type": "boolean"}},
+                  "description": "beforeRun: preflight the target before every run."},
+}
 _TARGET = {
     "type": "object",
     "required": ["type"],
@@ -220,8 +241,10 @@ _TARGET = {
         "idleTimeoutMs": _MS,
         "provider": {"type": "string"},
         "prompt": {"type": "string"},
-        "model": {"type": "string"},
+        "model": {"type": "string", "description": "Required for provider opencode (a provider/model id)."},
         "workflowId": {"type": "string", "description": "A stored workflow's id or active name."},
+        # The later 0.3.x agent options; which provider takes which is in the README (agent options).
+        **AGENT_OPTION_SCHEMAS,
     },
 }
 
@@ -284,6 +307,13 @@ WORKFLOW_CREATE_SCHEMA: dict[str, Any] = {
             },
         },
     },
+}
+
+
+#: The body of ``POST /api/loops/{loop}/rename``.
+RENAME_SCHEMA: dict[str, Any] = {
+    "type": "object", "required": ["name"], "additionalProperties": False,
+    "properties": {"name": {"type": "string", "minLength": 1, "maxLength": 200}},
 }
 
 

@@ -13,6 +13,7 @@ from click.testing import CliRunner
 
 from loopsq.cli import cli
 from loopsq.engine.runtime import Runtime
+from loopsq.system.exec_path import normalize_execution_path
 from tests.redis_server import RedisServer, free_port
 
 pytestmark = pytest.mark.integration
@@ -59,7 +60,7 @@ def test_doctor_reports_each_check_and_warns_without_failing(env: Path) -> None:
     preflights = {c["message"]: c for c in report["checks"] if c["id"].endswith(":local")}
     assert "local: active loop target is ready: good" in preflights
     assert preflights["local: active loop target preflight failed: bad"]["detail"] == (
-        "Executable not found in PATH: no-such-binary-xyz"
+        f"Executable not found in PATH: no-such-binary-xyz. Effective PATH={normalize_execution_path(os.environ)}"
     )
     # No worker is live to judge the loops against: a warning each, not a failure.
     workers = {c["message"] for c in report["checks"] if c["id"].endswith(":workers")}

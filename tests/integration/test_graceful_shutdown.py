@@ -49,7 +49,9 @@ def test_sigterm_lets_the_current_run_finish_within_the_grace(cluster: Cluster) 
 
 
 @pytest.mark.timeout(90)
-def test_a_run_still_going_after_the_grace_is_cancelled_and_retried_elsewhere(cluster: Cluster) -> None:
+def test_a_run_still_going_after_the_grace_is_cancelled_and_re_run_elsewhere_as_the_same_attempt(
+    cluster: Cluster
+) -> None:
     first = start_worker(cluster, "worker1", "1s")
     (scheduler,) = cluster.start_all(schedulers=1)
     cluster.create("long", f"{cluster.ledger_cmd()}; sleep 60", "--every", "2s", "--attempts", "1")
@@ -63,11 +65,18 @@ def test_a_run_still_going_after_the_grace_is_cancelled_and_retried_elsewhere(cl
         "abandoned", "worker shut down before completion", 1)
     assert running.pid and not is_process_alive(running.pid, running.pid_start_time)
     assert not cluster.client.sismember("loopsq:running", running.id)
-    # Another worker picks the retry up at once, though the loop allows a single attempt.
+    # Another worker re-runs it at once, though the loop allows a single attempt: it did not fail, so it is the same
+    # attempt re-run (issue 18, point 10), not attempt 2.
     start_worker(cluster, "worker2", "1s")
-    retried = cluster.wait_until(
-        lambda: next((r for r in cluster.runs("long") if r.attempt == 2 and r.status == "running"), None),
-        20, "the retry")
-    assert retried.id == running.id and retried.scheduled_for == running.scheduled_for
+    rerun = cluster.wait_until(
+        lambda: next((r for r in cluster.runs("long") if r.rerun == 1 and r.status == "running"), None),
+        20, "the re-run")
+    assert (rerun.id, rerun.scheduled_for, rerun.attempt) == (running.id, running.scheduled_for, 1)
     assert len([line for line in cluster.ledger("long") if line[0] == running.scheduled_for]) == 2
+    assert cluster.client.exists(f"loopsq:claim:{rerun.loop_id}:{rerun.scheduled_for}:1:rerun:1")
+    lines = cluster.cli("runs", "long").stdout.splitlines()
+    line = next(i for i, text in enumerate(lines) if text.startswith(rerun.id))
+    assert lines[line] == f"{rerun.id}  running     attempt 1 (re-run after shutdown)  slot={rerun.scheduled_for}  long"
+    assert lines[line + 1].startswith("  attempt 1 abandoned  finished=")
+    assert lines[line + 1].endswith("  worker shut down before completion")
     del scheduler

@@ -291,3 +291,18 @@ def test_the_readmes_mcp_configuration_snippet_starts_a_working_server(deploymen
 
     assert deployment.run("stdio", scenario, params=params) == (len(READ_TOOLS) + len(MUTATION_TOOLS),
                                                                ["echo-loop", "agent-loop"])
+
+
+def test_loops_list_shows_archived_loops_only_when_asked(deployment: Deployment) -> None:
+    async def scenario(client: Client) -> dict[str, list[str]]:
+        lists = {}
+        for key, args in (("default", {}), ("only", {"archivedOnly": True}), ("all", {"includeArchived": True})):
+            lists[key] = [loop["name"] for loop in ok(await client.call_tool("loops_list", args))["items"]]
+        return lists
+
+    deployment.cluster.cli("archive", "agent-loop")
+    try:
+        lists = deployment.run("stdio", scenario)
+    finally:
+        deployment.cluster.cli("unarchive", "agent-loop")
+    assert lists == {"default": ["echo-loop"], "only": ["agent-loop"], "all": ["echo-loop", "agent-loop"]}

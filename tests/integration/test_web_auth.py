@@ -50,7 +50,8 @@ def every_operation(client: TestClient) -> list[tuple[str, str, dict[str, Any] |
     doc = client.get("/api/openapi.json").json()
     run_id = client.app.state.run_id  # type: ignore[attr-defined]
     bodies = {("post", "/api/loops"): loop_body("another"), ("post", "/api/workflows"): {**PIPELINE, "name": "w2"},
-              ("post", "/api/workflow-runs/{run_id}/cancel"): {"reason": "x"}}
+              ("post", "/api/workflow-runs/{run_id}/cancel"): {"reason": "x"},
+              ("post", "/api/loops/{loop}/rename"): {"name": "renamed"}}
     out = []
     for template, operations in doc["paths"].items():
         for method, operation in operations.items():
@@ -65,7 +66,7 @@ def every_operation(client: TestClient) -> list[tuple[str, str, dict[str, Any] |
 def test_every_endpoint_refuses_a_missing_or_wrong_token_with_401_and_changes_nothing(
         app_client: TestClient, real_redis: redis.Redis, authorization: str | None) -> None:
     operations = every_operation(app_client)
-    assert len(operations) == 20  # all but the health probe, /metrics included
+    assert len(operations) == 25  # all but the health probe, /metrics included (archive, unarchive, restore, rename too)
     headers = {"Authorization": authorization} if authorization else {}
     before = redis_state(real_redis)
     for method, path, body in operations:

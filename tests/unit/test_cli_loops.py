@@ -50,7 +50,8 @@ def test_created_loop_has_the_reference_defaults_in_camel_case(cli: Cli) -> None
     assert loop["retryDelayMs"] == 60000
     assert loop["leaseMs"] == 1800000
     assert loop["timezone"] == "UTC"
-    assert loop["target"] == {"type": "command", "command": "echo hi", "shell": True}
+    # The timeout it was created with is stored: a later default would not change this loop.
+    assert loop["target"] == {"type": "command", "command": "echo hi", "shell": True, "timeoutMs": 1800000}
     assert loop["createdAt"] == loop["updatedAt"] == "2026-01-01T00:00:00.000Z"
     assert "retryScheduledFor" not in loop and "expiresAt" not in loop
 
@@ -116,6 +117,7 @@ def test_agent_loop_stores_the_provider_options(cli: Cli) -> None:
     assert loop["target"] == {
         "type": "agent", "provider": "codex", "prompt": "review", "cwd": "/repo", "model": "m1",
         "extraArgs": ["--x"], "configIsolation": "safe", "promptVia": "stdin", "account": {"profile": "work"},
+        "timeoutMs": None,
     }
     assert loop["schedule"] == {"type": "cron", "expression": "0 9 * * MON-FRI"}
     assert loop["timezone"] == "Europe/Berlin"

@@ -27,7 +27,7 @@ def test_a_missing_executable_is_refused_and_nothing_is_stored(cli: Cli) -> None
 
 def test_a_present_executable_passes_preflight_and_is_stored(cli: Cli) -> None:
     loop = cli.json("create", "command", "x", "--every", "1m", "--cmd", "true", "--no-shell", "--preflight")
-    assert loop["target"] == {"type": "command", "command": "true", "shell": False}
+    assert loop["target"] == {"type": "command", "command": "true", "shell": False, "timeoutMs": 1800000}
 
 
 def test_an_agent_whose_provider_cli_is_missing_is_refused(cli: Cli, monkeypatch: pytest.MonkeyPatch) -> None:

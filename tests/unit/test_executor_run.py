@@ -107,10 +107,16 @@ def test_child_killed_by_a_signal_we_did_not_send_is_terminated_by_that_signal()
     assert result.error == "terminated by SIGKILL"
 
 
+def normalized() -> str:
+    from loopsq.system.exec_path import normalize_execution_path
+
+    return normalize_execution_path(os.environ)
+
+
 def test_missing_executable_fails_without_spawning() -> None:
     result = execute_target({"type": "command", "command": "no-such-loopsq-cmd"}, RunMetadata())
     assert result.status == "failed"
-    assert result.error == "Executable not found in PATH: no-such-loopsq-cmd"
+    assert result.error == f"Executable not found in PATH: no-such-loopsq-cmd. Effective PATH={normalized()}"
     assert (result.pid, result.exit_code, result.duration_ms) == (None, None, 0)
 
 
@@ -132,8 +138,9 @@ def test_spawn_error_is_a_failed_result_with_zero_duration(tmp_path: Path) -> No
 def test_preflight_reports_the_command_or_the_missing_executable() -> None:
     assert preflight_target({"type": "command", "command": "true"}, RunMetadata()) == {"command": "true"}
     assert preflight_target(sh("anything at all"), RunMetadata()) == {"command": "anything at all"}
-    with pytest.raises(ExecutionError, match=r"^Executable not found in PATH: nope-loopsq$"):
+    with pytest.raises(ExecutionError) as info:
         preflight_target({"type": "command", "command": "nope-loopsq"}, RunMetadata())
+    assert info.value.message == f"Executable not found in PATH: nope-loopsq. Effective PATH={normalized()}"
 
 
 # --- spawn: argv, shell, cwd, env, stdin, process group ---

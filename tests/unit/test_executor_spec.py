@@ -20,9 +20,13 @@ from loopsq.executor import (
 )
 
 BASE_ENV = {"PATH": "/usr/bin:/bin", "HOME": "/home/x"}
+SYSTEM_DIRS = "/opt/homebrew/bin:/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin"
+HOME_DIRS = "/home/x/.local/bin:/home/x/.bun/bin:/home/x/.cargo/bin:/home/x/.npm-global/bin:/home/x/bin"
 
 CLAUDE_SAFE = ["--safe-mode", "--setting-sources", "local", "--no-session-persistence"]
-CODE_EXEC = ["exec", "--json", "--ephemeral", "--ask-for-approval", "never", "--sandbox", "workspace-write"]
+CODEX = ["--ask-for-approval", "never", "exec", "--json", "--ephemeral", "--sandbox", "workspace-write",
+         "--skip-git-repo-check"]
+CODEWITH = ["--ask-for-approval", "never", "--sandbox", "workspace-write"]
 
 
 def agent(provider: str, **fields: Any) -> dict[str, Any]:
@@ -30,102 +34,73 @@ def agent(provider: str, **fields: Any) -> dict[str, Any]:
 
 
 FULL = {"model": "m1", "agent": "a1", "extraArgs": ["--x", "y z"], "cwd": "/w"}
+NO_AGENT = {"model": "m1", "extraArgs": ["--x", "y z"], "cwd": "/w"}
 
-# (provider, target fields, expected argv after the executable)
+# (provider, target fields, expected argv after the executable): 0.3.60's argv (§11.2), the prompt on argv after
+# "--" (aicopilot: no separator), as a stored target without promptVia has it.
 AGENT_ARGV_TABLE: list[tuple[str, dict[str, Any], list[str]]] = [
-    ("claude", {}, [*CLAUDE_SAFE, "-p", "--output-format", "json", "do it"]),
-    ("claude", {"configIsolation": "safe"}, [*CLAUDE_SAFE, "-p", "--output-format", "json", "do it"]),
-    ("claude", {"configIsolation": "none"}, ["-p", "--output-format", "json", "do it"]),
-    (
-        "claude",
-        FULL,
-        [
-            *CLAUDE_SAFE,
-            "-p",
-            "--output-format",
-            "json",
-            "--model",
-            "m1",
-            "--agent",
-            "a1",
-            "--x",
-            "y z",
-            "do it",
-        ],
-    ),
-    ("cursor", {}, ["-p", "do it"]),
-    (
-        "cursor",
-        {"configIsolation": "none", **FULL},
-        ["-p", "--model", "m1", "--agent", "a1", "--x", "y z", "do it"],
-    ),
-    ("codewith", {}, [*CODE_EXEC, "--ignore-rules", "do it"]),
-    ("codewith", {"configIsolation": "none"}, [*CODE_EXEC, "do it"]),
-    (
-        "codewith",
-        FULL,
-        [*CODE_EXEC, "--ignore-rules", "--cd", "/w", "--model", "m1", "--agent", "a1", "--x", "y z", "do it"],
-    ),
-    ("codex", {}, [*CODE_EXEC, "--ignore-rules", "do it"]),
-    ("codex", {"configIsolation": "none"}, [*CODE_EXEC, "do it"]),
-    ("codex", FULL, [*CODE_EXEC, "--ignore-rules", "--cd", "/w", "--model", "m1", "--x", "y z", "do it"]),
+    ("claude", {}, [*CLAUDE_SAFE, "-p", "--output-format", "json", "--", "do it"]),
+    ("claude", {"configIsolation": "safe"}, [*CLAUDE_SAFE, "-p", "--output-format", "json", "--", "do it"]),
+    ("claude", {"configIsolation": "none"}, ["-p", "--output-format", "json", "--", "do it"]),
+    ("claude", FULL, [*CLAUDE_SAFE, "-p", "--output-format", "json", "--model", "m1", "--agent", "a1", "--x", "y z",
+                      "--", "do it"]),
+    ("cursor", {}, ["-p", "--sandbox", "enabled", "--", "do it"]),
+    ("cursor", {"configIsolation": "none", **FULL}, ["-p", "--model", "m1", "--agent", "a1", "--x", "y z", "--",
+                                                     "do it"]),
+    ("codewith", {}, [*CODEWITH, "agent", "start", "--", "do it"]),
+    ("codewith", {"configIsolation": "none"}, [*CODEWITH, "agent", "start", "--", "do it"]),
+    ("codewith", NO_AGENT, [*CODEWITH, "--cd", "/w", "--model", "m1", "--x", "y z", "agent", "start", "--cwd", "/w",
+                            "--", "do it"]),
+    ("codex", {}, [*CODEX, "--ignore-rules", "--", "do it"]),
+    ("codex", {"configIsolation": "none"}, [*CODEX, "--", "do it"]),
+    ("codex", NO_AGENT, [*CODEX, "--ignore-rules", "--cd", "/w", "--model", "m1", "--x", "y z", "--", "do it"]),
     ("aicopilot", {}, ["run", "--format", "json", "--pure", "do it"]),
     ("aicopilot", {"configIsolation": "none"}, ["run", "--format", "json", "do it"]),
-    (
-        "aicopilot",
-        FULL,
-        [
-            "run",
-            "--format",
-            "json",
-            "--pure",
-            "--dir",
-            "/w",
-            "--model",
-            "m1",
-            "--agent",
-            "a1",
-            "--x",
-            "y z",
-            "do it",
-        ],
-    ),
-    ("opencode", {}, ["run", "--format", "json", "--pure", "do it"]),
-    ("opencode", {"configIsolation": "none"}, ["run", "--format", "json", "do it"]),
-    (
-        "opencode",
-        {"configIsolation": "none", **FULL},
-        ["run", "--format", "json", "--dir", "/w", "--model", "m1", "--agent", "a1", "--x", "y z", "do it"],
-    ),
+    ("aicopilot", FULL, ["run", "--format", "json", "--pure", "--dir", "/w", "--model", "m1", "--agent", "a1", "--x",
+                         "y z", "do it"]),
+    ("opencode", {"model": "m"}, ["run", "--format", "json", "--pure", "--model", "m", "--", "do it"]),
+    ("opencode", {"configIsolation": "none", "model": "m"}, ["run", "--format", "json", "--model", "m", "--",
+                                                            "do it"]),
+    ("opencode", {"configIsolation": "none", **FULL}, ["run", "--format", "json", "--dir", "/w", "--model", "m1",
+                                                       "--agent", "a1", "--x", "y z", "--", "do it"]),
 ]
 
 
 @pytest.mark.parametrize(("provider", "fields", "expected"), AGENT_ARGV_TABLE)
-def test_agent_args_follow_the_reference_table_with_the_prompt_last(
+def test_agent_args_follow_the_0360_argv_with_the_prompt_last(
     provider: str, fields: dict[str, Any], expected: list[str]
 ) -> None:
     assert agent_args(agent(provider, **fields)) == expected
 
 
-@pytest.mark.parametrize("provider", ["claude", "cursor", "codewith", "aicopilot", "opencode", "codex"])
-def test_prompt_via_stdin_leaves_the_prompt_out_of_argv_and_puts_it_on_stdin(provider: str) -> None:
-    target = agent(provider, promptVia="stdin")
-    argv_target = agent(provider, promptVia="argv")
-    assert agent_args(target) == agent_args(argv_target)[:-1]
+@pytest.mark.parametrize("provider", ["claude", "cursor", "aicopilot", "opencode", "codex"])
+def test_prompt_via_stdin_leaves_the_prompt_and_the_separator_out_of_argv_and_puts_it_on_stdin(provider: str) -> None:
+    target = agent(provider, promptVia="stdin", model="m")
+    argv_target = agent(provider, promptVia="argv", model="m")
+    dropped = 1 if provider == "aicopilot" else 2  # the prompt, and "--" where there is one
+    assert agent_args(target) == agent_args(argv_target)[:-dropped]
     spec = build_spec(target, RunMetadata(), env=BASE_ENV)
     assert spec.stdin_text == "do it"
     assert "do it" not in spec.argv
     assert build_spec(argv_target, RunMetadata(), env=BASE_ENV).stdin_text is None
 
 
+def test_codewith_takes_its_prompt_on_argv_whatever_prompt_via_says() -> None:
+    spec = build_spec(agent("codewith", promptVia="stdin"), RunMetadata(run_id="r", attempt=2), env=BASE_ENV)
+    assert spec.stdin_text is None
+    assert spec.argv[-6:] == ("agent", "start", "--idempotency-key", "loopsq:loop-run:r:attempt:2", "--", "do it")
+    assert spec.codewith_agent
+
+
 def test_empty_model_and_agent_are_omitted_as_the_reference_does() -> None:
-    assert agent_args(agent("cursor", model="", agent="", extraArgs=[])) == ["-p", "do it"]
+    assert agent_args(agent("cursor", model="", agent="", extraArgs=[])) == ["-p", "--sandbox", "enabled", "--",
+                                                                             "do it"]
 
 
 def test_agent_spec_uses_the_provider_executable_and_passes_cwd_as_spawn_cwd() -> None:
     spec = build_spec(agent("cursor", cwd="/w"), RunMetadata(), env=BASE_ENV)
-    assert spec.command == "cursor-agent"
-    assert spec.argv == ("cursor-agent", "-p", "do it")
+    assert spec.command == "agent"
+    assert spec.argv == ("agent", "-p", "--sandbox", "enabled", "--", "do it")
     assert spec.cwd == "/w"
     spec = build_spec(agent("codex", cwd="/w"), RunMetadata(), env=BASE_ENV)
     assert spec.cwd == "/w"
@@ -187,8 +162,10 @@ def test_metadata_sets_only_truthy_loops_variables() -> None:
         workflow_run_id="wr1",
         workflow_step_id="",
     )
-    env = compose_env({}, metadata)
+    env = compose_env({"HOME": "/h"}, metadata)
     assert env == {
+        "HOME": "/h",
+        "PATH": "/h/.local/bin:/h/.bun/bin:/h/.cargo/bin:/h/.npm-global/bin:/h/bin:" + SYSTEM_DIRS,
         "LOOPS_LOOP_ID": "l1",
         "LOOPS_LOOP_NAME": "nightly",
         "LOOPS_RUN_ID": "r1",
@@ -208,7 +185,9 @@ def test_command_env_overlays_the_base_and_metadata_overlays_both() -> None:
     spec = build_spec(target, RunMetadata(run_id="r9"), env=BASE_ENV)
     assert spec.env["HOME"] == "/other"
     assert spec.env["A"] == "1"
-    assert spec.env["PATH"] == "/usr/bin:/bin"
+    # The PATH is normalised with the target's own HOME (its env overlays the base first).
+    assert spec.env["PATH"] == ("/usr/bin:/bin:/other/.local/bin:/other/.bun/bin:/other/.cargo/bin:"
+                                "/other/.npm-global/bin:/other/bin:/opt/homebrew/bin:/usr/local/bin:/usr/sbin:/sbin")
     assert spec.env["LOOPS_RUN_ID"] == "r9"
 
 
@@ -252,12 +231,13 @@ def test_a_loop_passes_one_of_loopsq_s_variables_only_through_its_own_env() -> N
 
 
 def test_auth_keys_are_removed_only_when_an_account_env_is_overlaid() -> None:
-    base = {key: "inherited" for key in AUTH_ENV_KEYS} | {"KEEP": "1"}
-    assert compose_env(base, RunMetadata()) == base
+    base = {key: "inherited" for key in AUTH_ENV_KEYS} | {"KEEP": "1", "HOME": "/h", "PATH": "/bin"}
+    path = "/bin:/h/.local/bin:/h/.bun/bin:/h/.cargo/bin:/h/.npm-global/bin:/h/bin:" + SYSTEM_DIRS.replace(":/bin", "")
+    assert compose_env(base, RunMetadata()) == base | {"PATH": path}
     env = compose_env(
         base, RunMetadata(), account_env={"CLAUDE_CONFIG_DIR": "/p", "LOOPS_ACCOUNT_PROFILE": "p"}
     )
-    assert env == {"KEEP": "1", "CLAUDE_CONFIG_DIR": "/p", "LOOPS_ACCOUNT_PROFILE": "p"}
+    assert env == {"KEEP": "1", "HOME": "/h", "PATH": path, "CLAUDE_CONFIG_DIR": "/p", "LOOPS_ACCOUNT_PROFILE": "p"}
 
 
 def test_auth_keys_are_the_reference_list() -> None:
@@ -292,10 +272,11 @@ def test_executable_is_looked_up_on_the_composed_env_path(tmp_path: Path) -> Non
     target = {"type": "command", "command": "mytool"}
     spec = build_spec(target, RunMetadata(), env={"PATH": f"/nonexistent:{tmp_path}"})
     assert check_executable(spec) == str(tmp_path / "mytool")
-    spec = build_spec(target, RunMetadata(), env={"PATH": "/usr/bin:/bin"})
+    spec = build_spec(target, RunMetadata(), env={"PATH": "/usr/bin:/bin", "HOME": "/home/x"})
     with pytest.raises(ExecutionError) as info:
         check_executable(spec)
-    assert info.value.message == "Executable not found in PATH: mytool"
+    assert info.value.message == ("Executable not found in PATH: mytool. Effective PATH=/usr/bin:/bin:"
+                                  f"{HOME_DIRS}:/opt/homebrew/bin:/usr/local/bin:/usr/sbin:/sbin")
 
 
 def test_target_env_path_counts_for_the_executable_check(tmp_path: Path) -> None:
@@ -307,7 +288,7 @@ def test_target_env_path_counts_for_the_executable_check(tmp_path: Path) -> None
 def test_non_executable_file_on_path_is_not_found(tmp_path: Path) -> None:
     (tmp_path / "plain").write_text("data")
     spec = build_spec({"type": "command", "command": "plain"}, RunMetadata(), env={"PATH": str(tmp_path)})
-    with pytest.raises(ExecutionError, match=r"^Executable not found in PATH: plain$"):
+    with pytest.raises(ExecutionError, match=r"^Executable not found in PATH: plain\. Effective PATH="):
         check_executable(spec)
 
 
@@ -318,7 +299,7 @@ def test_command_with_a_slash_must_exist_relative_to_the_target_cwd(tmp_path: Pa
     absolute = {"type": "command", "command": str(tmp_path / "run.sh")}
     assert check_executable(build_spec(absolute, RunMetadata(), env=BASE_ENV)) == str(tmp_path / "run.sh")
     missing = {"type": "command", "command": "./nope.sh", "cwd": str(tmp_path)}
-    with pytest.raises(ExecutionError, match=r"^Executable not found in PATH: \./nope\.sh$"):
+    with pytest.raises(ExecutionError, match=r"^Executable not found in PATH: \./nope\.sh\. Effective PATH=/usr/bin:"):
         check_executable(build_spec(missing, RunMetadata(), env=BASE_ENV))
 
 
@@ -331,5 +312,5 @@ def test_shell_commands_skip_the_executable_check() -> None:
 
 def test_missing_agent_executable_is_reported_by_its_executable_name() -> None:
     spec = build_spec(agent("cursor"), RunMetadata(), env={"PATH": os.devnull})
-    with pytest.raises(ExecutionError, match=r"^Executable not found in PATH: cursor-agent$"):
+    with pytest.raises(ExecutionError, match=r"^Executable not found in PATH: agent\. Effective PATH="):
         check_executable(spec)

@@ -32,6 +32,13 @@ def env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("PATH", "/usr/local/bin:/usr/bin:/bin")
 
 
+def service_path(tmp_path: Path) -> str:
+    """The PATH the service files carry: the installing shell's, with the common bin dirs appended (0.3.1)."""
+    home = tmp_path / "home"
+    return (f"/usr/local/bin:/usr/bin:/bin:{home}/.local/bin:{home}/.bun/bin:{home}/.cargo/bin:{home}/.npm-global/bin:"
+            f"{home}/bin:/opt/homebrew/bin:/usr/sbin:/sbin")
+
+
 def run(*args: str) -> Result:
     return CliRunner().invoke(cli, list(args), catch_exceptions=False)
 
@@ -78,7 +85,7 @@ def test_install_systemd_writes_three_private_units_and_prints_how_to_enable_the
         "KillMode=mixed\n"
         "TimeoutStopSec=30\n"
         f"EnvironmentFile={env_files[0]}\n"
-        "Environment=PATH=/usr/local/bin:/usr/bin:/bin\n"
+        f"Environment=PATH={service_path(tmp_path)}\n"
         f"Environment=LOOPSQ_DATA_DIR={data}\n"
         + "".join(f"{line}\n" for line in install.SANDBOX_HARDENING)
         + f"ReadWritePaths={data}\n"
@@ -275,7 +282,7 @@ def test_install_launchd_writes_private_plists_that_keep_each_service_alive(tmp_
         "ProgramArguments": ["/bin/sh", "-c", 'set -a; . "$0"; set +a; exec "$@"', str(env_files[1]),
                              sys.executable, "-m", "loopsq", "worker"],
         "EnvironmentVariables": {
-            "PATH": "/usr/local/bin:/usr/bin:/bin",
+            "PATH": service_path(tmp_path),
             "LOOPSQ_DATA_DIR": str(data),
             "LOOPSQ_KILL_TIMEOUT": "20s",
         },

@@ -44,6 +44,8 @@ EXPECTED_COLUMNS: dict[str, list[tuple[str, str, bool, bool]]] = {
         ("status_reason", "TEXT", False, False),
         ("retry_at", "TEXT", False, False),
         ("keep_runs", "INTEGER", False, False),
+        ("archived_at", "TEXT", False, False),
+        ("archived_from_status", "TEXT", False, False),
     ],
     "loop_runs": [
         ("id", "TEXT", False, True),
@@ -71,6 +73,8 @@ EXPECTED_COLUMNS: dict[str, list[tuple[str, str, bool, bool]]] = {
         ("worker_id", "TEXT", False, False),
         ("previous_attempts_json", "TEXT", False, False),
         ("archived_at", "TEXT", False, False),
+        ("rerun", "INTEGER", False, False),
+        ("no_retry", "INTEGER", False, False),
     ],
     "daemon_lease": [
         ("id", "TEXT", False, True),
@@ -243,7 +247,7 @@ def test_table_unique_constraints_are_the_references(conn: sqlite3.Connection) -
 
 def test_every_migration_id_is_recorded(conn: sqlite3.Connection) -> None:
     ids = [r[0] for r in conn.execute("SELECT id FROM schema_migrations ORDER BY id")]
-    assert ids == ["0001_initial_and_workflows", "0100_loopsq_columns", "0101_run_counters"]
+    assert ids == ["0001_initial_and_workflows", "0004_loop_archive_metadata", "0100_loopsq_columns", "0101_run_counters"]
 
 
 def test_connection_is_autocommit_wal_normal_sync_with_busy_timeout_and_row_objects(
@@ -307,7 +311,8 @@ def test_a_reference_0_3_0_database_is_upgraded_in_place_keeping_its_rows(tmp_pa
         assert [tuple(r) for r in db.execute("SELECT name, timezone FROM loops")] == [("nightly", None)]
         migrations = db.execute("SELECT id, applied_at FROM schema_migrations ORDER BY id").fetchall()
         assert tuple(migrations[0]) == ("0001_initial_and_workflows", "2024-01-01T00:00:00.000Z")
-        assert [m[0] for m in migrations] == ["0001_initial_and_workflows", "0100_loopsq_columns", "0101_run_counters"]
+        assert [m[0] for m in migrations] == ["0001_initial_and_workflows", "0004_loop_archive_metadata",
+                                              "0100_loopsq_columns", "0101_run_counters"]
     finally:
         db.close()
 

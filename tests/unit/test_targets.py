@@ -81,7 +81,8 @@ def test_an_agent_target_needs_a_provider_then_a_prompt_then_a_known_provider() 
 
 @pytest.mark.parametrize("provider", PROVIDERS)
 def test_every_provider_is_accepted(provider: str) -> None:
-    assert validate_executable_target(agent(provider=provider), LABEL)["provider"] == provider
+    extra = {"model": "openrouter/m"} if provider == "opencode" else {}  # opencode requires a model (0.3.60)
+    assert validate_executable_target(agent(provider=provider, **extra), LABEL)["provider"] == provider
 
 
 @pytest.mark.parametrize("kind", [None, "workflow", "shell", 3])
@@ -188,6 +189,7 @@ def test_a_fully_specified_command_target_is_returned_unchanged_with_unknown_key
 
 def test_a_fully_specified_agent_target_is_returned_unchanged() -> None:
     target = agent(
+        provider="claude",
         cwd="/repo",
         model="m",
         agent="a",
@@ -196,6 +198,9 @@ def test_a_fully_specified_agent_target_is_returned_unchanged() -> None:
         configIsolation="none",
         promptVia="stdin",
         variant="high",
+        permissionMode="plan",
+        promptSource={"type": "file", "path": "/p.md"},
+        preflight={"beforeRun": True},
     )
     assert validate_executable_target(target, LABEL) == target
 

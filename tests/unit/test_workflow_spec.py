@@ -242,6 +242,11 @@ def test_the_reference_example_validates_and_normalises() -> None:
     expected_steps = copy.deepcopy(REFERENCE_EXAMPLE["steps"])
     expected_steps[0].update(dependsOn=[], continueOnFailure=False)
     expected_steps[2].update(continueOnFailure=False)
+    # Each target keeps the defaults it was created with (0.3.55/0.3.60): commands 30 min, agents no timeout and
+    # their prompt on stdin.
+    for index in (0, 1):
+        expected_steps[index]["target"]["timeoutMs"] = 1_800_000
+    expected_steps[2]["target"].update(timeoutMs=None, promptVia="stdin")
     assert body == {
         "name": "repo-morning",
         "description": "optional",
@@ -261,7 +266,7 @@ def test_the_name_is_trimmed_and_unknown_top_level_fields_are_dropped() -> None:
         "steps": [
             {
                 "id": "a",
-                "target": {"type": "command", "command": "true"},
+                "target": {"type": "command", "command": "true", "timeoutMs": 1_800_000},
                 "dependsOn": [],
                 "continueOnFailure": False,
             }
@@ -283,7 +288,7 @@ def test_null_depends_on_continue_on_failure_and_account_count_as_absent() -> No
     result = workflow_body_from_json(spec(step("a", dependsOn=None, continueOnFailure=None, account=None)))
     assert result["steps"][0] == {
         "id": "a",
-        "target": {"type": "command", "command": "true"},
+        "target": {"type": "command", "command": "true", "timeoutMs": 1_800_000},
         "dependsOn": [],
         "continueOnFailure": False,
     }

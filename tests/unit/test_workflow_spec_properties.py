@@ -61,9 +61,17 @@ FIELD_VALUES: dict[str, st.SearchStrategy[Any]] = {
     "promptVia": st.sampled_from(["argv", "stdin"]),
     "account": accounts(),
     "name": TEXTS,
+    # The later 0.3.x agent options: every provider x option pair must either validate or get one error.
+    "variant": TEXTS,
+    "permissionMode": st.sampled_from(["default", "plan", "auto", "bypass", "yolo"]),
+    "sandbox": st.sampled_from(["read-only", "workspace-write", "danger-full-access", "enabled", "disabled", "x"]),
+    "addDirs": st.lists(TEXTS, max_size=2),
+    "authProfile": TEXTS,
+    "preflight": st.sampled_from([{"beforeRun": True}, {"beforeRun": "yes"}, {}]),
 }
 COMMAND_FIELDS = ("args", "cwd", "shell", "env", "timeoutMs", "idleTimeoutMs", "account")
-AGENT_FIELDS = ("cwd", "model", "agent", "extraArgs", "timeoutMs", "idleTimeoutMs", "configIsolation")
+AGENT_FIELDS = ("cwd", "model", "agent", "extraArgs", "timeoutMs", "idleTimeoutMs", "configIsolation", "variant",
+                "permissionMode", "sandbox", "addDirs", "authProfile", "preflight")
 FIELD_CHOICES = {
     "command": st.lists(st.sampled_from(COMMAND_FIELDS), unique=True, max_size=3),
     "agent": st.lists(st.sampled_from((*AGENT_FIELDS, "promptVia", "account")), unique=True, max_size=3),
