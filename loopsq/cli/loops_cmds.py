@@ -5,8 +5,10 @@ from __future__ import annotations
 import click
 
 from loopsq.cli.app import get_app, json_flag
+from loopsq.cli.options import quote
 from loopsq.domain.models import LOOP_STATUSES, Loop
 from loopsq.domain.redaction import public_loop
+from loopsq.domain.text import shown
 from loopsq.errors import NotFoundError, ValidationError
 from loopsq.mirror import queries
 
@@ -17,7 +19,7 @@ from loopsq.mirror import queries
 def list_loops(status: str | None) -> None:
     """List loops: id, status, next run and name."""
     if status is not None and status not in LOOP_STATUSES:
-        raise ValidationError(f"--status must be one of {', '.join(LOOP_STATUSES)}, got '{status}'")
+        raise ValidationError(f"--status must be one of {', '.join(LOOP_STATUSES)}, got {quote(status)}")
     app = get_app()
     loops = queries.list_loops(app.mirror(), status=status, limit=200)
     app.emit(
@@ -36,7 +38,7 @@ def show(id_or_name: str) -> None:
     app = get_app()
     loop = queries.find_loop(app.mirror(), id_or_name)
     if loop is None:
-        raise NotFoundError(f"loop not found: {id_or_name}")
+        raise NotFoundError(f"loop not found: {shown(id_or_name)}")
     app.emit(public_loop(loop))
 
 

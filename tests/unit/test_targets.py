@@ -212,10 +212,11 @@ def test_the_returned_target_is_a_copy_that_does_not_alias_the_input_lists() -> 
     assert target["args"] == ["a"]
 
 
-def test_values_in_messages_are_cut_to_sixty_characters() -> None:
-    rendered = short_repr("x" * 100)
-    assert len(rendered) == 60
-    assert rendered.endswith("...")
+def test_values_in_messages_are_a_short_escaped_prefix() -> None:
+    assert short_repr("x" * 100) == '"' + "x" * 64 + '… (36 more characters)"'
+    assert short_repr("tab\there") == '"tab\\x09here"'
+    listed = short_repr(["a\u202e"] * 100_000)
+    assert listed.startswith('["a\\u202e", "a\\u202e", ') and listed.endswith("…") and len(listed) < 200
 
 
 def test_values_json_cannot_encode_are_still_rendered() -> None:
