@@ -29,6 +29,7 @@ from loopsq.cli import (
 )
 from loopsq.cli.app import App, echo_err
 from loopsq.errors import LoopsqError
+from loopsq.mirror.damage import malformed_cause, malformed_error
 from loopsq.state.connection import unavailable
 from loopsq.system import config
 
@@ -47,9 +48,14 @@ class RootGroup(workflows_cmds.AliasGroup):
             app = ctx.find_object(App)
             url = app.redis_url if app else config.resolve_redis_url()
             raise unavailable(url, exc) from exc
-        except sqlite3.Error as exc:
+        except (sqlite3.Error, LoopsqError) as exc:
             app = ctx.find_object(App)
             where = config.mirror_path(app.data_dir) if app else "the mirror"
+            damage = malformed_cause(exc)
+            if damage is not None:
+                raise malformed_error(where, damage) from exc
+            if isinstance(exc, LoopsqError):
+                raise
             raise LoopsqError(f"mirror database {where}: {exc}") from exc
 
     def main(
