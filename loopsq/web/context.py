@@ -21,11 +21,15 @@ import redis
 
 from loopsq.domain import timeutil
 from loopsq.engine import timers
+from loopsq.errors import LoopsqError
+from loopsq.mirror.damage import malformed_cause, malformed_error
 from loopsq.mirror.follow import catch_up, follow, mirror_id
 from loopsq.mirror.schema import open_db
 from loopsq.state.connection import connect, mask_url
 from loopsq.state.keys import Keys
+from loopsq.state.sessions import SessionStore
 from loopsq.system import config
+from loopsq.web.sessions import DEFAULT_SESSION_TTL_S, Sessions
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +50,7 @@ class WebSettings:
         follow_mirror: Run the mirror follower thread (reads catch up anyway; this keeps the lag low).
         rq_dashboard: Mount rq-dashboard under ``/rq``.
         refresh_s: Dashboard auto-refresh period.
+        session_ttl_s: How long a dashboard session lasts (``loopsq web --session-ttl``, default 12 h).
     """
 
     redis_url: str
@@ -55,6 +60,7 @@ class WebSettings:
     follow_mirror: bool = True
     rq_dashboard: bool = True
     refresh_s: int = 5
+    session_ttl_s: int = DEFAULT_SESSION_TTL_S
 
 
 class WebContext:
@@ -66,6 +72,7 @@ class WebContext:
         # No ping here: the app starts while Redis is down and answers 503 until it is back.
         self._owns_client = client is None
         self.client = client if client is not None else connect(settings.redis_url, check=False)
+        self.sessions = Sessions(SessionStore(self.client, self.keys), settings.token, settings.session_ttl_s)
         self._raw: redis.Redis | None = None
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -95,6 +102,11 @@ class WebContext:
             if fresh:
                 catch_up(self.client, self.keys, conn)
             yield conn
+        except (sqlite3.DatabaseError, LoopsqError) as exc:
+            damage = malformed_cause(exc)
+            if damage is not None:
+                raise malformed_error(self.mirror_path, damage) from exc
+            raise
         finally:
             conn.close()
 
