@@ -74,14 +74,15 @@ def duration_flag(flag: str, text: str, *, allow_none: bool = False) -> int | No
     return int(ms)
 
 
-def positive_int_flag(flag: str, text: str, maximum: int = limits.MAX_COUNT) -> int:
-    """A positive integer flag of at most ``maximum``: ``<flag> must be a positive integer, got '<v>'``."""
+def positive_int_flag(flag: str, text: str, maximum: int | None = None) -> int:
+    """A positive integer flag, of at most ``maximum`` when given: ``<flag> must be a positive integer, got '<v>'``
+    or ``<flag> must be at most <maximum>, got '<v>'``."""
     stripped = text.strip()
-    # ASCII digits only: str.isdigit() also admits "²", which int() refuses.
+    # ASCII digits only: str.isdigit() also admits "²", which int() refuses; and no more digits than int() takes.
     digits = stripped.lstrip("0")
-    if not (stripped.isascii() and stripped.isdigit()) or not digits:
+    if not (stripped.isascii() and stripped.isdigit()) or not digits or len(digits) > 4000:
         raise ValidationError(f"{flag} must be a positive integer, got {_q(text)}")
-    if len(digits) > len(str(maximum)) or int(digits) > maximum:
+    if maximum is not None and (len(digits) > len(str(maximum)) or int(digits) > maximum):
         raise ValidationError(f"{flag} must be at most {maximum}, got {_q(text)}")
     return int(digits)
 
@@ -166,9 +167,9 @@ def policy_body(opts: dict[str, Any], timezone: str) -> dict[str, Any]:
         raise ValidationError(f"--retry-backoff must be fixed or exponential, got {_q(backoff)}")
     body: dict[str, Any] = {
         "catchUp": catch_up,
-        "catchUpLimit": positive_int_flag("--catch-up-limit", opts["catch_up_limit"]),
+        "catchUpLimit": positive_int_flag("--catch-up-limit", opts["catch_up_limit"], limits.MAX_COUNT),
         "overlap": overlap,
-        "maxAttempts": positive_int_flag("--attempts", opts["attempts"]),
+        "maxAttempts": positive_int_flag("--attempts", opts["attempts"], limits.MAX_COUNT),
         "retryDelayMs": duration_flag("--retry-delay", opts["retry_delay"]),
         "retryBackoff": backoff,
         "leaseMs": at_least("--lease", opts["lease"], duration_flag("--lease", opts["lease"]) or 0,
@@ -184,7 +185,8 @@ def policy_body(opts: dict[str, Any], timezone: str) -> dict[str, Any]:
         expires = check_length(opts["expires_at"], "--expires-at", limits.MAX_TIME_LENGTH, _q)
         body["expiresAt"] = to_iso(parse_time(expires, timezone, "--expires-at"))
     if opts.get("pause_after_failures") is not None:
-        body["pauseAfterFailures"] = positive_int_flag("--pause-after-failures", opts["pause_after_failures"])
+        body["pauseAfterFailures"] = positive_int_flag("--pause-after-failures", opts["pause_after_failures"],
+                                                       limits.MAX_COUNT)
     if opts.get("description") is not None:
         body["description"] = check_length(opts["description"], "--description", limits.MAX_DESCRIPTION_LENGTH, _q)
     return body
