@@ -17,12 +17,14 @@ from typing import Any
 
 import redis
 
-from loopsq.domain import timeutil
+from loopsq.domain import limits, timeutil
 from loopsq.domain.loop_spec import new_loop
 from loopsq.domain.models import Loop
 from loopsq.domain.run_rules import LoopRun
+from loopsq.domain.text import quoted
 from loopsq.engine.cancel import cancel_run
 from loopsq.engine.triggers import DEFAULT_IDEMPOTENCY_WINDOW_MS, trigger_with
+from loopsq.errors import ValidationError
 from loopsq.state.connection import connect, target_of
 from loopsq.state.keys import Keys
 from loopsq.state.loops import LoopStore
@@ -96,7 +98,9 @@ class LoopsClient:
         return self.loops.remove(id_or_name, timeutil.now())
 
     def runs(self, id_or_name: str | None = None, limit: int = 100) -> builtins.list[LoopRun]:
-        """Runs, newest first (of one loop when given)."""
+        """Runs, newest first (of one loop when given); ``limit`` from 1 to ``limits.MAX_PAGE_LIMIT`` (500)."""
+        if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= limits.MAX_PAGE_LIMIT:
+            raise ValidationError(f"limit must be an integer from 1 to {limits.MAX_PAGE_LIMIT}, got {quoted(limit)}")
         key = self.keys.loop_runs(self.get(id_or_name).id) if id_or_name else self.keys.runs
         ids = [i.decode() if isinstance(i, bytes) else str(i) for i in self.client.zrevrange(key, 0, limit - 1)]
         return self.runs_store.get_many(ids)

@@ -33,6 +33,7 @@ from loopsq.cli import (
 )
 from loopsq.cli.app import App, echo_err
 from loopsq.errors import LoopsqError
+from loopsq.mirror.damage import malformed_cause, malformed_error
 from loopsq.state.connection import unavailable
 from loopsq.system import config
 
@@ -53,9 +54,14 @@ class RootGroup(workflows_cmds.AliasGroup):
         except redis.RedisError as exc:
             app = ctx.find_object(App)
             raise unavailable(app.redis_url if app else "", exc) from exc
-        except sqlite3.Error as exc:
+        except (sqlite3.Error, LoopsqError) as exc:
             app = ctx.find_object(App)
             where = config.mirror_path(app.data_dir) if app else "the mirror"
+            damage = malformed_cause(exc)
+            if damage is not None:
+                raise malformed_error(where, damage) from exc
+            if isinstance(exc, LoopsqError):
+                raise
             raise LoopsqError(f"mirror database {where}: {exc}") from exc
 
     def main(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import sqlite3
 import sys
 from collections.abc import Callable
@@ -15,6 +16,7 @@ import click
 import redis
 
 from loopsq.domain import timeutil
+from loopsq.domain.text import QUOTE_LIMIT, shown
 from loopsq.errors import RedisNotConfiguredError
 from loopsq.mirror.follow import catch_up
 from loopsq.mirror.schema import open_db
@@ -136,7 +138,20 @@ def one_line(text: str) -> str:
     return "".join(ch if ch.isprintable() or ch == "\t" else repr(ch)[1:-1] for ch in text)
 
 
+#: A quoted value longer than this in an error line (click's usage errors quote whole values) is cut to a prefix.
+_QUOTED_RE = re.compile("'([^']{" + str(QUOTE_LIMIT + 40) + ",})'")
+#: The longest error line: a message that is still longer is cut, so no value can flood a terminal or a log.
+MAX_ERROR_LINE = 1000
+
+
+def short_error(message: str) -> str:
+    """``message`` with every long single-quoted value cut to a short escaped prefix, and at most
+    ``MAX_ERROR_LINE`` characters in all (loopsq's own messages quote values that way already)."""
+    message = _QUOTED_RE.sub(lambda match: f"'{shown(match.group(1))}'", message)
+    return message if len(message) <= MAX_ERROR_LINE else shown(message, MAX_ERROR_LINE)
+
+
 def echo_err(message: str) -> None:
-    """One line on stderr (control characters in quoted user values are escaped)."""
-    click.echo(one_line(message), err=True)
+    """One line on stderr (control characters in quoted user values are escaped, long values cut)."""
+    click.echo(one_line(short_error(message)), err=True)
     sys.stderr.flush()

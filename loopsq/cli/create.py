@@ -17,19 +17,23 @@ from loopsq.cli.app import echo_err, get_app, json_flag
 from loopsq.cli.options import (
     account_body,
     account_options,
+    bounded_flag,
     duration_flag,
     env_body,
     env_option,
     policy_body,
+    quote,
     resolve_timezone,
     schedule_body,
     schedule_options,
 )
+from loopsq.domain import limits
 from loopsq.domain.agent_options import default_prompt_via
 from loopsq.domain.loop_spec import new_loop, validate_name
 from loopsq.domain.models import Loop
 from loopsq.domain.redaction import public_loop
 from loopsq.domain.targets import PROVIDERS
+from loopsq.domain.text import shown
 from loopsq.errors import ValidationError
 
 
@@ -120,15 +124,16 @@ def create_command(name: str, cmd: str, shell: bool, preflight: bool, **opts: An
     """Create a loop that runs a shell command."""
     body, _tz = _base_body(name, opts)
     if not cmd.strip():
-        raise ValidationError(f"--cmd must be a non-empty command, got '{cmd}'")
+        raise ValidationError(f"--cmd must be a non-empty command, got {quote(cmd)}")
+    bounded_flag("--cmd", cmd, limits.MAX_COMMAND_LENGTH)
     if not shell and any(ch.isspace() for ch in cmd.strip()):
         raise ValidationError(
             f"--cmd must be an executable without spaces when --no-shell is given; "
-            f"drop --no-shell or use a script, got '{cmd}'"
+            f"drop --no-shell or use a script, got {quote(cmd)}"
         )
     target: dict[str, Any] = {"type": "command", "command": cmd, "shell": shell}
     if opts.get("cwd") is not None:
-        target["cwd"] = opts["cwd"]
+        target["cwd"] = bounded_flag("--cwd", opts["cwd"], limits.MAX_CWD_LENGTH)
     _create_executable(body, target, opts, preflight)
 
 
@@ -167,22 +172,28 @@ def create_agent(
     """Create a loop that runs a headless coding agent."""
     body, _tz = _base_body(name, opts)
     if provider not in PROVIDERS:
-        raise ValidationError(f"--provider: unsupported provider: {provider} (use one of {', '.join(PROVIDERS)})")
+        raise ValidationError(
+            f"--provider: unsupported provider: {shown(provider)} (use one of {', '.join(PROVIDERS)})")
     prompt, prompt_source = prompt_from_flags(prompt, opts.get("prompt_file"))
     if not prompt.strip():
-        raise ValidationError(f"--prompt must be a non-empty string, got '{prompt}'")
+        raise ValidationError(f"--prompt must be a non-empty string, got {quote(prompt)}")
+    bounded_flag("--prompt", prompt, limits.MAX_PROMPT_LENGTH)
     if config_isolation not in ("safe", "none"):
-        raise ValidationError(f"--config-isolation must be safe or none, got '{config_isolation}'")
+        raise ValidationError(f"--config-isolation must be safe or none, got {quote(config_isolation)}")
     if prompt_via is not None and prompt_via not in ("argv", "stdin"):
-        raise ValidationError(f"--prompt-via must be argv or stdin, got '{prompt_via}'")
+        raise ValidationError(f"--prompt-via must be argv or stdin, got {quote(prompt_via)}")
     target: dict[str, Any] = {"type": "agent", "provider": provider, "prompt": prompt}
     if prompt_source is not None:
         target["promptSource"] = prompt_source
-    for key, value in (("cwd", opts.get("cwd")), ("model", opts.get("model")), ("agent", agent_name)):
+    for key, flag, value, limit in (("cwd", "--cwd", opts.get("cwd"), limits.MAX_CWD_LENGTH),
+                                    ("model", "--model", opts.get("model"), limits.MAX_WORD_LENGTH),
+                                    ("agent", "--agent", agent_name, limits.MAX_WORD_LENGTH)):
         if value is not None:
-            target[key] = value
+            target[key] = bounded_flag(flag, value, limit)
+    if len(extra_args) > limits.MAX_ARGS:
+        raise ValidationError(f"--extra-arg may be given at most {limits.MAX_ARGS} times, got {len(extra_args)}")
     if extra_args:
-        target["extraArgs"] = list(extra_args)
+        target["extraArgs"] = [bounded_flag("--extra-arg", arg, limits.MAX_ARG_LENGTH) for arg in extra_args]
     target["configIsolation"] = config_isolation
     target["promptVia"] = prompt_via or default_prompt_via(provider)
     apply_agent_flags(target, opts)

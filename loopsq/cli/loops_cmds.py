@@ -8,8 +8,10 @@ from typing import Any
 import click
 
 from loopsq.cli.app import get_app, json_flag
+from loopsq.cli.options import quote
 from loopsq.domain.models import LOOP_STATUSES, Loop
 from loopsq.domain.redaction import public_loop
+from loopsq.domain.text import shown
 from loopsq.errors import NotFoundError, ValidationError
 from loopsq.mirror import queries
 from loopsq.system import limits
@@ -23,7 +25,7 @@ from loopsq.system import limits
 def list_loops(status: str | None, archived: bool, all_: bool) -> None:
     """List loops: id, status, next run and name (archived ones only with --archived or --all)."""
     if status is not None and status not in LOOP_STATUSES:
-        raise ValidationError(f"--status must be one of {', '.join(LOOP_STATUSES)}, got '{status}'")
+        raise ValidationError(f"--status must be one of {', '.join(LOOP_STATUSES)}, got {quote(status)}")
     if archived and all_:
         raise ValidationError("choose one of --archived or --all, got both")
     app = get_app()
@@ -52,7 +54,7 @@ def show(id_or_name: str) -> None:
     conn = app.mirror()
     loop = queries.find_loop(conn, id_or_name)
     if loop is None:
-        raise NotFoundError(f"loop not found: {id_or_name}")
+        raise NotFoundError(f"loop not found: {shown(id_or_name)}")
     payload = {**public_loop(loop), "historyWindow": history_window(loop)}
     newest = queries.list_runs(conn, loop_id=str(loop["id"]), limit=1)
     if newest:

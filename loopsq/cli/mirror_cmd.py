@@ -8,12 +8,13 @@ import threading
 import time
 from pathlib import Path
 from types import FrameType
+from typing import Any
 
 import click
 import redis
 
 from loopsq.cli.app import get_app, json_flag
-from loopsq.mirror import queries
+from loopsq.mirror import queries, repair
 from loopsq.mirror.follow import catch_up, follow, mirror_id, rebuild
 from loopsq.mirror.schema import open_db
 from loopsq.state.connection import connect, mask_url, unavailable
@@ -26,7 +27,8 @@ log = logging.getLogger("loopsq.mirror")
 
 @click.command("mirror")
 @click.option("--rebuild", "do_rebuild", is_flag=True,
-              help="Merge everything Redis holds into the mirror (archived runs are kept), then exit.")
+              help="Merge everything Redis holds into the mirror (archived runs are kept), then exit; a malformed "
+                   "file is set aside and repaired.")
 @click.option("--once", is_flag=True, help="Apply the pending changes once, then exit.")
 @json_flag
 def mirror(do_rebuild: bool, once: bool) -> None:
@@ -37,25 +39,59 @@ def mirror(do_rebuild: bool, once: bool) -> None:
         _run(app.redis_url, app.keys, path)  # waits for Redis: no fail-fast while it is away
         return
     client = app.client()
-    conn = open_db(path)
-    try:
-        if do_rebuild:
+    if do_rebuild:
+        conn, repaired = repair.open_for_rebuild(path, app.now())
+        try:
             kept = rebuild(client, app.keys, conn)
             catch_up(client, app.keys, conn)
+            if repaired is not None:
+                repaired = repair.salvage(repaired, conn)
             counts = {
                 "loops": queries.count_loops(conn),
                 "workflows": len(queries.list_workflows(conn, status=None, limit=1_000_000)),
                 "archivedKept": kept,
             }
-            app.emit({"rebuilt": str(path), **counts},
-                     f"rebuilt {path}: loops={counts['loops']} workflows={counts['workflows']} "
-                     f"kept {kept} archived run(s) that Redis no longer holds")
-            return
+        finally:
+            conn.close()
+        payload: dict[str, Any] = {"rebuilt": str(path), **counts}
+        lines = [f"rebuilt {path}: loops={counts['loops']} workflows={counts['workflows']} "
+                 f"kept {kept} archived run(s) that Redis no longer holds"]
+        if repaired is not None:
+            payload["repaired"] = _repair_payload(repaired)
+            lines = _repair_lines(repaired) + lines
+        app.emit(payload, "\n".join(lines))
+        return
+    conn = open_db(path)
+    try:
         if once:
             applied = catch_up(client, app.keys, conn)
             app.emit({"applied": applied, "path": str(path)}, f"applied {applied} change(s) to {path}")
+            return
     finally:
         conn.close()
+    _run(app.redis_url, app.keys, path)
+
+
+def _repair_payload(repaired: repair.Repair) -> dict[str, Any]:
+    return {"setAside": str(repaired.damaged), "reason": repaired.reason,
+            "kept": {t.table: t.kept for t in repaired.tables}, "lost": repaired.lost}
+
+
+def _repair_lines(repaired: repair.Repair) -> list[str]:
+    """What a repair did, in words: where the damaged file went, what was kept of it, what could not be."""
+    lines = [f"malformed mirror set aside as {repaired.damaged} ({repaired.reason})"]
+    if repaired.tables:
+        kept = ", ".join(f"{t.table}={t.kept}" for t in repaired.tables)
+        lines.append(f"kept from the damaged file (rows Redis no longer holds): {kept}")
+    lost = repaired.lost
+    if repaired.unreadable is not None:
+        lines.append(f"could not keep: any row of the damaged file ({repaired.unreadable})")
+    elif lost:
+        lines.append("could not keep: " + "; ".join(f"{table}: {what}" for table, what in lost.items())
+                     + " unreadable in the damaged file; those Redis still holds are rebuilt")
+    else:
+        lines.append("could not keep: nothing (every row of the damaged file was read)")
+    return lines
 
 
 def _run(url: str, keys: Keys, path: Path) -> None:

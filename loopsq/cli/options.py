@@ -11,11 +11,14 @@ from typing import Any
 
 import click
 
+from loopsq.domain import limits
+from loopsq.domain.checks import check_length, check_text
 from loopsq.domain.cron import host_timezone_name, validate_cron, validate_timezone
-from loopsq.domain.durations import parse_duration
+from loopsq.domain.durations import format_duration, parse_duration
 from loopsq.domain.models import OVERLAP_POLICIES, RETRY_BACKOFFS
 from loopsq.domain.schedules import CATCH_UP_POLICIES, parse_time
 from loopsq.domain.targets import ENV_KEY_PATTERN, is_env_key
+from loopsq.domain.text import shown
 from loopsq.domain.timeutil import to_iso
 from loopsq.errors import ValidationError
 
@@ -23,7 +26,33 @@ NO_TIMEOUT_WORDS = ("none", "unlimited", "null", "never", "off", "false")
 
 
 def _q(value: str) -> str:
-    return "'" + value.replace("'", "\\'") + "'"
+    return "'" + shown(value).replace("'", "\\'") + "'"
+
+
+def quote(value: str) -> str:
+    """A flag value as the CLI's messages quote it: ``'value'``, short and escaped."""
+    return _q(value)
+
+
+def bounded_flag(flag: str, value: str, limit: int) -> str:
+    """A text flag of at most ``limit`` characters, without NUL: ``<flag> must be at most <limit> characters``."""
+    return check_text(value, flag, limit, quote=_q)
+
+
+def limit_flag(flag: str, value: int, maximum: int) -> int:
+    """A page size between 1 and ``maximum`` (the API's bound for the same list)."""
+    if value <= 0:
+        raise ValidationError(f"{flag} must be a positive integer, got '{value}'")
+    if value > maximum:
+        raise ValidationError(f"{flag} must be at most {maximum}, got {_q(str(value))}")
+    return value
+
+
+def at_least(flag: str, text: str, ms: int, minimum: int) -> int:
+    """``ms`` (parsed from ``text``) when it is at least ``minimum``: ``<flag> must be at least <min>``."""
+    if ms < minimum:
+        raise ValidationError(f"{flag} must be at least {format_duration(minimum)}, got {_q(text)}")
+    return ms
 
 
 def prefixed(flag: str, fn: Callable[[], Any]) -> Any:
@@ -46,12 +75,17 @@ def duration_flag(flag: str, text: str, *, allow_none: bool = False) -> int | No
     return int(ms)
 
 
-def positive_int_flag(flag: str, text: str) -> int:
-    """A positive integer flag: ``<flag> must be a positive integer, got '<v>'``."""
+def positive_int_flag(flag: str, text: str, maximum: int | None = None) -> int:
+    """A positive integer flag, of at most ``maximum`` when given: ``<flag> must be a positive integer, got '<v>'``
+    or ``<flag> must be at most <maximum>, got '<v>'``."""
     stripped = text.strip()
-    if not stripped.isdigit() or int(stripped) <= 0:
+    # ASCII digits only: str.isdigit() also admits "²", which int() refuses; and no more digits than int() takes.
+    digits = stripped.lstrip("0")
+    if not (stripped.isascii() and stripped.isdigit()) or not digits or len(digits) > 4000:
         raise ValidationError(f"{flag} must be a positive integer, got {_q(text)}")
-    return int(stripped)
+    if maximum is not None and (len(digits) > len(str(maximum)) or int(digits) > maximum):
+        raise ValidationError(f"{flag} must be at most {maximum}, got {_q(text)}")
+    return int(digits)
 
 
 def schedule_options(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -97,6 +131,7 @@ def resolve_timezone(value: str | None) -> str:
     """``--timezone`` or the host's zone."""
     if value is None:
         return host_timezone_name()
+    check_length(value, "--timezone", limits.MAX_TIMEZONE_LENGTH, _q)
     return str(prefixed("--timezone", lambda: validate_timezone(value)))
 
 
@@ -108,14 +143,15 @@ def schedule_body(opts: dict[str, Any], timezone: str) -> dict[str, Any]:
     if len(chosen) != 1:
         raise ValidationError("choose exactly one schedule: --at, --every, --cron, or --dynamic")
     if opts.get("at") is not None:
-        at = parse_time(opts["at"], timezone, "schedule.at")
+        at = parse_time(check_length(opts["at"], "--at", limits.MAX_TIME_LENGTH, _q), timezone, "schedule.at")
         return {"type": "once", "at": to_iso(at)}
     if opts.get("every") is not None:
         text = opts["every"]
         ms = prefixed("--every", lambda: parse_duration(text))
         if ms <= 0:
             raise ValidationError(f"--every: interval everyMs must be > 0, got {_q(text)}")
-        return {"type": "interval", "everyMs": ms, "anchor": "fixed_rate"}
+        return {"type": "interval", "everyMs": at_least("--every", text, ms, limits.MIN_EVERY_MS),
+                "anchor": "fixed_rate"}
     if opts.get("cron") is not None:
         expr = prefixed("--cron", lambda: validate_cron(opts["cron"]))
         return {"type": "cron", "expression": expr}
@@ -136,12 +172,13 @@ def policy_body(opts: dict[str, Any], timezone: str) -> dict[str, Any]:
         raise ValidationError(f"--retry-backoff must be fixed or exponential, got {_q(backoff)}")
     body: dict[str, Any] = {
         "catchUp": catch_up,
-        "catchUpLimit": positive_int_flag("--catch-up-limit", opts["catch_up_limit"]),
+        "catchUpLimit": positive_int_flag("--catch-up-limit", opts["catch_up_limit"], limits.MAX_COUNT),
         "overlap": overlap,
-        "maxAttempts": positive_int_flag("--attempts", opts["attempts"]),
+        "maxAttempts": positive_int_flag("--attempts", opts["attempts"], limits.MAX_COUNT),
         "retryDelayMs": duration_flag("--retry-delay", opts["retry_delay"]),
         "retryBackoff": backoff,
-        "leaseMs": duration_flag("--lease", opts["lease"]),
+        "leaseMs": at_least("--lease", opts["lease"], duration_flag("--lease", opts["lease"]) or 0,
+                            limits.MIN_LEASE_MS),
     }
     if opts.get("retry_max_delay") is not None:
         if backoff != "exponential":
@@ -150,13 +187,15 @@ def policy_body(opts: dict[str, Any], timezone: str) -> dict[str, Any]:
             )
         body["retryMaxDelayMs"] = duration_flag("--retry-max-delay", opts["retry_max_delay"])
     if opts.get("expires_at") is not None:
-        body["expiresAt"] = to_iso(parse_time(opts["expires_at"], timezone, "--expires-at"))
+        expires = check_length(opts["expires_at"], "--expires-at", limits.MAX_TIME_LENGTH, _q)
+        body["expiresAt"] = to_iso(parse_time(expires, timezone, "--expires-at"))
     if opts.get("pause_after_failures") is not None:
-        body["pauseAfterFailures"] = positive_int_flag("--pause-after-failures", opts["pause_after_failures"])
+        body["pauseAfterFailures"] = positive_int_flag("--pause-after-failures", opts["pause_after_failures"],
+                                                       limits.MAX_COUNT)
     if opts.get("keep_runs") is not None:
-        body["keepRuns"] = positive_int_flag("--keep-runs", opts["keep_runs"])
+        body["keepRuns"] = positive_int_flag("--keep-runs", opts["keep_runs"], limits.MAX_COUNT)
     if opts.get("description") is not None:
-        body["description"] = opts["description"]
+        body["description"] = check_length(opts["description"], "--description", limits.MAX_DESCRIPTION_LENGTH, _q)
     return body
 
 
@@ -169,11 +208,11 @@ def account_body(opts: dict[str, Any]) -> dict[str, str] | None:
         return None
     if not profile.strip():
         raise ValidationError(f"--account must not be empty, got {_q(profile)}")
-    account = {"profile": profile}
+    account = {"profile": bounded_flag("--account", profile, limits.MAX_WORD_LENGTH)}
     if tool is not None:
         if not tool.strip():
             raise ValidationError(f"--account-tool must not be empty, got {_q(tool)}")
-        account["tool"] = tool
+        account["tool"] = bounded_flag("--account-tool", tool, limits.MAX_WORD_LENGTH)
     return account
 
 

@@ -8,10 +8,13 @@ from typing import Any
 import click
 
 from loopsq.cli.app import App, echo_err, get_app, json_flag
-from loopsq.domain import timeutil
+from loopsq.cli.options import bounded_flag, limit_flag, quote
+from loopsq.domain import limits, timeutil
+from loopsq.domain.checks import check_visible
 from loopsq.domain.lifecycle import ensure_not_archived
 from loopsq.domain.redaction import public_run
 from loopsq.domain.run_rules import RETRYABLE, RUN_STATUSES, TERMINAL, LoopRun, attempt_label
+from loopsq.domain.text import shown
 from loopsq.domain.timeutil import gen_id
 from loopsq.engine import timers
 from loopsq.errors import LoopsqError, NotFoundError, ValidationError
@@ -138,23 +141,23 @@ def tick() -> None:
 
 @click.command("runs")
 @click.argument("id_or_name", required=False)
-@click.option("--limit", default=50, show_default=True, metavar="N", help="At most N runs.")
+@click.option("--limit", default=50, show_default=True, metavar="N",
+              help=f"At most N runs (1 to {limits.MAX_PAGE_LIMIT}).")
 @click.option("--status", metavar="STATUS", help=f"Only runs with this status ({', '.join(RUN_STATUSES)}).")
 @click.option("--show-output", is_flag=True, help="Show stdout and stderr (redacted otherwise).")
 @json_flag
 def runs(id_or_name: str | None, limit: int, status: str | None, show_output: bool) -> None:
     """Run history, newest first, from the mirror (runs past Redis's window and of removed loops too)."""
     if status is not None and status not in RUN_STATUSES:
-        raise ValidationError(f"--status must be one of {', '.join(RUN_STATUSES)}, got '{status}'")
-    if limit <= 0:
-        raise ValidationError(f"--limit must be a positive integer, got '{limit}'")
+        raise ValidationError(f"--status must be one of {', '.join(RUN_STATUSES)}, got {quote(status)}")
+    limit_flag("--limit", limit, limits.MAX_PAGE_LIMIT)
     app = get_app()
     conn = app.mirror()
     owner: dict[str, str] = {}
     if id_or_name is not None:
         found = queries.run_filter(conn, id_or_name)  # a removed loop's runs too, by its id or name
         if found is None:
-            raise NotFoundError(f"loop not found: {id_or_name}")
+            raise NotFoundError(f"loop not found: {shown(id_or_name)}")
         owner = found
     rows = queries.list_runs(conn, status=status, limit=limit, **owner)
 
@@ -189,7 +192,9 @@ def trigger(id_or_name: str, key: str | None, no_retry: bool) -> None:
     from loopsq.engine.triggers import trigger_with
 
     if key is not None and not key.strip():
-        raise ValidationError(f"--key must not be empty, got '{key}'")
+        raise ValidationError(f"--key must not be empty, got {quote(key)}")
+    if key is not None:
+        check_visible(bounded_flag("--key", key, limits.MAX_IDEMPOTENCY_KEY_LENGTH), "--key", quote)
     app = get_app()
     run_id, created = trigger_with(app.client(), app.keys, id_or_name, key, retry=not no_retry)
     app.emit({"runId": run_id, "created": created}, f"{run_id} {'created' if created else 'duplicate'}")

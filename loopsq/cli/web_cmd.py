@@ -16,11 +16,14 @@ import socket
 import click
 
 from loopsq.cli.app import get_app
+from loopsq.cli.options import at_least, duration_flag
+from loopsq.domain import limits
 from loopsq.errors import LoopsqError, ValidationError
 from loopsq.state.connection import mask_url
 
 TOKEN_ENV = "LOOPSQ_API_TOKEN"
 PORT_ENV = "PORT"
+SESSION_TTL_ENV = "LOOPSQ_SESSION_TTL"
 LOOPBACK = frozenset({"127.0.0.1", "localhost", "::1"})
 DEFAULT_HOST, DEFAULT_PORT = "127.0.0.1", 8080
 #: Where a process bound to ``PORT`` listens: such platforms route to it from outside the container.
@@ -89,7 +92,10 @@ def bind(host: str, port: int) -> socket.socket:
 @click.option("--generate-token", is_flag=True, help=f"Without {TOKEN_ENV}, make a token and print it.")
 @click.option("--no-mirror", is_flag=True, help="Do not follow the change stream here (reads still catch up).")
 @click.option("--no-rq-dashboard", is_flag=True, help="Do not mount rq-dashboard under /rq.")
-def web(host: str | None, port: int | None, generate_token: bool, no_mirror: bool, no_rq_dashboard: bool) -> None:
+@click.option("--session-ttl", default="12h", show_default=True, envvar=SESSION_TTL_ENV, metavar="DURATION",
+              help=f"How long a dashboard login lasts [env {SESSION_TTL_ENV}].")
+def web(host: str | None, port: int | None, generate_token: bool, no_mirror: bool, no_rq_dashboard: bool,
+        session_ttl: str) -> None:
     """Serve the HTTP API, the dashboard and /metrics (token from LOOPSQ_API_TOKEN)."""
     import uvicorn
 
@@ -99,6 +105,8 @@ def web(host: str | None, port: int | None, generate_token: bool, no_mirror: boo
     app_ctx = get_app()
     host, port = listen_address(host, port)
     per_loop = per_loop_from_env()
+    ttl_ms = at_least("--session-ttl", session_ttl, duration_flag("--session-ttl", session_ttl) or 0,
+                      limits.MIN_SESSION_TTL_MS)
     token, generated = resolve_token(generate_token)
     sock = bind(host, port)
     port = int(sock.getsockname()[1])
@@ -109,7 +117,7 @@ def web(host: str | None, port: int | None, generate_token: bool, no_mirror: boo
         log.warning("binding %s: the API is reachable from other hosts; put TLS in front of it", host)
     settings = WebSettings(redis_url=app_ctx.redis_url, data_dir=app_ctx.data_dir, token=token,
                            keys=app_ctx.keys, follow_mirror=not no_mirror, rq_dashboard=not no_rq_dashboard,
-                           metrics_per_loop=per_loop)
+                           metrics_per_loop=per_loop, session_ttl_s=ttl_ms // 1000)
     log.info("serving http://%s:%d (redis %s, mirror %s)", host, port, mask_url(app_ctx.redis_url),
              app_ctx.data_dir / "loops.db")
     server = uvicorn.Server(uvicorn.Config(create_app(settings), log_level="info", access_log=False,

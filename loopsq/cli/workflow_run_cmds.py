@@ -8,13 +8,15 @@ from typing import Any
 import click
 
 from loopsq.cli.app import App, get_app, json_flag
+from loopsq.cli.options import bounded_flag, limit_flag
 from loopsq.cli.workflows_cmds import workflows
-from loopsq.domain import timeutil
+from loopsq.domain import limits, timeutil
 from loopsq.domain.redaction import public_event, public_step_run, public_workflow_run
+from loopsq.domain.text import shown
 from loopsq.domain.timeutil import gen_id
 from loopsq.engine import timers
 from loopsq.engine.recovery import step_alive
-from loopsq.errors import NotFoundError, ValidationError
+from loopsq.errors import NotFoundError
 from loopsq.mirror import queries
 from loopsq.state.workflow_runs import WorkflowRunStore
 
@@ -102,19 +104,19 @@ _owner_checks: dict[str, float] = {}
 
 @workflows.command("runs")
 @click.argument("id_or_name", required=False)
-@click.option("--limit", default=50, show_default=True, metavar="N", help="At most N runs.")
+@click.option("--limit", default=50, show_default=True, metavar="N",
+              help=f"At most N runs (1 to {limits.MAX_PAGE_LIMIT}).")
 @json_flag
 def runs(id_or_name: str | None, limit: int) -> None:
     """Workflow runs, newest first."""
-    if limit <= 0:
-        raise ValidationError(f"--limit must be a positive integer, got '{limit}'")
+    limit_flag("--limit", limit, limits.MAX_PAGE_LIMIT)
     app = get_app()
     conn = app.mirror()
     workflow_id = None
     if id_or_name is not None:
         spec = queries.find_workflow(conn, id_or_name)
         if spec is None:
-            raise NotFoundError(f"workflow not found: {id_or_name}")
+            raise NotFoundError(f"workflow not found: {shown(id_or_name)}")
         workflow_id = spec["id"]
     rows = queries.list_workflow_runs(conn, workflow_id=workflow_id, limit=limit)
     app.emit([public_workflow_run(r) for r in rows], lambda: "\n".join(
@@ -123,14 +125,16 @@ def runs(id_or_name: str | None, limit: int) -> None:
 
 @workflows.command("events")
 @click.argument("run_id")
-@click.option("--limit", default=200, show_default=True, metavar="N", help="At most N events.")
+@click.option("--limit", default=200, show_default=True, metavar="N",
+              help=f"At most N events (1 to {limits.MAX_EVENT_PAGE_LIMIT}).")
 @json_flag
 def events(run_id: str, limit: int) -> None:
     """A workflow run's events in sequence order."""
+    limit_flag("--limit", limit, limits.MAX_EVENT_PAGE_LIMIT)
     app = get_app()
     conn = app.mirror()
     if queries.get_workflow_run(conn, run_id) is None:
-        raise NotFoundError(f"workflow run not found: {run_id}")
+        raise NotFoundError(f"workflow run not found: {shown(run_id)}")
     rows = queries.list_events(conn, run_id, limit=limit)
     app.emit([public_event(e) for e in rows], lambda: "\n".join(
         f"{int(e['sequence']):03d}  {e['eventType']:<14}  {e.get('stepId') or '-'}  {e['createdAt']}" for e in rows))
@@ -145,7 +149,7 @@ def inspect(run_id: str) -> None:
     conn = app.mirror()
     run_row = queries.get_workflow_run(conn, run_id)
     if run_row is None:
-        raise NotFoundError(f"workflow run not found: {run_id}")
+        raise NotFoundError(f"workflow run not found: {shown(run_id)}")
     steps = queries.list_step_runs(conn, run_id)
     evts = queries.list_events(conn, run_id, limit=100_000)
     payload = {"workflowRun": public_workflow_run(run_row), "steps": [public_step_run(s) for s in steps],
@@ -161,6 +165,7 @@ def inspect(run_id: str) -> None:
 def cancel(run_id: str, reason: str) -> None:
     """Cancel a running workflow run from any host; its running step is killed within a second."""
     app = get_app()
+    bounded_flag("--reason", reason, limits.MAX_REASON_LENGTH)
     state = _store(app).cancel(run_id, timeutil.now(), reason)
     app.emit(public_workflow_run(state.run), f"{run_id} {state.run['status']}")
 
@@ -171,6 +176,7 @@ def cancel(run_id: str, reason: str) -> None:
 @json_flag
 def recover(run_id: str, reason: str) -> None:
     """Reset the running steps of a run whose process died, so a re-execution resumes it."""
+    bounded_flag("--reason", reason, limits.MAX_REASON_LENGTH)
     app = get_app()
     store = _store(app)
     state = store.require(run_id)

@@ -8,7 +8,9 @@ from typing import Any, ClassVar
 import click
 
 from loopsq.cli.app import get_app, json_flag
+from loopsq.cli.options import quote
 from loopsq.domain.redaction import public_workflow
+from loopsq.domain.text import shown
 from loopsq.domain.workflow_spec import load_workflow_file, workflow_body_from_json
 from loopsq.errors import NotFoundError, ValidationError
 from loopsq.mirror import queries
@@ -31,7 +33,7 @@ def workflows() -> None:
 
 def _read_spec(path: str, name: str | None) -> dict[str, Any]:
     if name is not None and not name.strip():
-        raise ValidationError(f"--name must be a non-empty string, got '{name}'")
+        raise ValidationError(f"--name must be a non-empty string, got {quote(name)}")
     spec = load_workflow_file(path)
     # promptFile paths are relative to the spec file's directory (0.3.54).
     spec = resolve_spec_prompt_files(spec, os.path.dirname(os.path.abspath(path)))
@@ -72,7 +74,7 @@ def create(file: str, name: str | None) -> None:
 def list_workflows(status: str) -> None:
     """List workflow specs."""
     if status not in ("active", "archived", "all"):
-        raise ValidationError(f"--status must be active, archived or all, got '{status}'")
+        raise ValidationError(f"--status must be active, archived or all, got {quote(status)}")
     app = get_app()
     specs = queries.list_workflows(app.mirror(), status=None if status == "all" else status, limit=200)
     app.emit(
@@ -91,7 +93,7 @@ def show(id_or_name: str) -> None:
     app = get_app()
     spec = queries.find_workflow(app.mirror(), id_or_name)
     if spec is None:
-        raise NotFoundError(f"workflow not found: {id_or_name}")
+        raise NotFoundError(f"workflow not found: {shown(id_or_name)}")
     app.emit(public_workflow(spec))
 
 

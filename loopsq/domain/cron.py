@@ -19,6 +19,7 @@ from zoneinfo import ZoneInfo
 
 from croniter import croniter
 
+from loopsq.domain.limits import MAX_CRON_LENGTH
 from loopsq.domain.text import shown
 from loopsq.domain.timeutil import truncate_ms
 from loopsq.errors import ValidationError
@@ -66,8 +67,11 @@ def validate_cron(expression: str) -> str:
 
     Raises:
         ValidationError: ``cron must have 5 fields, got N: "<expr>"``, ``invalid cron expression: "<expr>"`` or
-            ``cron expression never matches: "<expr>"``.
+            ``cron expression never matches: "<expr>"``; ``cron expression must be at most 256 characters`` before
+            anything is parsed.
     """
+    if len(expression) > MAX_CRON_LENGTH:
+        raise ValidationError(f'cron expression must be at most {MAX_CRON_LENGTH} characters, got "{shown(expression)}"')
     return _compile(expression)[0]
 
 
@@ -164,7 +168,7 @@ def load_zone(name: str) -> ZoneInfo:
     # zoneinfo raises ZoneInfoNotFoundError, ValueError (paths, NULs), IsADirectoryError, other OSErrors and
     # TypeError depending on the name; every one of them means the same thing to the user.
     except Exception as exc:
-        raise ValidationError(f"unknown timezone: {name}") from exc
+        raise ValidationError(f"unknown timezone: {shown(name)}") from exc
 
 
 def validate_timezone(name: str) -> str:

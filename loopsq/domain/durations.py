@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from decimal import ROUND_HALF_UP, Decimal, InvalidOperation
 
+from loopsq.domain.text import shown
 from loopsq.errors import ValidationError
 
 MS_PER_UNIT: dict[str, int] = {"ms": 1, "s": 1_000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
@@ -14,6 +15,9 @@ MAX_DURATION_MS = 100 * 365 * MS_PER_UNIT["d"]
 
 # ASCII only: without it ``\d`` also matches other scripts' digits, which the reference's JS regex rejects.
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)?", re.ASCII)
+
+# Longer duration texts are refused unread: no valid duration needs them.
+_MAX_TEXT = 64
 
 # Units from largest to smallest, for ``format_duration``.
 _FORMAT_UNITS = ("d", "h", "m", "s")
@@ -35,18 +39,18 @@ def parse_duration(text: str) -> int:
         ValidationError: ``invalid duration: <text>`` for anything else, including compound forms (``1h30m``),
             negatives, exponents and values over 100 years.
     """
-    match = _DURATION.fullmatch(text.strip())
+    match = _DURATION.fullmatch(text.strip()) if len(text) <= _MAX_TEXT else None
     if match is None:
-        raise ValidationError(f"invalid duration: {text}")
+        raise ValidationError(f"invalid duration: {shown(text)}")
     number, unit = match.group(1), match.group(2) or "ms"
     try:
         # Decimal, not float: float turns "0.0005s" into 0.49999… ms, which then rounds the wrong way.
         exact = Decimal(number) * MS_PER_UNIT[unit]
         if exact > MAX_DURATION_MS:
-            raise ValidationError(f"invalid duration: {text}")
+            raise ValidationError(f"invalid duration: {shown(text)}")
         return int(exact.quantize(Decimal(1), rounding=ROUND_HALF_UP))
     except InvalidOperation as exc:  # pragma: no cover - the regex admits only plain decimals
-        raise ValidationError(f"invalid duration: {text}") from exc
+        raise ValidationError(f"invalid duration: {shown(text)}") from exc
 
 
 def format_duration(ms: int) -> str:

@@ -7,51 +7,62 @@ by this module.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
 
-from loopsq.domain import models
+from loopsq.domain import limits, models
 from loopsq.domain.agent_options import with_creation_defaults
+from loopsq.domain.checks import check_length, check_visible, whole
 from loopsq.domain.cron import host_timezone_name, validate_timezone
+from loopsq.domain.durations import format_duration
 from loopsq.domain.models import Loop
 from loopsq.domain.schedules import CATCH_UP_POLICIES, Schedule, initial_next_run, parse_time
 from loopsq.domain.targets import validate_target
+from loopsq.domain.text import quoted
 from loopsq.domain.timeutil import gen_id, to_iso
 from loopsq.errors import ValidationError
 
-MAX_NAME_LENGTH = 200
+MAX_NAME_LENGTH = limits.MAX_NAME_LENGTH
 
 
 def show(value: Any) -> str:
-    """A short, quoted rendering of a user value for error messages."""
-    try:
-        text = json.dumps(value, ensure_ascii=False)
-    except (TypeError, ValueError):
-        text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
+    """A short, quoted, escaped rendering of a user value for error messages (``text.quoted``)."""
+    return quoted(value)
 
 
 def validate_name(value: Any, field: str = "name") -> str:
-    """A loop name: a non-empty string without control characters, at most 200 characters, trimmed."""
+    """A loop name: a string of at most ``MAX_NAME_LENGTH`` characters that, trimmed of whitespace, is not empty
+    and has no control, format, bidi or zero-width character (``checks.INVISIBLE_CATEGORIES``); returned trimmed."""
     if not isinstance(value, str) or not value.strip():
         raise ValidationError(f"loop name must not be empty, got {show(value)}")
-    name = value.strip()
-    if len(name) > MAX_NAME_LENGTH or any(ord(ch) < 32 for ch in name):
-        raise ValidationError(
-            f"{field} must be at most {MAX_NAME_LENGTH} printable characters, got {show(value)}"
-        )
-    return name
+    check_length(value, field, MAX_NAME_LENGTH)
+    return check_visible(value.strip(), field)
 
 
-def _positive_int(body: Mapping[str, Any], key: str, default: int | None) -> int | None:
-    value = body.get(key)
+def _positive_int(body: Mapping[str, Any], key: str, default: int | None, maximum: int = limits.MAX_COUNT,
+                  minimum: int = 1) -> int | None:
+    value = whole(body.get(key))
     if value is None:
         return default
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
         raise ValidationError(f"{key} must be a positive integer, got {show(value)}")
+    if value < minimum:
+        raise ValidationError(f"{key} must be at least {minimum} ({format_duration(minimum)}), got {show(value)}")
+    if value > maximum:
+        raise ValidationError(f"{key} must be at most {maximum}, got {show(value)}")
     return value
+
+
+def _check_interval(schedule: Schedule) -> None:
+    """An interval loop's ``everyMs`` and a dynamic loop's ``minIntervalMs`` are at least ``MIN_EVERY_MS``."""
+    for kind, label, value in (("interval", "interval everyMs", schedule.every_ms),
+                               ("dynamic", "dynamic minIntervalMs", schedule.min_interval_ms)):
+        if schedule.type == kind and value is not None and value < limits.MIN_EVERY_MS:
+            raise ValidationError(
+                f"{label} must be at least {limits.MIN_EVERY_MS} ({format_duration(limits.MIN_EVERY_MS)}), "
+                f"got {value}"
+            )
 
 
 def _choice(body: Mapping[str, Any], key: str, choices: tuple[str, ...], default: str) -> str:
@@ -76,14 +87,17 @@ def new_loop(body: Mapping[str, Any], now: datetime) -> Loop:
     description = body.get("description")
     if description is not None and not isinstance(description, str):
         raise ValidationError(f"description must be a string, got {show(description)}")
+    if description is not None:
+        check_length(description, "description", limits.MAX_DESCRIPTION_LENGTH)
     tz_value = body.get("timezone")
     if tz_value is None:
         timezone = host_timezone_name()
     elif isinstance(tz_value, str):
-        timezone = validate_timezone(tz_value)
+        timezone = validate_timezone(check_length(tz_value, "timezone", limits.MAX_TIMEZONE_LENGTH))
     else:
         raise ValidationError(f"unknown timezone: {show(tz_value)}")
     schedule = Schedule.from_dict(body.get("schedule"))
+    _check_interval(schedule)
     target = with_creation_defaults(validate_target(body.get("target"), "target"))
     expires_at = _expiry(body.get("expiresAt"), timezone)
     loop = Loop(
@@ -100,10 +114,10 @@ def new_loop(body: Mapping[str, Any], now: datetime) -> Loop:
         catch_up_limit=_positive_int(body, "catchUpLimit", models.DEFAULT_CATCH_UP_LIMIT) or 0,
         overlap=_choice(body, "overlap", models.OVERLAP_POLICIES, models.DEFAULT_OVERLAP),
         max_attempts=_positive_int(body, "maxAttempts", models.DEFAULT_MAX_ATTEMPTS) or 0,
-        retry_delay_ms=_positive_int(body, "retryDelayMs", models.DEFAULT_RETRY_DELAY_MS) or 0,
+        retry_delay_ms=_positive_int(body, "retryDelayMs", models.DEFAULT_RETRY_DELAY_MS, limits.MAX_MS) or 0,
         retry_backoff=_choice(body, "retryBackoff", models.RETRY_BACKOFFS, "fixed"),
-        retry_max_delay_ms=_positive_int(body, "retryMaxDelayMs", None),
-        lease_ms=_positive_int(body, "leaseMs", models.DEFAULT_LEASE_MS) or 0,
+        retry_max_delay_ms=_positive_int(body, "retryMaxDelayMs", None, limits.MAX_MS),
+        lease_ms=_positive_int(body, "leaseMs", models.DEFAULT_LEASE_MS, limits.MAX_MS, limits.MIN_LEASE_MS) or 0,
         expires_at=expires_at,
         pause_after_failures=_positive_int(body, "pauseAfterFailures", None),
         keep_runs=_positive_int(body, "keepRuns", None),
@@ -116,4 +130,4 @@ def _expiry(value: Any, timezone: str) -> str | None:
         return None
     if not isinstance(value, str):
         raise ValidationError(f"invalid expiresAt: {show(value)}")
-    return to_iso(parse_time(value, timezone, "expiresAt"))
+    return to_iso(parse_time(check_length(value, "expiresAt", limits.MAX_TIME_LENGTH), timezone, "expiresAt"))

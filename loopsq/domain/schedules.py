@@ -13,6 +13,7 @@ from typing import Any
 
 from loopsq.domain.cron import load_zone, next_cron_run, prev_cron_run, validate_cron
 from loopsq.domain.durations import MAX_DURATION_MS
+from loopsq.domain.text import quoted, shown
 from loopsq.domain.timeutil import from_ms, to_ms, truncate_ms
 from loopsq.errors import ValidationError
 
@@ -40,20 +41,20 @@ class Schedule:
 
     def __post_init__(self) -> None:
         if self.type not in SCHEDULE_TYPES:
-            raise ValidationError(f"schedule.type must be once, interval, cron or dynamic, got {self.type!r}")
+            raise ValidationError(f"schedule.type must be once, interval, cron or dynamic, got {_render(self.type)}")
         if self.type == "once":
             if not isinstance(self.at, str):
-                raise ValidationError(f"invalid schedule.at: {self.at}")
+                raise ValidationError(f"invalid schedule.at: {_bare(self.at)}")
             parse_time(self.at, "UTC", "schedule.at")  # syntax only; the zone is applied at use
         elif self.type == "interval":
             _check_ms(self.every_ms, "interval everyMs")
             anchor = "fixed_rate" if self.anchor is None else self.anchor
             if anchor not in ANCHORS:
-                raise ValidationError(f"schedule.anchor must be fixed_rate or fixed_delay, got {anchor!r}")
+                raise ValidationError(f"schedule.anchor must be fixed_rate or fixed_delay, got {_render(anchor)}")
             object.__setattr__(self, "anchor", anchor)
         elif self.type == "cron":
             if not isinstance(self.expression, str):
-                raise ValidationError(f"schedule.expression must be a string, got {self.expression!r}")
+                raise ValidationError(f"schedule.expression must be a string, got {_render(self.expression)}")
             object.__setattr__(self, "expression", validate_cron(self.expression))
         else:
             minimum = DEFAULT_MIN_INTERVAL_MS if self.min_interval_ms is None else self.min_interval_ms
@@ -85,7 +86,7 @@ class Schedule:
         if kind == "once":
             at = d.get("at")
             if not isinstance(at, str):
-                raise ValidationError(f"invalid schedule.at: {at}")
+                raise ValidationError(f"invalid schedule.at: {_bare(at)}")
             return cls(type="once", at=at)
         if kind == "interval":
             return cls(
@@ -101,7 +102,22 @@ class Schedule:
                 type="dynamic",
                 min_interval_ms=None if raw is None else _coerce_ms(raw, "dynamic minIntervalMs"),
             )
-        raise ValidationError(f"schedule.type must be once, interval, cron or dynamic, got {kind!r}")
+        raise ValidationError(f"schedule.type must be once, interval, cron or dynamic, got {_render(kind)}")
+
+
+def _render(value: Any) -> str:
+    """A value as these messages quote it: a string as ``'text'`` (short, escaped), a number or None as its
+    ``repr``, anything else as its short JSON."""
+    if isinstance(value, str):
+        return "'" + shown(value).replace("'", "\\'") + "'"
+    if value is None or isinstance(value, bool | float) or (isinstance(value, int) and abs(value) < 10**30):
+        return repr(value)
+    return quoted(value)
+
+
+def _bare(value: Any) -> str:
+    """A value quoted without quotes (``invalid schedule.at: nope``), short and escaped."""
+    return shown(value) if isinstance(value, str) else _render(value)
 
 
 def parse_time(text: str, tz: str, field: str) -> datetime:
@@ -132,7 +148,7 @@ def parse_time(text: str, tz: str, field: str) -> datetime:
             moment = moment.replace(tzinfo=zone)
         return truncate_ms(moment.astimezone(UTC))
     except (ValueError, OverflowError):
-        raise ValidationError(f"invalid {field}: {text}") from None
+        raise ValidationError(f"invalid {field}: {shown(text)}") from None
 
 
 def initial_next_run(schedule: Schedule, start: datetime, tz: str) -> datetime:
@@ -211,7 +227,7 @@ def due_slots(
     if retry_scheduled_for is not None:
         return [retry_scheduled_for]
     if catch_up not in CATCH_UP_POLICIES:
-        raise ValidationError(f"catchUp must be none, latest or all, got {catch_up!r}")
+        raise ValidationError(f"catchUp must be none, latest or all, got {_render(catch_up)}")
     if schedule.type in ("once", "dynamic") or catch_up == "none":
         return [next_run_at]
     limit = max(1, catch_up_limit)
@@ -236,9 +252,9 @@ def due_slots(
 
 def _check_ms(value: object, label: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ValidationError(f"{label} must be > 0, got {value!r}")
+        raise ValidationError(f"{label} must be > 0, got {_render(value)}")
     if value > MAX_DURATION_MS:
-        raise ValidationError(f"{label} must be at most {MAX_DURATION_MS} (100 years), got {value!r}")
+        raise ValidationError(f"{label} must be at most {MAX_DURATION_MS} (100 years), got {_render(value)}")
     return value
 
 
@@ -246,7 +262,7 @@ def _coerce_ms(value: Any, label: str) -> Any:
     """JSON numbers may arrive as whole floats (``60000.0``); anything else is left for ``_check_ms``."""
     if isinstance(value, float) and math.isfinite(value):
         if not value.is_integer():
-            raise ValidationError(f"{label} must be a whole number of milliseconds, got {value!r}")
+            raise ValidationError(f"{label} must be a whole number of milliseconds, got {_render(value)}")
         return int(value)
     return value
 

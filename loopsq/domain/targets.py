@@ -8,12 +8,13 @@ optional field given as ``null`` counts as absent and is dropped from the result
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from loopsq.domain import agent_options
+from loopsq.domain import agent_options, limits
+from loopsq.domain.checks import check_length, check_text, whole
+from loopsq.domain.text import quoted
 from loopsq.errors import ValidationError
 
 PROVIDERS = ("claude", "cursor", "codewith", "aicopilot", "opencode", "codex")
@@ -24,7 +25,12 @@ PROMPT_VIAS = ("argv", "stdin")
 _JS_WS = "\t\n\v\f\r \u00a0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000\ufeff"
 _JS_WS_RE = re.compile(f"[{_JS_WS}]")
 _JS_TRIM_RE = re.compile(f"\\A[{_JS_WS}]+|[{_JS_WS}]+\\Z")
-_REPR_LIMIT = 60
+_ENV_KEY_RE = re.compile(limits.ENV_KEY_PATTERN, re.ASCII)
+
+
+def is_js_whitespace(ch: str) -> bool:
+    """Whether the character ``ch`` is JavaScript whitespace (what the reference's ``trim`` removes)."""
+    return _JS_WS_RE.fullmatch(ch) is not None
 
 
 def js_trim(text: str) -> str:
@@ -45,7 +51,7 @@ def is_non_empty_string(value: Any) -> bool:
 
 
 def short_repr(value: Any) -> str:
-    """Renders a value for an error message: its JSON, cut to 60 characters.
+    """Renders a value for an error message (``text.quoted``): a short, escaped prefix of its JSON.
 
     Args:
         value: Any value; values JSON cannot encode fall back to ``repr``.
@@ -53,11 +59,7 @@ def short_repr(value: Any) -> str:
     Returns:
         For example ``"x"`` (with quotes), ``5`` or ``null``.
     """
-    try:
-        text = json.dumps(value, ensure_ascii=False)
-    except (TypeError, ValueError, RecursionError):
-        text = repr(value)
-    return text if len(text) <= _REPR_LIMIT else text[: _REPR_LIMIT - 3] + "..."
+    return quoted(value)
 
 
 def is_positive_int(value: Any) -> bool:
@@ -88,6 +90,8 @@ def validate_timeout_ms(value: Any, label: str) -> None:
     """
     if value is not None and not is_positive_int(value):
         raise _fail(label, "timeoutMs", "a positive integer or null", value)
+    if value is not None and value > limits.MAX_MS:
+        raise _fail(label, "timeoutMs", f"at most {limits.MAX_MS} (100 years)", value)
 
 
 def validate_account(value: Any, label: str) -> dict[str, Any]:
@@ -108,22 +112,58 @@ def validate_account(value: Any, label: str) -> dict[str, Any]:
     account = dict(value)
     if not is_non_empty_string(account.get("profile")):
         raise _fail(label, "account.profile", "a non-empty string", account.get("profile"))
+    check_text(account["profile"], f"{label}.account.profile", limits.MAX_WORD_LENGTH)
     if account.get("tool") is None:
         account.pop("tool", None)
     elif not is_non_empty_string(account["tool"]):
         raise _fail(label, "account.tool", "a non-empty string", account["tool"])
+    else:
+        check_text(account["tool"], f"{label}.account.tool", limits.MAX_WORD_LENGTH)
     return account
+
+
+def validate_env(value: Any, label: str, field: str = "env") -> dict[str, str]:
+    """Checks an environment map: at most ``MAX_ENV_ENTRIES`` entries, keys matching ``ENV_KEY_PATTERN`` (at most
+    ``MAX_ENV_KEY_LENGTH`` characters), string values of at most ``MAX_ENV_VALUE_LENGTH`` characters without NUL.
+
+    Args:
+        value: The value found under ``field``.
+        label: The path of the object holding it, e.g. ``target``.
+        field: The field's name (``env``).
+
+    Returns:
+        A copy of the map.
+
+    Raises:
+        ValidationError: naming the key or the value, e.g. ``target.env key must match [A-Za-z_][A-Za-z0-9_]*,
+            got "A=B"`` or ``target.env.X must not contain NUL characters, got "a\\x00"``.
+    """
+    env = _string_map(value, label, field)
+    for key, item in env.items():
+        if len(key) > limits.MAX_ENV_KEY_LENGTH or not _ENV_KEY_RE.fullmatch(key):
+            raise ValidationError(
+                f"{label}.{field} key must match {limits.ENV_KEY_PATTERN} (at most {limits.MAX_ENV_KEY_LENGTH} "
+                f"characters), got {quoted(key)}"
+            )
+        check_text(item, f"{label}.{field}.{key}", limits.MAX_ENV_VALUE_LENGTH)
+    return env
 
 
 def _string_list(value: Any, label: str, field: str) -> list[str]:
     if not _is_array(value) or not all(isinstance(item, str) for item in value):
         raise _fail(label, field, "an array of strings", value)
+    if len(value) > limits.MAX_ARGS:
+        raise _fail(label, field, f"an array of at most {limits.MAX_ARGS} strings", value)
+    for index, item in enumerate(value):
+        check_text(item, f"{label}.{field}[{index}]", limits.MAX_ARG_LENGTH)
     return list(value)
 
 
 def _string_map(value: Any, label: str, field: str) -> dict[str, str]:
     if not isinstance(value, Mapping) or not all(isinstance(key, str) for key in value):
         raise _fail(label, field, "an object of string values", value)
+    if len(value) > limits.MAX_ENV_ENTRIES:
+        raise _fail(label, field, f"an object of at most {limits.MAX_ENV_ENTRIES} entries", value)
     for key, item in value.items():
         if not isinstance(item, str):
             raise _fail(label, f"{field}.{key}", "a string", item)
@@ -131,23 +171,24 @@ def _string_map(value: Any, label: str, field: str) -> dict[str, str]:
 
 
 #: What a variable name in a target's ``env`` may be (POSIX shell names).
-ENV_KEY_PATTERN = "[A-Za-z_][A-Za-z0-9_]*"
-_ENV_KEY_RE = re.compile(f"\\A{ENV_KEY_PATTERN}\\Z")
+ENV_KEY_PATTERN = limits.ENV_KEY_PATTERN
 
 
 def is_env_key(key: str) -> bool:
     """Whether ``key`` can name an environment variable in a target's ``env``."""
-    return _ENV_KEY_RE.match(key) is not None
+    return _ENV_KEY_RE.fullmatch(key) is not None
 
 
-def _env_map(value: Any, label: str, field: str) -> dict[str, str]:
-    env = _string_map(value, label, field)
-    for key, item in env.items():
-        if not is_env_key(key):
-            raise ValidationError(f"{label}.{field} key must match {ENV_KEY_PATTERN}, got {short_repr(key)}")
-        if "\0" in item:
-            raise _fail(label, f"{field}.{key}", "a string without NUL characters", item)
-    return env
+def _input_map(value: Any, label: str, field: str) -> dict[str, str]:
+    result = _string_map(value, label, field)
+    for key, item in result.items():
+        check_length(key, f"{label}.{field} key", limits.MAX_ENV_KEY_LENGTH)
+        check_length(item, f"{label}.{field}.{key}", limits.MAX_ENV_VALUE_LENGTH)
+    return result
+
+
+def _env(value: Any, label: str, field: str) -> dict[str, str]:
+    return validate_env(value, label, field)
 
 
 def _non_empty(value: Any, label: str, field: str) -> str:
@@ -162,6 +203,19 @@ def _string(value: Any, label: str, field: str) -> str:
     return value
 
 
+def _bounded(limit: int, inner: _Check | None = None) -> _Check:
+    """A check that runs ``inner`` (if any), then bounds the string's length and refuses NUL."""
+
+    def check(value: Any, label: str, field: str) -> Any:
+        if inner is not None:
+            value = inner(value, label, field)
+        if isinstance(value, str):
+            check_text(value, f"{label}.{field}", limit)
+        return value
+
+    return check
+
+
 def _boolean(value: Any, label: str, field: str) -> bool:
     if not isinstance(value, bool):
         raise _fail(label, field, "a boolean", value)
@@ -171,6 +225,8 @@ def _boolean(value: Any, label: str, field: str) -> bool:
 def _positive_int(value: Any, label: str, field: str) -> int:
     if not is_positive_int(value):
         raise _fail(label, field, "a positive integer", value)
+    if value > limits.MAX_MS:
+        raise _fail(label, field, f"at most {limits.MAX_MS} (100 years)", value)
     return int(value)
 
 
@@ -239,19 +295,21 @@ def _refuse_unread_prompt_file(target: Mapping[str, Any], label: str) -> None:
 # loopsq's extra checks per target type, in the order they run.
 _EXTRA_CHECKS: dict[str, tuple[tuple[str, _Check], ...]] = {
     "command": (
+        ("command", _bounded(limits.MAX_COMMAND_LENGTH)),
         ("args", _string_list),
-        ("cwd", _non_empty),
+        ("cwd", _bounded(limits.MAX_CWD_LENGTH, _non_empty)),
         ("shell", _boolean),
-        ("env", _env_map),
+        ("env", _env),
         ("timeoutMs", _timeout),
         ("idleTimeoutMs", _positive_int),
         ("account", _account),
         ("preflight", _preflight),
     ),
     "agent": (
-        ("cwd", _non_empty),
-        ("model", _string),
-        ("agent", _string),
+        ("prompt", _bounded(limits.MAX_PROMPT_LENGTH)),
+        ("cwd", _bounded(limits.MAX_CWD_LENGTH, _non_empty)),
+        ("model", _bounded(limits.MAX_WORD_LENGTH, _string)),
+        ("agent", _bounded(limits.MAX_WORD_LENGTH, _string)),
         ("extraArgs", _string_list),
         ("timeoutMs", _timeout),
         ("idleTimeoutMs", _positive_int),
@@ -259,7 +317,7 @@ _EXTRA_CHECKS: dict[str, tuple[tuple[str, _Check], ...]] = {
         ("promptVia", _one_of(PROMPT_VIAS)),
         ("account", _account),
         # loopsq addition (the reference has no env on agent targets): how a loop hands an agent a secret.
-        ("env", _env_map),
+        ("env", _env),
         ("variant", _non_empty),
         ("permissionMode", _one_of(agent_options.PERMISSION_MODES)),
         ("sandbox", _one_of(agent_options.SANDBOXES)),
@@ -268,8 +326,13 @@ _EXTRA_CHECKS: dict[str, tuple[tuple[str, _Check], ...]] = {
         ("promptSource", _prompt_source),
         ("preflight", _preflight),
     ),
-    "workflow": (("input", _string_map), ("timeoutMs", _timeout), ("preflight", _preflight)),
+    "workflow": (("workflowId", _bounded(limits.MAX_WORD_LENGTH)), ("input", _input_map), ("timeoutMs", _timeout),
+                 ("preflight", _preflight)),
 }
+
+
+# Integer fields: a whole float (``60000.0``) counts as the integer it holds.
+_INTEGER_FIELDS = frozenset({"timeoutMs", "idleTimeoutMs"})
 
 
 def _check_reference_rules(target: Mapping[str, Any], label: str, allow_workflow: bool) -> str:
@@ -316,7 +379,7 @@ def _validate(target: Any, label: str, allow_workflow: bool) -> dict[str, Any]:
         if result[field] is None and field != "timeoutMs":
             del result[field]
         else:
-            result[field] = check(result[field], label, field)
+            result[field] = check(whole(result[field]) if field in _INTEGER_FIELDS else result[field], label, field)
     if kind == "agent":
         _check_agent_options(result, label)
     return result

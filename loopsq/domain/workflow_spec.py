@@ -17,10 +17,15 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import re
+import stat
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
+from loopsq.domain import limits
 from loopsq.domain.agent_options import with_creation_defaults
+from loopsq.domain.checks import check_length, check_visible, whole
 from loopsq.domain.targets import (
     is_positive_int,
     js_trim,
@@ -29,7 +34,10 @@ from loopsq.domain.targets import (
     validate_executable_target,
     validate_timeout_ms,
 )
+from loopsq.domain.text import shown
 from loopsq.errors import ValidationError
+
+_STEP_ID_RE = re.compile(limits.STEP_ID_PATTERN, re.ASCII)
 
 
 def _is_number(value: Any) -> bool:
@@ -46,6 +54,11 @@ def _normalise_step(raw: Any, index: int, seen: set[str]) -> dict[str, Any]:
     step_id = step.get("id")
     if not isinstance(step_id, str) or not js_trim(step_id):
         raise ValidationError(f"{label}.id must be a non-empty string")
+    if len(step_id) > limits.MAX_STEP_ID_LENGTH or not _STEP_ID_RE.fullmatch(step_id):
+        raise ValidationError(
+            f"{label}.id must match {limits.STEP_ID_PATTERN} (at most {limits.MAX_STEP_ID_LENGTH} characters), "
+            f"got {short_repr(step_id)}"
+        )
     if step_id in seen:
         raise ValidationError(f"duplicate workflow step id: {step_id}")
     seen.add(step_id)
@@ -57,6 +70,10 @@ def _normalise_step(raw: Any, index: int, seen: set[str]) -> dict[str, Any]:
     # The reference iterates a string character by character; loopsq names the mistake instead.
     if not isinstance(depends_on, list | tuple) or not all(isinstance(dep, str) for dep in depends_on):
         raise ValidationError(f"{label}.dependsOn must be an array of step ids, got {short_repr(depends_on)}")
+    if len(depends_on) > limits.MAX_STEPS:
+        raise ValidationError(
+            f"{label}.dependsOn must have at most {limits.MAX_STEPS} step ids, got {short_repr(depends_on)}"
+        )
     step["dependsOn"] = list(depends_on)
 
     continue_on_failure = step.get("continueOnFailure")
@@ -69,12 +86,22 @@ def _normalise_step(raw: Any, index: int, seen: set[str]) -> dict[str, Any]:
     step["continueOnFailure"] = continue_on_failure
 
     if "timeoutMs" in step:
+        step["timeoutMs"] = whole(step["timeoutMs"])
         validate_timeout_ms(step["timeoutMs"], label)
     if step.get("account") is not None:
         step["account"] = validate_account(step["account"], label)
     else:
         step.pop("account", None)
     return step
+
+
+def validate_workflow_name(name: Any) -> str:
+    """A workflow name, trimmed as the reference trims it: not empty (the reference's message), at most
+    ``MAX_NAME_LENGTH`` characters, and without control, format, bidi or zero-width characters once trimmed."""
+    if not isinstance(name, str) or not js_trim(name):
+        raise ValidationError("workflow.name must be a non-empty string")
+    check_length(name, "workflow.name", limits.MAX_NAME_LENGTH)
+    return check_visible(js_trim(name), "workflow.name")
 
 
 def workflow_body_from_json(value: Any, name_override: str | None = None) -> dict[str, Any]:
@@ -94,27 +121,34 @@ def workflow_body_from_json(value: Any, name_override: str | None = None) -> dic
     """
     if not isinstance(value, Mapping):
         raise ValidationError("workflow file must be an object")
-    name = name_override if name_override is not None else value.get("name")
-    if not isinstance(name, str) or not js_trim(name):
-        raise ValidationError("workflow.name must be a non-empty string")
+    name = validate_workflow_name(name_override if name_override is not None else value.get("name"))
     raw_steps = value.get("steps")
     if not isinstance(raw_steps, list | tuple):
         raise ValidationError("workflow.steps must be an array")
-    body: dict[str, Any] = {"name": js_trim(name)}
+    body: dict[str, Any] = {"name": name}
     if isinstance(value.get("description"), str):
-        body["description"] = value["description"]
+        body["description"] = check_length(value["description"], "workflow.description",
+                                           limits.MAX_DESCRIPTION_LENGTH)
     version = value.get("version")
     body["version"] = version if _is_number(version) else 1
+    if abs(body["version"]) > limits.MAX_VERSION:
+        raise ValidationError(
+            f"workflow.version must be at most {limits.MAX_VERSION} in absolute value, got {short_repr(version)}"
+        )
     if not raw_steps:
         raise ValidationError("workflow.steps must contain at least one step")
+    if len(raw_steps) > limits.MAX_STEPS:
+        raise ValidationError(f"workflow.steps must have at most {limits.MAX_STEPS} steps, got {len(raw_steps)}")
 
-    max_parallel = value.get("maxParallel")
+    max_parallel = whole(value.get("maxParallel"))
     if max_parallel is None:
         max_parallel = 1
     if not is_positive_int(max_parallel):
         raise ValidationError(
             f"workflow.maxParallel must be a positive integer, got {short_repr(max_parallel)}"
         )
+    if max_parallel > limits.MAX_PARALLEL:
+        raise ValidationError(f"workflow.maxParallel must be at most {limits.MAX_PARALLEL}, got {max_parallel}")
     body["maxParallel"] = max_parallel
 
     seen: set[str] = set()
@@ -122,7 +156,7 @@ def workflow_body_from_json(value: Any, name_override: str | None = None) -> dic
     for step in steps:
         for dep in step["dependsOn"]:
             if dep not in seen:
-                raise ValidationError(f"step {step['id']} depends on missing step {dep}")
+                raise ValidationError(f"step {step['id']} depends on missing step {shown(dep)}")
             if dep == step["id"]:
                 raise ValidationError(f"step {step['id']} cannot depend on itself")
     execution_order(steps)
@@ -164,9 +198,9 @@ def execution_order(steps: Sequence[Mapping[str, Any]]) -> list[str]:
                 if dep in done:
                     continue
                 if dep in visiting:
-                    raise ValidationError(f"workflow dependency cycle includes step {dep}")
+                    raise ValidationError(f"workflow dependency cycle includes step {shown(dep)}")
                 if dep not in deps:
-                    raise ValidationError(f"step {node} depends on missing step {dep}")
+                    raise ValidationError(f"step {shown(node)} depends on missing step {shown(dep)}")
                 visiting.add(dep)
                 stack.append((dep, iter(deps[dep])))
                 break
@@ -182,8 +216,26 @@ def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not valid JSON")
 
 
+def _read_bounded(path: str) -> bytes:
+    """The file's bytes, refusing it unread when its size is known to exceed ``MAX_SPEC_FILE_BYTES`` and after
+    ``MAX_SPEC_FILE_BYTES + 1`` bytes otherwise (``/dev/zero``, a pipe)."""
+    limit = limits.MAX_SPEC_FILE_BYTES
+    too_big = f"workflow file is larger than {limit} bytes: {path}"
+    with open(path, "rb") as handle:
+        info = os.fstat(handle.fileno())
+        if stat.S_ISDIR(info.st_mode):
+            raise IsADirectoryError(path)
+        if stat.S_ISREG(info.st_mode) and info.st_size > limit:
+            raise ValidationError(too_big)
+        data = handle.read(limit + 1)
+    if len(data) > limit:
+        raise ValidationError(too_big)
+    return data
+
+
 def load_workflow_file(path: str) -> Any:
-    """Reads a workflow spec file and decodes its JSON (a UTF-8 byte order mark is allowed).
+    """Reads a workflow spec file (at most ``MAX_SPEC_FILE_BYTES``) and decodes its JSON (a UTF-8 byte order mark
+    is allowed).
 
     Args:
         path: The file's path.
@@ -193,12 +245,11 @@ def load_workflow_file(path: str) -> Any:
 
     Raises:
         ValidationError: ``workflow file not found: <path>``, ``workflow file is a directory: <path>``,
-            ``workflow file is not readable: <path>: <reason>`` or
-            ``workflow file is not valid JSON: <path>: <msg> (line N column M)``.
+            ``workflow file is larger than <N> bytes: <path>``, ``workflow file is not readable: <path>: <reason>``
+            or ``workflow file is not valid JSON: <path>: <msg> (line N column M)``.
     """
     try:
-        with open(path, encoding="utf-8-sig") as handle:
-            text = handle.read()
+        text = _read_bounded(path).decode("utf-8-sig")
     except FileNotFoundError as exc:
         raise ValidationError(f"workflow file not found: {path}") from exc
     except IsADirectoryError as exc:

@@ -8,8 +8,10 @@ import json
 
 import redis
 
-from loopsq.domain import timeutil
+from loopsq.domain import limits, timeutil
+from loopsq.domain.checks import check_length, check_visible
 from loopsq.domain.lifecycle import ensure_not_archived
+from loopsq.domain.text import quoted
 from loopsq.domain.timeutil import gen_id, to_iso, to_ms
 from loopsq.engine import timers
 from loopsq.errors import ValidationError
@@ -39,7 +41,10 @@ def trigger_with(
     retry policy applies to the run unless ``retry`` is False.
     """
     if idempotency_key is not None and (not isinstance(idempotency_key, str) or not idempotency_key.strip()):
-        raise ValidationError(f"idempotency key must be a non-empty string, got {json.dumps(idempotency_key)}")
+        raise ValidationError(f"idempotency key must be a non-empty string, got {quoted(idempotency_key)}")
+    if idempotency_key is not None:
+        check_length(idempotency_key, "idempotency key", limits.MAX_IDEMPOTENCY_KEY_LENGTH)
+        check_visible(idempotency_key, "idempotency key")
     if window_ms <= 0:
         raise ValidationError(f"idempotency window must be > 0 ms, got {window_ms}")
     loop = LoopStore(client, keys).require(id_or_name)

@@ -8,6 +8,7 @@ spawning anything.
 from __future__ import annotations
 
 import logging
+import os
 import subprocess
 import threading
 import time
@@ -15,8 +16,10 @@ from collections.abc import Callable, Mapping
 from datetime import datetime
 from typing import Any
 
+from loopsq.domain.limits import MAX_CWD_LENGTH
+from loopsq.domain.text import shown
 from loopsq.domain.timeutil import now, to_iso
-from loopsq.errors import LoopsqError
+from loopsq.errors import ExecutionError, LoopsqError
 from loopsq.executor.output import DEFAULT_MAX_OUTPUT_BYTES
 from loopsq.executor.result import ExecutorResult, SpawnInfo
 from loopsq.executor.spec import RunMetadata, build_spec, check_executable
@@ -43,9 +46,11 @@ def preflight_target(
         ``{"command": ..., "accountProfile"?: ..., "accountTool"?: ...}``.
 
     Raises:
-        ExecutionError: ``Executable not found in PATH: <cmd>`` or the account error (§6).
+        ExecutionError: ``working directory ...`` (see ``check_cwd``), ``Executable not found in PATH: <cmd>`` or
+            the account error (§6).
     """
     spec = build_spec(target, metadata, env=env)
+    check_cwd(spec.cwd)
     check_executable(spec)
     report = {"command": spec.command}
     if spec.account_profile:
@@ -64,6 +69,23 @@ def preflights_each_run(target: Mapping[str, Any]) -> bool:
 def preflight_label(metadata: RunMetadata) -> str:
     """``runtime`` for a loop run, ``workflow step <id>`` for a step (the reference's two messages)."""
     return f"workflow step {metadata.workflow_step_id}" if metadata.workflow_step_id else "runtime"
+
+
+def check_cwd(cwd: str | None) -> None:
+    """Check that a target's working directory can be entered here (what the child's ``chdir`` needs).
+
+    Raises:
+        ExecutionError: ``working directory not found: <dir>``, ``working directory is not a directory: <dir>`` or
+            ``working directory is not accessible: <dir>`` (no search permission).
+    """
+    if not cwd:
+        return
+    if not os.path.exists(cwd):
+        raise ExecutionError(f"working directory not found: {shown(cwd, MAX_CWD_LENGTH)}")
+    if not os.path.isdir(cwd):
+        raise ExecutionError(f"working directory is not a directory: {shown(cwd, MAX_CWD_LENGTH)}")
+    if not os.access(cwd, os.X_OK):
+        raise ExecutionError(f"working directory is not accessible: {shown(cwd, MAX_CWD_LENGTH)}")
 
 
 def execute_target(

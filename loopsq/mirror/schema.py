@@ -19,6 +19,7 @@ from pathlib import Path
 from loopsq.domain.timeutil import now, to_iso
 from loopsq.errors import LoopsqError
 from loopsq.mirror import counters
+from loopsq.mirror.damage import is_malformed, malformed_error
 
 INITIAL_MIGRATION = "0001_initial_and_workflows"
 LOOPSQ_MIGRATION = "0100_loopsq_columns"
@@ -329,6 +330,8 @@ def open_db(path: str | os.PathLike[str]) -> sqlite3.Connection:
                 _tighten(Path(target + suffix), 0o600)
     except (OSError, sqlite3.Error) as exc:
         conn.close()
+        if is_malformed(exc):
+            raise malformed_error(target, exc) from exc
         raise LoopsqError(f"cannot open the mirror database {target}: {exc}") from exc
     return conn
 

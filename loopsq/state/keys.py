@@ -176,6 +176,11 @@ class Keys:
         """String: the rq-scheduler job id armed for a loop."""
         return self._k("timer", loop_id)
 
+    # -- web sessions ----------------------------------------------------------------------------------------
+    def web_session(self, session_id: str) -> str:
+        """String with a TTL (the session's lifetime): an open dashboard session; logout deletes it."""
+        return self._k("web-session", session_id)
+
     # -- workflow runs ---------------------------------------------------------------------------------------
     def wf_run(self, run_id: str) -> str:
         """String: a workflow run's JSON."""

@@ -14,7 +14,9 @@ import redis
 from loopsq.domain import lifecycle
 from loopsq.domain.loop_spec import validate_name
 from loopsq.domain.models import Loop
-from loopsq.domain.timeutil import to_iso, to_ms
+from loopsq.domain.schedules import parse_time
+from loopsq.domain.text import shown
+from loopsq.domain.timeutil import gen_id, to_iso, to_ms
 from loopsq.errors import ConflictError, NotFoundError
 from loopsq.state.commit import Committer, Tx
 from loopsq.state.keys import Keys
@@ -54,7 +56,7 @@ class LoopStore:
         """Like ``find``, but raises ``NotFoundError('loop not found: <x>')`` (the reference's message)."""
         loop = self.find(id_or_name)
         if loop is None:
-            raise NotFoundError(f"loop not found: {id_or_name}")
+            raise NotFoundError(f"loop not found: {shown(id_or_name)}")
         return loop
 
     def ids(self) -> list[str]:
@@ -71,20 +73,30 @@ class LoopStore:
 
     # -- writes ---------------------------------------------------------------------------------------------
     def create(self, loop: Loop) -> Loop:
-        """Store a new loop. Raises ConflictError when its name is taken (loop names are unique in loopsq)."""
-        tx = (
-            Tx("loop_created", loop.created_at)
-            .expect_field(self.keys.loop_names, loop.name, None)
-            .expect_absent(self.keys.loop(loop.id))
-            .set(self.keys.loop(loop.id), loop.to_json())
-            .sadd(self.keys.loops, loop.id)
-            .hset(self.keys.loop_names, loop.name, loop.id)
-            .put(TABLE, loop.to_dict())
-        )
-        result = self.committer.commit(tx)
-        if not result.ok:
-            raise ConflictError(f"loop name already exists: {loop.name}")
-        return loop
+        """Store a new loop. Raises ConflictError when its name is taken (loop names are unique in loopsq) or is
+        another loop's id; a new id that happens to be an existing name is drawn again, so an id lookup never
+        meets a name and a name lookup never meets an id."""
+        for _ in range(MAX_RETRIES):
+            tx = (
+                Tx("loop_created", loop.created_at)
+                .expect_field(self.keys.loop_names, loop.name, None)
+                .expect_absent(self.keys.loop(loop.name))
+                .expect_absent(self.keys.loop(loop.id))
+                .expect_field(self.keys.loop_names, loop.id, None)
+                .set(self.keys.loop(loop.id), loop.to_json())
+                .sadd(self.keys.loops, loop.id)
+                .hset(self.keys.loop_names, loop.name, loop.id)
+                .put(TABLE, loop.to_dict())
+            )
+            result = self.committer.commit(tx)
+            if result.ok:
+                return loop
+            if result.failed_guard == 0:
+                raise ConflictError(f"loop name already exists: {shown(loop.name)}")
+            if result.failed_guard == 1:
+                raise ConflictError(f"loop name is another loop's id: {shown(loop.name)}")
+            loop = loop.with_changes(id=gen_id())
+        raise ConflictError(f"no free loop id after {MAX_RETRIES} attempts; try again")
 
     def update(self, id_or_name: str, change_type: str, at: datetime, fn: Callable[[Loop], Loop]) -> Loop:
         """Apply ``fn`` to the current loop and store the result as one transition named ``change_type``.
@@ -97,8 +109,11 @@ class LoopStore:
         for _ in range(MAX_RETRIES):
             raw = self.client.get(self.keys.loop(loop_id))
             if not raw:
-                raise NotFoundError(f"loop not found: {id_or_name}")
-            new = fn(Loop.from_json(str(raw)))
+                raise NotFoundError(f"loop not found: {shown(id_or_name)}")
+            current = Loop.from_json(str(raw))
+            new = fn(current)
+            if new == current:
+                return current  # a no-op writes nothing and appends no change
             tx = (
                 Tx(change_type, to_iso(at))
                 .expect(self.keys.loop(loop_id), str(raw))
@@ -110,19 +125,25 @@ class LoopStore:
         raise ConflictError(f"loop {loop_id} changed concurrently {MAX_RETRIES} times; try again")
 
     def pause(self, id_or_name: str, now: datetime) -> Loop:
-        """Set status ``paused``."""
-        return self.update(id_or_name, "loop_paused", now,
-                           lambda loop: lifecycle.pause(_unarchived(loop, id_or_name, "pausing"), now))
+        """Set status ``paused`` (a paused loop: no-op; a stopped or expired one: refused)."""
+        return self.update(id_or_name, "loop_paused", now, lambda loop: lifecycle.pause(_unarchived(loop, id_or_name, "pausing"), now))
 
     def resume(self, id_or_name: str, now: datetime) -> Loop:
-        """Set status ``active``, scheduling the next slot again when the loop had none (after stop)."""
+        """Set status ``active``, scheduling the next slot again when the loop had none (after stop); a once loop
+        whose one slot already has a run is refused (see ``lifecycle.resume``)."""
         return self.update(id_or_name, "loop_resumed", now,
-                           lambda loop: lifecycle.resume(_unarchived(loop, id_or_name, "resuming"), now))
+                           lambda loop: lifecycle.resume(_unarchived(loop, id_or_name, "resuming"), now,
+                                                         once_slot_ran=self._once_slot_ran(loop)))
+
+    def _once_slot_ran(self, loop: Loop) -> bool:
+        if loop.schedule.type != "once" or loop.next_run_at is not None or loop.schedule.at is None:
+            return False
+        slot = to_iso(parse_time(loop.schedule.at, loop.timezone, "schedule.at"))
+        return bool(self.client.exists(self.keys.slot(loop.id, slot)))
 
     def stop(self, id_or_name: str, now: datetime) -> Loop:
-        """Set status ``stopped`` and clear ``nextRunAt``."""
-        return self.update(id_or_name, "loop_stopped", now,
-                           lambda loop: lifecycle.stop(_unarchived(loop, id_or_name, "stopping"), now))
+        """Set status ``stopped`` and clear ``nextRunAt`` (a stopped or expired loop: no-op)."""
+        return self.update(id_or_name, "loop_stopped", now, lambda loop: lifecycle.stop(_unarchived(loop, id_or_name, "stopping"), now))
 
     def archive(self, id_or_name: str, now: datetime) -> Loop:
         """Archive a loop (0.3.15): hidden from lists and counts, never run; an active loop is paused.
@@ -187,7 +208,7 @@ class LoopStore:
         for _ in range(MAX_RETRIES):
             raw = self.client.get(self.keys.loop(loop.id))
             if not raw:
-                raise NotFoundError(f"loop not found: {id_or_name}")
+                raise NotFoundError(f"loop not found: {shown(id_or_name)}")
             current = Loop.from_json(str(raw))
             tx = (
                 Tx("loop_removed", to_iso(now))

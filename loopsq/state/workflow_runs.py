@@ -14,6 +14,7 @@ from typing import Any
 
 import redis
 
+from loopsq.domain.text import shown
 from loopsq.domain.timeutil import gen_id, to_iso, to_ms
 from loopsq.errors import ConflictError, NotFoundError
 from loopsq.state.commit import Committer, Tx
@@ -56,7 +57,7 @@ class WorkflowRunStore(WorkflowRunControl):
         """Like ``load``; raises ``NotFoundError('workflow run not found: <id>')``."""
         state = self.load(run_id)
         if state is None:
-            raise NotFoundError(f"workflow run not found: {run_id}")
+            raise NotFoundError(f"workflow run not found: {shown(run_id)}")
         return state
 
     def events(self, run_id: str, limit: int = 200) -> list[dict[str, Any]]:

@@ -9,6 +9,7 @@ from typing import Any
 
 import redis
 
+from loopsq.domain.text import shown
 from loopsq.domain.timeutil import gen_id, to_iso
 from loopsq.errors import ConflictError, NotFoundError
 from loopsq.state.commit import Committer, Tx
@@ -47,7 +48,7 @@ class WorkflowStore:
         """Like ``find``; raises ``NotFoundError('workflow not found: <x>')``."""
         spec = self.find(id_or_name)
         if spec is None:
-            raise NotFoundError(f"workflow not found: {id_or_name}")
+            raise NotFoundError(f"workflow not found: {shown(id_or_name)}")
         return spec
 
     def all(self) -> list[dict[str, Any]]:
@@ -68,19 +69,30 @@ class WorkflowStore:
         spec: dict[str, Any] = {"id": gen_id(), **body, "status": "active", "createdAt": stamp, "updatedAt": stamp}
         spec.setdefault("version", 1)
         name = str(spec["name"])
-        tx = (
-            Tx("workflow_created", stamp)
-            .expect_field(self.keys.workflow_names, name, None)
-            .set(self.keys.workflow(spec["id"]), _dumps(spec))
-            .sadd(self.keys.workflows, spec["id"])
-            .hset(self.keys.workflow_names, name, spec["id"])
-            .put(TABLE, spec)
-        )
-        if not self.committer.commit(tx).ok:
-            existing = self.client.hget(self.keys.workflow_names, name)
-            existing = existing.decode() if isinstance(existing, bytes) else existing
-            raise ConflictError(f"an active workflow is already named {name} ({existing}); archive it first")
-        return spec
+        for _ in range(MAX_RETRIES):
+            tx = (
+                Tx("workflow_created", stamp)
+                .expect_field(self.keys.workflow_names, name, None)
+                .expect_absent(self.keys.workflow(name))
+                .expect_absent(self.keys.workflow(spec["id"]))
+                .expect_field(self.keys.workflow_names, spec["id"], None)
+                .set(self.keys.workflow(spec["id"]), _dumps(spec))
+                .sadd(self.keys.workflows, spec["id"])
+                .hset(self.keys.workflow_names, name, spec["id"])
+                .put(TABLE, spec)
+            )
+            result = self.committer.commit(tx)
+            if result.ok:
+                return spec
+            if result.failed_guard == 0:
+                existing = self.client.hget(self.keys.workflow_names, name)
+                existing = existing.decode() if isinstance(existing, bytes) else existing
+                raise ConflictError(
+                    f"an active workflow is already named {shown(name)} ({existing}); archive it first")
+            if result.failed_guard == 1:
+                raise ConflictError(f"workflow name is another workflow's id: {shown(name)}")
+            spec["id"] = gen_id()  # the new id is taken (or is a name): draw another
+        raise ConflictError(f"no free workflow id after {MAX_RETRIES} attempts; try again")
 
     def archive(self, id_or_name: str, now: datetime) -> dict[str, Any]:
         """Set status ``archived`` and free its name. Archiving an archived spec changes nothing."""
@@ -88,7 +100,7 @@ class WorkflowStore:
         for _ in range(MAX_RETRIES):
             raw = self.client.get(self.keys.workflow(wf_id))
             if not raw:
-                raise NotFoundError(f"workflow not found: {id_or_name}")
+                raise NotFoundError(f"workflow not found: {shown(id_or_name)}")
             spec = dict(json.loads(str(raw)))
             if spec.get("status") == "archived":
                 return spec

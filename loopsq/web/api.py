@@ -8,10 +8,12 @@ import redis
 from fastapi import APIRouter, Body, Header, Path, Query
 from fastapi.responses import JSONResponse
 
+from loopsq.domain import limits
 from loopsq.domain.loop_spec import new_loop, show
 from loopsq.domain.models import LOOP_STATUSES
 from loopsq.domain.redaction import public_loop, public_run
 from loopsq.domain.run_rules import RUN_STATUSES
+from loopsq.domain.text import shown
 from loopsq.engine.cancel import cancel_run
 from loopsq.engine.triggers import trigger_with
 from loopsq.errors import LoopsqError, NotFoundError, RedisUnavailableError, ValidationError
@@ -29,8 +31,8 @@ RunStatus = Literal["running", "succeeded", "failed", "timed_out", "abandoned", 
 LoopRef = Annotated[str, Path(description="A loop's id or name.")]
 assert set(get_args(LoopStatus)) == set(LOOP_STATUSES) and set(get_args(RunStatus)) == set(RUN_STATUSES)
 
-#: How long a trigger's idempotency key may be.
-MAX_KEY_LENGTH = 200
+#: How long a trigger's idempotency key may be (the CLI's ``--key`` and the SDK's bound too).
+MAX_KEY_LENGTH = limits.MAX_IDEMPOTENCY_KEY_LENGTH
 
 
 @router.get("/health", tags=["health"], summary="Liveness: Redis ping and mirror lag (no token needed)",
@@ -54,7 +56,7 @@ def health(ctx: Ctx) -> JSONResponse:
 # -- loops -------------------------------------------------------------------------------------------------
 @router.get("/loops", tags=["loops"], summary="List loops", responses=responses(200, schemas.LoopList, 400))
 def list_loops(ctx: Ctx, status: Annotated[LoopStatus | None, Query()] = None,
-               limit: Annotated[int, Query(ge=1, le=1000)] = 200,
+               limit: Annotated[int, Query(ge=1, le=limits.MAX_LIST_LIMIT)] = 200,
                archived: Annotated[Literal["exclude", "only", "include"], Query(
                    description="Archived loops: left out (default), only them, or included.")] = "exclude",
                ) -> JSONResponse:
@@ -97,7 +99,7 @@ def show_loop(ctx: Ctx, loop: LoopRef) -> JSONResponse:
     with ctx.mirror() as conn:
         found = queries.find_loop(conn, loop)
     if found is None:
-        raise NotFoundError(f"loop not found: {loop}")
+        raise NotFoundError(f"loop not found: {shown(loop)}")
     return JSONResponse(public_loop(found))
 
 
@@ -215,7 +217,7 @@ def list_runs(
         if loop is not None:
             found = queries.run_filter(conn, loop)  # a removed loop's runs too, by its id or name
             if found is None:
-                raise NotFoundError(f"loop not found: {loop}")
+                raise NotFoundError(f"loop not found: {shown(loop)}")
             owner = found
         items, next_offset = page(lambda n: queries.list_runs(conn, status=status, limit=n, **owner),
                                   limit, offset)
@@ -229,7 +231,7 @@ def show_run(ctx: Ctx, run_id: str, show_output: ShowOutput = False) -> JSONResp
     with ctx.mirror() as conn:
         run = queries.get_run(conn, run_id)
     if run is None:
-        raise NotFoundError(f"run not found: {run_id}")
+        raise NotFoundError(f"run not found: {shown(run_id)}")
     return JSONResponse(public_run(run, show_output))
 
 

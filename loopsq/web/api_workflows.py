@@ -7,7 +7,9 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, Body, Path, Query
 from fastapi.responses import JSONResponse
 
+from loopsq.domain import limits
 from loopsq.domain.redaction import public_event, public_step_run, public_workflow, public_workflow_run
+from loopsq.domain.text import shown
 from loopsq.domain.timeutil import gen_id
 from loopsq.domain.workflow_spec import workflow_body_from_json
 from loopsq.engine import timers
@@ -31,7 +33,7 @@ RUN_WORKFLOW_JOB = "worker.jobs.run_workflow"
 @router.get("/workflows", tags=["workflows"], summary="List workflow specs",
             responses=responses(200, schemas.WorkflowList, 400))
 def list_workflows(ctx: Ctx, status: Annotated[Literal["active", "archived", "all"], Query()] = "active",
-                   limit: Annotated[int, Query(ge=1, le=1000)] = 200) -> JSONResponse:
+                   limit: Annotated[int, Query(ge=1, le=limits.MAX_LIST_LIMIT)] = 200) -> JSONResponse:
     """Workflow specs, newest update first (``all``: active ones first)."""
     with ctx.mirror() as conn:
         specs = queries.list_workflows(conn, status=None if status == "all" else status, limit=limit)
@@ -54,7 +56,7 @@ def show_workflow(ctx: Ctx, workflow: WorkflowRef) -> JSONResponse:
     with ctx.mirror() as conn:
         spec = queries.find_workflow(conn, workflow)
     if spec is None:
-        raise NotFoundError(f"workflow not found: {workflow}")
+        raise NotFoundError(f"workflow not found: {shown(workflow)}")
     return JSONResponse(public_workflow(spec))
 
 
@@ -85,7 +87,7 @@ def list_workflow_runs(
         if workflow is not None:
             spec = queries.find_workflow(conn, workflow)
             if spec is None:
-                raise NotFoundError(f"workflow not found: {workflow}")
+                raise NotFoundError(f"workflow not found: {shown(workflow)}")
             workflow_id = spec["id"]
         items, next_offset = page(lambda n: queries.list_workflow_runs(conn, workflow_id=workflow_id, limit=n),
                                   limit, offset)
@@ -100,7 +102,7 @@ def show_workflow_run(ctx: Ctx, run_id: str, show_output: ShowOutput = False) ->
     with ctx.mirror() as conn:
         run = queries.get_workflow_run(conn, run_id)
         if run is None:
-            raise NotFoundError(f"workflow run not found: {run_id}")
+            raise NotFoundError(f"workflow run not found: {shown(run_id)}")
         steps = queries.list_step_runs(conn, run_id)
         events = queries.list_events(conn, run_id, limit=100_000)
     return JSONResponse({"workflowRun": public_workflow_run(run),
@@ -110,12 +112,13 @@ def show_workflow_run(ctx: Ctx, run_id: str, show_output: ShowOutput = False) ->
 
 @router.get("/workflow-runs/{run_id}/events", tags=["workflow runs"], summary="A workflow run's events",
             responses=responses(200, schemas.EventPage, 400, 404))
-def list_workflow_events(ctx: Ctx, run_id: str, limit: Annotated[int, Query(ge=1, le=10_000)] = 200,
+def list_workflow_events(ctx: Ctx, run_id: str,
+                         limit: Annotated[int, Query(ge=1, le=limits.MAX_EVENT_PAGE_LIMIT)] = 200,
                          offset: Offset = 0) -> JSONResponse:
     """Events in sequence order (gap-free: sequence = position + 1)."""
     with ctx.mirror() as conn:
         if queries.get_workflow_run(conn, run_id) is None:
-            raise NotFoundError(f"workflow run not found: {run_id}")
+            raise NotFoundError(f"workflow run not found: {shown(run_id)}")
         items, next_offset = page(lambda n: queries.list_events(conn, run_id, limit=n), limit, offset)
     return JSONResponse({"items": [public_event(e) for e in items], "limit": limit, "offset": offset,
                          "nextOffset": next_offset})

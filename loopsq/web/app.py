@@ -19,8 +19,9 @@ from loopsq.mcp.context import McpContext
 from loopsq.mcp.http import PATH as MCP_PATH
 from loopsq.mcp.http import HttpTransport
 from loopsq.state.connection import mask_url
-from loopsq.web import api, api_workflows, dashboard, errors, metrics
+from loopsq.web import api, api_workflows, dashboard, errors, metrics, openapi
 from loopsq.web.auth import TokenAuth
+from loopsq.web.body_limit import BodyLimit
 from loopsq.web.context import WebContext, WebSettings
 
 OPENAPI_PATH = "/api/openapi.json"
@@ -56,6 +57,9 @@ def rq_dashboard_app(redis_url: str, raw: redis.Redis) -> ASGIApp:
     loopsq's URL options (Sentinel credentials, ``LOOPSQ_REDIS_SSL_CERT_REQS``) and shows the URL on its pages
     with a ``password=`` query in clear. So it is configured with the masked URL, and its connect function answers
     that URL with loopsq's own client. Deleting jobs is disabled: loopsq's timers and runs own their jobs.
+    Deleting jobs is disabled: loopsq's timers and runs own their jobs. Its routes that change state (requeue,
+    requeue all, empty, compact) answer GET and HEAD with 405 (``refuse_state_changes_by_get``): a link, an image
+    or a prefetch cannot trigger them.
     """
     import flask
     import rq_dashboard  # type: ignore[import-untyped]  # rq-dashboard ships no type information
@@ -73,9 +77,35 @@ def rq_dashboard_app(redis_url: str, raw: redis.Redis) -> ASGIApp:
     flask_app = flask.Flask("loopsq.rq_dashboard", static_folder=str(static), static_url_path="/static")
     flask_app.config.update(RQ_DASHBOARD_REDIS_URL=shown, RQ_DASHBOARD_DISABLE_DELETE=True)
     flask_app.register_blueprint(rq_dashboard.blueprint)
+    flask_app.before_request(refuse_state_changes_by_get)
+    # A POST-only route's GET is refused by Flask's routing, before any hook: answer it the same way.
+    flask_app.register_error_handler(405, lambda exc: _rq_405(sorted(getattr(exc, "valid_methods", None) or [])))
     setup_rq_connection(flask_app)
     # a2wsgi types WSGI apps and ASGI scopes more narrowly than Flask and Starlette do; the protocols match.
     return WSGIMiddleware(flask_app)  # type: ignore[arg-type,return-value]
+
+
+def refuse_state_changes_by_get() -> Any:
+    """rq-dashboard's ``before_request`` hook: a GET or HEAD of a route that also takes POST (the routes that
+    change state, such as "requeue all") gets 405 and the one error body, before the view runs."""
+    import flask
+
+    rule = flask.request.url_rule
+    if flask.request.method in ("GET", "HEAD") and rule is not None and "POST" in (rule.methods or ()):
+        return _rq_405(sorted(set(rule.methods or ()) - {"GET", "HEAD"}))
+    return None
+
+
+def _rq_405(allowed: list[str]) -> Any:
+    """rq-dashboard's 405 in loopsq's error body (its own is an HTML page)."""
+    import flask
+
+    path = flask.request.script_root + flask.request.path
+    message = f"method {flask.request.method} is not allowed on {path}: it changes state; use POST"
+    response = flask.jsonify(errors.error_body(405, message))
+    response.status_code = 405
+    response.headers["Allow"] = ", ".join(allowed)
+    return response
 
 
 def openapi_document(app: FastAPI) -> dict[str, Any]:
@@ -91,6 +121,7 @@ def openapi_document(app: FastAPI) -> dict[str, Any]:
             operation.get("responses", {}).pop("422", None)
     for name in ("HTTPValidationError", "ValidationError"):
         components.get("schemas", {}).pop(name, None)
+    openapi.refine(doc)
     return doc
 
 
@@ -129,5 +160,6 @@ def create_app(settings: WebSettings, *, client: redis.Redis | None = None) -> F
     app.add_route(MCP_PATH, mcp, include_in_schema=False)  # type: ignore[arg-type]
     if settings.rq_dashboard:
         app.mount("/rq", rq_dashboard_app(settings.redis_url, ctx.raw()))
-    app.add_middleware(TokenAuth, token=settings.token)
+    app.add_middleware(BodyLimit)  # inside the token check: an unauthenticated body is never read
+    app.add_middleware(TokenAuth, token=settings.token, sessions=ctx.sessions)
     return app

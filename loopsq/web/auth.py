@@ -2,9 +2,10 @@
 
 - The API (``/api/...``) and the MCP endpoint (``/mcp``) take ``Authorization: Bearer <token>`` only.
 - Dashboard pages, ``/metrics`` and the queue view under ``/rq`` take the bearer header too, or the session
-  cookie that ``POST /login`` sets after checking the token: HttpOnly, SameSite=Strict, Secure over https. Its
-  value is an HMAC of the token, not the token itself. The API does not accept the cookie, so a page can never
-  be made to write through it.
+  cookie that ``POST /login`` sets after checking the token: HttpOnly, SameSite=Strict, Secure over https. It
+  never carries the token; it expires after the session lifetime and logout revokes it in Redis
+  (``loopsq/web/sessions.py``). The API does not accept the cookie, so a page can never be made to write
+  through it.
 - Public, without a token: ``/api/health`` (a liveness probe: Redis reachable, mirror lag; no names, no
   URLs), ``/api/openapi.json`` (the API's description) and the login form.
 
@@ -14,19 +15,20 @@ browser asking for a page, a redirect to the login form.
 
 from __future__ import annotations
 
-import hashlib
 import hmac
 from urllib.parse import quote
 
+import redis
+from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import Headers
 from starlette.requests import cookie_parser
 from starlette.responses import JSONResponse, RedirectResponse, Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from loopsq.web.errors import error_body
+from loopsq.web.sessions import Sessions
 
 COOKIE_NAME = "loopsq_session"
-SESSION_MAX_AGE_S = 12 * 3600
 PUBLIC_PATHS = frozenset({"/api/health", "/api/openapi.json", "/login", "/logout"})
 #: Paths that take the bearer token only, never the session cookie (so a page cannot be made to write).
 BEARER_ONLY = ("/api/", "/mcp")
@@ -38,19 +40,18 @@ MALFORMED = "malformed Authorization header: expected 'Bearer <token>'"
 WRONG = "invalid API token"
 
 
-def session_value(token: str) -> str:
-    """The session cookie's value for ``token``: an HMAC, so the cookie never carries the token itself."""
-    return hmac.new(token.encode(), b"loopsq dashboard session v1", hashlib.sha256).hexdigest()
-
-
 def same(presented: str, expected: str) -> bool:
     """Constant-time equality of two strings (``hmac.compare_digest`` on their UTF-8 bytes)."""
     return hmac.compare_digest(presented.encode("utf-8", "surrogateescape"),
                                expected.encode("utf-8", "surrogateescape"))
 
 
-def check(headers: Headers, path: str, token: str) -> str | None:
-    """Why the request is not authenticated, or None when it is."""
+EXPIRED = "session expired or logged out: log in again"
+UNAVAILABLE = "redis is unreachable: sessions cannot be checked"
+
+
+async def check(headers: Headers, path: str, token: str, sessions: Sessions | None = None) -> str | None:
+    """Why the request is not authenticated, or None when it is (``UNAVAILABLE`` when Redis cannot say)."""
     header = headers.get("authorization")
     if header is not None:
         scheme, _, presented = header.partition(" ")
@@ -60,7 +61,12 @@ def check(headers: Headers, path: str, token: str) -> str | None:
     if not path.startswith(BEARER_ONLY):
         cookie = cookie_parser(headers.get("cookie", "")).get(COOKIE_NAME)
         if cookie is not None:
-            return None if same(cookie, session_value(token)) else WRONG
+            if sessions is None:
+                return WRONG
+            try:
+                return None if await run_in_threadpool(sessions.check, cookie) else EXPIRED
+            except redis.RedisError:
+                return UNAVAILABLE
     return MISSING
 
 
@@ -74,9 +80,10 @@ def safe_next(value: str | None) -> str:
 class TokenAuth:
     """ASGI middleware that lets a request through only with the token (or the session cookie where allowed)."""
 
-    def __init__(self, app: ASGIApp, token: str) -> None:
+    def __init__(self, app: ASGIApp, token: str, sessions: Sessions | None = None) -> None:
         self.app = app
         self.token = token
+        self.sessions = sessions
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] not in ("http", "websocket"):  # lifespan
@@ -87,7 +94,7 @@ class TokenAuth:
             await self.app(scope, receive, send)
             return
         headers = Headers(scope=scope)
-        problem = check(headers, path, self.token)
+        problem = await check(headers, path, self.token, self.sessions)
         if problem is None:
             await self.app(scope, receive, send)
             return
@@ -96,7 +103,9 @@ class TokenAuth:
             return
         response: Response
         is_page = not path.startswith((*BEARER_ONLY, "/metrics")) and path != "/api"
-        if (is_page and scope.get("method") in ("GET", "HEAD") and "text/html" in headers.get("accept", "")
+        if problem == UNAVAILABLE:
+            response = JSONResponse(error_body(503, problem), status_code=503)
+        elif (is_page and scope.get("method") in ("GET", "HEAD") and "text/html" in headers.get("accept", "")
                 and "authorization" not in headers):
             query = scope.get("query_string", b"").decode("latin-1")
             target = path + (f"?{query}" if query else "")

@@ -21,13 +21,16 @@ import redis
 
 from loopsq.domain import timeutil
 from loopsq.engine import timers
-from loopsq.errors import RedisUnavailableError
+from loopsq.errors import LoopsqError, RedisUnavailableError
+from loopsq.mirror.damage import malformed_cause, malformed_error
 from loopsq.mirror.follow import catch_up, follow, mirror_id
 from loopsq.mirror.schema import open_db
 from loopsq.state.connection import connect, mask_url, unavailable
 from loopsq.state.keys import Keys
 from loopsq.state.outages import OutageLog, is_transient, wait_for_redis
+from loopsq.state.sessions import SessionStore
 from loopsq.system import config
+from loopsq.web.sessions import DEFAULT_SESSION_TTL_S, Sessions
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +51,7 @@ class WebSettings:
         rq_dashboard: Mount rq-dashboard under ``/rq``.
         refresh_s: Dashboard auto-refresh period.
         metrics_per_loop: ``/metrics`` labels run counts per loop (``LOOPSQ_METRICS_PER_LOOP=1``).
+        session_ttl_s: How long a dashboard session lasts (``loopsq web --session-ttl``, default 12 h).
     """
 
     redis_url: str
@@ -58,6 +62,7 @@ class WebSettings:
     rq_dashboard: bool = True
     refresh_s: int = 5
     metrics_per_loop: bool = False
+    session_ttl_s: int = DEFAULT_SESSION_TTL_S
 
 
 class WebContext:
@@ -69,6 +74,7 @@ class WebContext:
         # No ping here: the app starts while Redis is down and answers 503 until it is back.
         self._owns_client = client is None
         self.client = client if client is not None else connect(settings.redis_url, check=False)
+        self.sessions = Sessions(SessionStore(self.client, self.keys), settings.token, settings.session_ttl_s)
         self._raw: redis.Redis | None = None
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -98,6 +104,11 @@ class WebContext:
             if fresh:
                 catch_up(self.client, self.keys, conn)
             yield conn
+        except (sqlite3.DatabaseError, LoopsqError) as exc:
+            damage = malformed_cause(exc)
+            if damage is not None:
+                raise malformed_error(self.mirror_path, damage) from exc
+            raise
         finally:
             conn.close()
 

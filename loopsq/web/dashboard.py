@@ -2,7 +2,8 @@
 
 Pages read the caught-up mirror like the API, refresh themselves with a meta refresh while something can still
 change, and are sent with a strict Content-Security-Policy (no scripts; inline styles only). Every value is
-escaped by the templates' autoescaping, run output included.
+escaped by the templates' autoescaping. Run output is redacted as in the CLI and the API unless the viewer asks
+for it (``?showOutput=true``, the page's "Show output" link).
 """
 
 from __future__ import annotations
@@ -11,16 +12,18 @@ from typing import Annotated, Any
 from urllib.parse import parse_qs
 
 from fastapi import APIRouter, Query, Request
+from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 
 from loopsq.domain.durations import format_duration
-from loopsq.domain.redaction import public_event
+from loopsq.domain.redaction import public_event, public_run
+from loopsq.domain.text import shown
 from loopsq.errors import NotFoundError, ValidationError
 from loopsq.mirror import queries
 from loopsq.state.workflow_run_state import TERMINAL_RUN
 from loopsq.web import auth, dag
 from loopsq.web.context import WebContext
-from loopsq.web.deps import Ctx
+from loopsq.web.deps import Ctx, ShowOutput
 from loopsq.web.templating import templates
 
 router = APIRouter(include_in_schema=False)
@@ -77,18 +80,22 @@ async def login(request: Request) -> Response:
     form = parse_qs(body, keep_blank_values=True)
     token = (form.get("token") or [""])[0].strip()
     target = auth.safe_next((form.get("next") or ["/"])[0])
-    expected: str = request.app.state.ctx.settings.token
-    if not token or not auth.same(token, expected):
+    ctx: WebContext = request.app.state.ctx
+    if not token or not auth.same(token, ctx.settings.token):
         return render(request, None, "login.html", {"next": target, "failed": True}, status=401)
+    cookie = await run_in_threadpool(ctx.sessions.issue)
     response = RedirectResponse(target, status_code=303)
-    response.set_cookie(auth.COOKIE_NAME, auth.session_value(expected), max_age=auth.SESSION_MAX_AGE_S,
+    response.set_cookie(auth.COOKIE_NAME, cookie, max_age=ctx.settings.session_ttl_s,
                         path="/", httponly=True, samesite="strict", secure=request.url.scheme == "https")
     return response
 
 
 @router.post("/logout")
-def logout() -> Response:
-    """Forget the session cookie."""
+def logout(request: Request) -> Response:
+    """Close the session in Redis (so its cookie opens nothing anywhere any more) and forget the cookie."""
+    cookie = request.cookies.get(auth.COOKIE_NAME)
+    if cookie:
+        request.app.state.ctx.sessions.revoke(cookie)
     response = RedirectResponse("/login", status_code=303)
     response.delete_cookie(auth.COOKIE_NAME, path="/", httponly=True, samesite="strict")
     return response
@@ -108,13 +115,14 @@ def loops_page(request: Request, ctx: Ctx) -> HTMLResponse:
 
 
 @router.get("/runs/{run_id}")
-def run_page(request: Request, ctx: Ctx, run_id: str) -> HTMLResponse:
-    """One loop run with its output (escaped)."""
+def run_page(request: Request, ctx: Ctx, run_id: str, show_output: ShowOutput = False) -> HTMLResponse:
+    """One loop run; its output redacted as the CLI and the API do, unless ``?showOutput=true`` (then escaped)."""
     with ctx.mirror() as conn:
         run = queries.get_run(conn, run_id)
     if run is None:
-        raise NotFoundError(f"run not found: {run_id}")
-    return render(request, ctx, "run.html", {"run": run}, refresh=run.get("status") == "running")
+        raise NotFoundError(f"run not found: {shown(run_id)}")
+    return render(request, ctx, "run.html", {"run": public_run(run, show_output), "show_output": show_output},
+                  refresh=run.get("status") == "running")
 
 
 @router.get("/workflow-runs")
@@ -131,7 +139,7 @@ def workflow_run_page(request: Request, ctx: Ctx, run_id: str) -> HTMLResponse:
     with ctx.mirror() as conn:
         run = queries.get_workflow_run(conn, run_id)
         if run is None:
-            raise NotFoundError(f"workflow run not found: {run_id}")
+            raise NotFoundError(f"workflow run not found: {shown(run_id)}")
         steps = queries.list_step_runs(conn, run_id)
         events = [public_event(e) for e in queries.list_events(conn, run_id, limit=10_000)]
         spec = queries.get_workflow(conn, str(run.get("workflowId")))

@@ -8,6 +8,7 @@ from typing import Annotated, Any, TypeVar
 from fastapi import Depends, Query, Request
 from pydantic import BaseModel
 
+from loopsq.domain import limits
 from loopsq.domain.loop_spec import show
 from loopsq.errors import ValidationError
 from loopsq.web.context import WebContext
@@ -20,6 +21,7 @@ _ERROR_TEXT = {
     401: "Missing or wrong API token; nothing was changed.",
     404: "Not found.",
     409: "Refused in the current state; nothing was changed.",
+    413: "The request body is larger than the bound (1 MiB); it was not read; nothing was changed.",
     500: "Internal error.",
     503: "Redis is unreachable.",
 }
@@ -32,8 +34,8 @@ async def get_ctx(request: Request) -> WebContext:
 
 
 Ctx = Annotated[WebContext, Depends(get_ctx)]
-Limit = Annotated[int, Query(ge=1, le=500, description="Page size.")]
-Offset = Annotated[int, Query(ge=0, le=100_000, description="Items to skip (newest first).")]
+Limit = Annotated[int, Query(ge=1, le=limits.MAX_PAGE_LIMIT, description="Page size.")]
+Offset = Annotated[int, Query(ge=0, le=limits.MAX_OFFSET, description="Items to skip (newest first).")]
 ShowOutput = Annotated[bool, Query(alias="showOutput", description="Include stdout and stderr.")]
 
 

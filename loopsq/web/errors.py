@@ -2,13 +2,13 @@
 
 Every failure of the API is ``{"error": {"status": <int>, "code": "<code>", "message": "<one line>"}}`` with the
 status of ``STATUS_CODES``: 400 bad input (the message names the field and quotes the value), 401 no or wrong
-token, 404 not found (a missing entity or an unknown route), 405 method not allowed, 409 conflict, 503 Redis
-unreachable, 500 anything else. Dashboard pages get the same status and message as an HTML page.
+token, 404 not found (a missing entity or an unknown route), 405 method not allowed (``Allow`` lists every
+method of the path), 409 conflict, 413 a request body over ``limits.MAX_BODY_BYTES``, 503 Redis unreachable,
+500 anything else. Dashboard pages get the same status and message as an HTML page.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -18,7 +18,9 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match, Mount
 
+from loopsq.domain.text import quoted, shown
 from loopsq.errors import ConflictError, LoopsqError, NotFoundError, RedisUnavailableError, ValidationError
 from loopsq.state.connection import unavailable
 from loopsq.state.outages import is_transient
@@ -32,6 +34,7 @@ STATUS_CODES: dict[int, str] = {
     404: "not_found",
     405: "method_not_allowed",
     409: "conflict",
+    413: "payload_too_large",
     500: "internal_error",
     503: "redis_unavailable",
 }
@@ -77,11 +80,20 @@ def error_response(request: Request, status: int, message: str,
 
 
 def _show(value: Any) -> str:
-    try:
-        text = json.dumps(value, ensure_ascii=False)
-    except (TypeError, ValueError):
-        text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
+    return quoted(value)
+
+
+#: The methods a 405's ``Allow`` header may list.
+METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
+
+
+def allowed_methods(request: Request) -> str:
+    """The ``Allow`` header of a 405: every method some route of the app takes on this path (Starlette's own
+    header names only the first route that matched the path). Mounted apps answer their own 405s."""
+    routes = [route for route in request.app.router.routes if not isinstance(route, Mount)]
+    allowed = [method for method in METHODS
+               if any(route.matches({**request.scope, "method": method})[0] == Match.FULL for route in routes)]
+    return ", ".join(allowed)
 
 
 def validation_message(errors: Sequence[Any]) -> str:
@@ -150,9 +162,12 @@ def install(app: FastAPI, redis_url: str) -> None:
         assert isinstance(exc, StarletteHTTPException)
         status = exc.status_code
         if status == 404:
-            message = f"no such endpoint: {request.method} {request.url.path}"
+            message = f"no such endpoint: {shown(request.method)} {shown(request.url.path)}"
         elif status == 405:
-            message = f"method {request.method} is not allowed on {request.url.path}"
+            message = f"method {shown(request.method)} is not allowed on {shown(request.url.path)}"
+            allow = allowed_methods(request)
+            headers = {**(exc.headers or {}), **({"Allow": allow} if allow else {})}
+            return error_response(request, status, message, headers)
         else:
             message = str(exc.detail)
             status = status if status in STATUS_CODES else (400 if 400 <= status < 500 else 500)

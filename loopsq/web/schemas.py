@@ -3,8 +3,8 @@
 Response models document the camelCase entities the mirror returns (the reference's public shapes, §7.3); the
 routes return those entities as they are, so the models only describe them (``extra`` allowed: loopsq may add
 fields). Loop and workflow create bodies are validated by ``loop_spec.new_loop`` and
-``workflow_spec.workflow_body_from_json``, whose messages name the field; their JSON schemas here are for
-documentation and for generated tests.
+``workflow_spec.workflow_body_from_json``, whose messages name the field; their JSON schemas (``body_schemas``,
+referenced here) say exactly what those validators accept.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from loopsq.domain.agent_options import PERMISSION_MODES, SANDBOXES
+from loopsq.domain.limits import MAX_REASON_LENGTH
 from loopsq.domain.models import LOOP_STATUSES
 from loopsq.domain.run_rules import RUN_STATUSES
 
@@ -29,7 +30,7 @@ class ErrorDetail(BaseModel):
 
     status: int = Field(description="The HTTP status, repeated.")
     code: Literal["bad_request", "unauthorized", "not_found", "method_not_allowed", "conflict",
-                  "internal_error", "redis_unavailable"]
+                  "payload_too_large", "internal_error", "redis_unavailable"]
     message: str = Field(description="One line naming the field and the value, or what to do next.")
 
 
@@ -207,7 +208,7 @@ class ReasonIn(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    reason: str | None = Field(default=None, min_length=1, max_length=500)
+    reason: str | None = Field(default=None, min_length=1, max_length=MAX_REASON_LENGTH)
 
 
 _MS = {"type": "integer", "minimum": 1}
@@ -227,87 +228,10 @@ AGENT_OPTION_SCHEMAS: dict[str, Any] = {
     "preflight": {"type": "object", "properties": {"beforeRun": {"type": "boolean"}},
                   "description": "beforeRun: preflight the target before every run."},
 }
-_TARGET = {
-    "type": "object",
-    "required": ["type"],
-    "properties": {
-        "type": {"enum": ["command", "agent", "workflow"]},
-        "command": {"type": "string"},
-        "args": {"type": "array", "items": {"type": "string"}},
-        "shell": {"type": "boolean"},
-        "cwd": {"type": "string"},
-        "env": {"type": "object", "additionalProperties": {"type": "string"}},
-        "timeoutMs": {"type": ["integer", "null"], "minimum": 1},
-        "idleTimeoutMs": _MS,
-        "provider": {"type": "string"},
-        "prompt": {"type": "string"},
-        "model": {"type": "string", "description": "Required for provider opencode (a provider/model id)."},
-        "workflowId": {"type": "string", "description": "A stored workflow's id or active name."},
-        # The later 0.3.x agent options; which provider takes which is in the README (agent options).
-        **AGENT_OPTION_SCHEMAS,
-    },
-}
-
-#: The body of ``POST /api/loops``: the SDK's camelCase create request.
-LOOP_CREATE_SCHEMA: dict[str, Any] = {
-    "type": "object",
-    "required": ["name", "schedule", "target"],
-    "properties": {
-        "name": {"type": "string", "minLength": 1, "maxLength": 200},
-        "description": {"type": "string"},
-        "timezone": {"type": "string", "description": "IANA zone; default the server's."},
-        "schedule": {
-            "type": "object",
-            "required": ["type"],
-            "properties": {
-                "type": {"enum": ["once", "interval", "cron", "dynamic"]},
-                "at": {"type": "string"},
-                "everyMs": _MS,
-                "anchor": {"enum": ["fixed_rate", "fixed_delay"]},
-                "expression": {"type": "string"},
-                "minIntervalMs": _MS,
-            },
-        },
-        "target": _TARGET,
-        "catchUp": {"enum": ["none", "latest", "all"]},
-        "catchUpLimit": _MS,
-        "overlap": {"enum": ["skip", "allow", "replace"]},
-        "maxAttempts": _MS,
-        "retryDelayMs": _MS,
-        "retryBackoff": {"enum": ["fixed", "exponential"]},
-        "retryMaxDelayMs": _MS,
-        "leaseMs": _MS,
-        "expiresAt": {"type": "string"},
-        "pauseAfterFailures": _MS,
-        "keepRuns": {**_MS, "description": "Settled runs Redis keeps for this loop; default LOOPSQ_KEEP_RUNS."},
-    },
-}
-
-#: The body of ``POST /api/workflows``: a workflow spec, as ``loopsq workflows create`` reads from a file.
-WORKFLOW_CREATE_SCHEMA: dict[str, Any] = {
-    "type": "object",
-    "required": ["name", "steps"],
-    "properties": {
-        "name": {"type": "string", "minLength": 1},
-        "description": {"type": "string"},
-        "maxParallel": _MS,
-        "steps": {
-            "type": "array",
-            "minItems": 1,
-            "items": {
-                "type": "object",
-                "required": ["id", "target"],
-                "properties": {
-                    "id": {"type": "string", "minLength": 1},
-                    "target": _TARGET,
-                    "dependsOn": {"type": "array", "items": {"type": "string"}},
-                    "continueOnFailure": {"type": "boolean"},
-                    "timeoutMs": {"type": ["integer", "null"], "minimum": 1},
-                },
-            },
-        },
-    },
-}
+#: The body of ``POST /api/loops`` (the SDK's camelCase create request) and of ``POST /api/workflows`` (a spec, as
+#: ``loopsq workflows create`` reads it from a file): components built by ``body_schemas``.
+LOOP_CREATE_SCHEMA: dict[str, Any] = {"$ref": "#/components/schemas/LoopCreate"}
+WORKFLOW_CREATE_SCHEMA: dict[str, Any] = {"$ref": "#/components/schemas/WorkflowCreate"}
 
 
 #: The body of ``POST /api/loops/{loop}/rename``.

@@ -18,6 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from loopsq.web import WebSettings, create_app
+from tests.fuzz_values import HOSTILE
 from tests.redis_server import RedisServer
 
 pytestmark = pytest.mark.integration
@@ -102,3 +103,89 @@ def test_any_workflow_body_is_created_or_refused_with_one_error_and_nothing_writ
     api: tuple[TestClient, redis.Redis], body: Any
 ) -> None:
     _check(*api, "/api/workflows", body)
+
+
+# -- hostile values in every field: over-long, control- and separator-laden ----------------------------------------
+LOOP_PATHS = [("name",), ("description",), ("timezone",), ("expiresAt",), ("schedule", "at"),
+              ("schedule", "expression"), ("target", "command"), ("target", "args", 0), ("target", "cwd"),
+              ("target", "env", "KEY"), ("target", "env", None), ("target", "account", "profile"),
+              ("target", "prompt"), ("target", "model"), ("target", "agent"), ("target", "provider"),
+              ("target", "extraArgs", 0), ("target", "workflowId")]
+SPEC_PATHS = [("name",), ("description",), ("steps", 0, "id"), ("steps", 0, "dependsOn", 0),
+              ("steps", 0, "target", "command"), ("steps", 0, "target", "env", None), ("steps", 0, "target", "cwd"),
+              ("steps", 1, "target", "prompt"), ("steps", 1, "target", "extraArgs", 0)]
+
+
+def _loop_for(path: tuple[Any, ...]) -> dict[str, Any]:
+    schedule = {"type": "once", "at": "2030-01-01T00:00:00Z"} if path[-1] == "at" else (
+        {"type": "cron", "expression": "* * * * *"} if path[-1] == "expression" else {"type": "interval",
+                                                                                     "everyMs": 60_000})
+    if path[-1] in ("prompt", "model", "agent", "provider") or path[1:2] == ("extraArgs",):
+        target: dict[str, Any] = {"type": "agent", "provider": "claude", "prompt": "hi", "extraArgs": ["x"]}
+    elif path[-1] == "workflowId":
+        target = {"type": "workflow", "workflowId": "w"}
+    else:
+        target = {"type": "command", "command": "true", "args": ["x"], "env": {}, "account": {"profile": "p"}}
+    return {"name": "hostile", "schedule": schedule, "target": target}
+
+
+def _place(body: Any, path: tuple[Any, ...], value: str) -> None:
+    """Put ``value`` at ``path``; a final ``None`` means "as a key" (an env key), with a plain value."""
+    for part in path[:-2] if path[-1] is None else path[:-1]:
+        body = body[part]
+    if path[-1] is None:
+        body[path[-2]] = {value: "v"}
+    else:
+        body[path[-1]] = value
+
+
+def _check_hostile(http: TestClient, client: redis.Redis, path: str, body: Any) -> Any:
+    from loopsq.domain.checks import first_invisible
+
+    client.flushall()
+    response = http.post(path, json=body)
+    if response.status_code == 201:
+        return response.json()
+    assert 400 <= response.status_code < 500, (response.status_code, response.text[:300])
+    error = response.json()["error"]
+    assert error["status"] == response.status_code and "\n" not in error["message"]
+    assert len(error["message"]) < 1000 and first_invisible(error["message"]) is None, error["message"][:300]
+    assert client.keys("*") == [], response.text[:300]
+    return None
+
+
+@settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture],
+          database=None)
+@given(path=st.sampled_from(LOOP_PATHS), value=HOSTILE)
+def test_hostile_values_in_any_loop_field_get_one_error_and_write_nothing(
+    api: tuple[TestClient, redis.Redis], path: tuple[Any, ...], value: str
+) -> None:
+    from loopsq.domain import limits
+    from loopsq.domain.checks import first_invisible
+
+    body = _loop_for(path)
+    _place(body, path, value)
+    created = _check_hostile(*api, "/api/loops", body)
+    if created is not None:
+        assert len(created["name"]) <= limits.MAX_NAME_LENGTH and first_invisible(created["name"]) is None
+        env = created["target"].get("env")
+        assert env in (None, "[redacted]")
+
+
+@settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture],
+          database=None)
+@given(path=st.sampled_from(SPEC_PATHS), value=HOSTILE)
+def test_hostile_values_in_any_spec_field_get_one_error_and_write_nothing(
+    api: tuple[TestClient, redis.Redis], path: tuple[Any, ...], value: str
+) -> None:
+    import re
+
+    from loopsq.domain import limits
+
+    body = {"name": "w", "steps": [
+        {"id": "a", "dependsOn": ["b"], "target": {"type": "command", "command": "true", "env": {}, "cwd": "/"}},
+        {"id": "b", "target": {"type": "agent", "provider": "claude", "prompt": "hi", "extraArgs": ["x"]}}]}
+    _place(body, path, value)
+    created = _check_hostile(*api, "/api/workflows", body)
+    if created is not None:
+        assert all(re.fullmatch(limits.STEP_ID_PATTERN, step["id"]) for step in created["steps"])

@@ -35,6 +35,7 @@ pytestmark = pytest.mark.integration
 TOKEN = "test-token-0123456789abcdef"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 CODES = {400: "bad_request", 401: "unauthorized", 404: "not_found", 405: "method_not_allowed", 409: "conflict",
+         413: "payload_too_large",
          500: "internal_error", 503: "redis_unavailable"}
 HOURLY = {"type": "interval", "everyMs": 3_600_000}
 PIPELINE: dict[str, Any] = {"name": "pipeline", "steps": [
@@ -142,8 +143,9 @@ def test_the_openapi_document_is_public_and_declares_bearer_auth_and_the_error_b
     assert doc["security"] == [{"bearerAuth": []}]
     assert doc["paths"]["/api/health"]["get"]["security"] == []
     create = doc["paths"]["/api/loops"]["post"]
-    assert set(create["responses"]) == {"201", "400", "401", "409", "500", "503"}
-    assert create["requestBody"]["content"]["application/json"]["schema"]["required"] == ["name", "schedule", "target"]
+    assert set(create["responses"]) == {"201", "400", "401", "409", "413", "500", "503"}
+    assert create["requestBody"]["content"]["application/json"]["schema"]["$ref"] == "#/components/schemas/LoopCreate"
+    assert doc["components"]["schemas"]["LoopCreate"]["required"] == ["name", "schedule", "target"]
     assert "HTTPValidationError" not in doc["components"]["schemas"]
     assert all("422" not in op["responses"] for ops in doc["paths"].values() for op in ops.values())
 

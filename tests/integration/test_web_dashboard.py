@@ -87,13 +87,25 @@ def test_a_run_page_shows_its_output_escaped_and_refreshes_only_while_running(
         client: TestClient, real_redis: redis.Redis) -> None:
     put_run(real_redis, "r1", "l1", "2026-01-01T00:00:00.000Z", stdout="<script>alert(1)</script>\n",
             stderr="a & b", error="exit <3>")
-    page = client.get("/runs/r1")
+    page = client.get("/runs/r1?showOutput=true")
     assert '<pre id="stdout">&lt;script&gt;alert(1)&lt;/script&gt;\n</pre>' in page.text
     assert '<pre id="stderr">a &amp; b</pre>' in page.text
     assert "exit &lt;3&gt;" in page.text and "<script>" not in page.text
     assert 'http-equiv="refresh"' not in page.text
     put_run(real_redis, "r2", "l1", "2026-01-01T00:01:00.000Z", status="running")
     assert '<meta http-equiv="refresh" content="5">' in client.get("/runs/r2").text
+
+
+def test_a_run_page_redacts_its_output_as_the_cli_does_unless_the_viewer_asks(
+        client: TestClient, real_redis: redis.Redis) -> None:
+    put_run(real_redis, "r1", "l1", "2026-01-01T00:00:00.000Z", stdout="secret token 1234\n", stderr="", error="boom")
+    page = client.get("/runs/r1").text
+    assert '<pre id="stdout">[redacted 18 chars]</pre>' in page and "secret token" not in page
+    assert '<pre id="stderr"></pre>' in page and "boom" in page  # errors stay visible, as in the CLI
+    assert '<a id="output-toggle" href="/runs/r1?showOutput=true">Show output</a>' in page
+    shown_page = client.get("/runs/r1?showOutput=true").text
+    assert '<pre id="stdout">secret token 1234\n</pre>' in shown_page
+    assert '<a id="output-toggle" href="/runs/r1">Hide output</a>' in shown_page
 
 
 def test_pages_are_sent_with_a_strict_content_security_policy(client: TestClient) -> None:

@@ -17,6 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from schemathesis import GenerationMode
 from schemathesis.checks import not_a_server_error
+from schemathesis.specs.openapi.checks import status_code_conformance
 
 from loopsq.domain import timeutil
 from loopsq.domain.loop_spec import new_loop
@@ -64,6 +65,80 @@ def test_no_operation_answers_with_a_server_error_or_off_schema(operation: Any, 
     @settings(max_examples=MAX_EXAMPLES, deadline=None, derandomize=True, database=None,
               suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
     def check(case: schemathesis.Case) -> None:
-        case.call_and_validate(app=app, headers=AUTH, checks=[not_a_server_error, response_schema_conformance])
+        case.call_and_validate(app=app, headers=AUTH,
+                               checks=[not_a_server_error, response_schema_conformance, status_code_conformance])
 
     check()
+
+
+# -- how well the create schema fits the server -------------------------------------------------------------------
+POSITIVE_BODIES = 200
+UNRESOLVED_WORKFLOW = "target.workflowId must name a stored workflow, got "
+
+
+def test_at_least_80_percent_of_generated_positive_loop_bodies_are_created(
+        redis_server: RedisServer, real_redis: redis.Redis, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Every body the document calls valid is created, except those naming a workflow that does not exist: no
+    # schema can know the stored workflows (the stateful phase below creates one and links to it).
+    monkeypatch.setenv("TZ", "UTC")
+    application = app_for(redis_server.url, tmp_path / "data")
+    operation = schemathesis.openapi.from_asgi("/api/openapi.json", application)["/api/loops"]["POST"]
+    statuses: list[int] = []
+    other_failures: list[tuple[Any, str]] = []
+
+    @given(case=operation.as_strategy(GenerationMode.POSITIVE))
+    @settings(max_examples=POSITIVE_BODIES, deadline=None, derandomize=True, database=None,
+              suppress_health_check=list(HealthCheck))
+    def create(case: schemathesis.Case) -> None:
+        response = case.call(app=application, headers=AUTH)
+        statuses.append(response.status_code)
+        if response.status_code == 201:
+            LoopStore(real_redis).remove(response.json()["id"], timeutil.now())  # names stay free
+        elif not response.json()["error"]["message"].startswith(UNRESOLVED_WORKFLOW):
+            other_failures.append((case.body, response.text))
+
+    create()
+    created = statuses.count(201) / len(statuses)
+    print(f"positive POST /api/loops bodies created: {statuses.count(201)}/{len(statuses)} = {created:.0%}")
+    assert len(statuses) >= POSITIVE_BODIES * 0.9
+    assert other_failures == []
+    assert created >= 0.8
+
+
+def test_the_stateful_phase_chains_create_show_trigger_and_runs(
+        redis_server: RedisServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TZ", "UTC")
+    application = app_for(redis_server.url, tmp_path / "data")
+    loops_schema = schemathesis.openapi.from_asgi("/api/openapi.json", application).include(
+        path_regex=r"^/api/(loops|runs)")
+    loops_schema.config.generation.modes = [GenerationMode.POSITIVE]
+    created: set[str] = set()
+    chained: list[tuple[str, int]] = []
+
+    class Scenario(loops_schema.as_state_machine()):  # type: ignore[misc]
+        def setup(self) -> None:
+            redis_server.client().flushall()  # each scenario starts empty, so names never collide
+
+        def get_call_kwargs(self, case: schemathesis.Case) -> dict[str, Any]:
+            return {"headers": AUTH}
+
+        def validate_response(self, response: Any, case: schemathesis.Case, additional_checks: Any = None,
+                              **kwargs: Any) -> None:
+            case.validate_response(response, checks=[not_a_server_error, response_schema_conformance,
+                                                     status_code_conformance])
+
+        def after_call(self, response: Any, case: schemathesis.Case) -> None:
+            super().after_call(response, case)
+            used = {(case.path_parameters or {}).get("loop"), (case.query or {}).get("loop")}
+            if used & created:
+                chained.append((case.operation.label, response.status_code))
+            if case.operation.label == "POST /api/loops" and response.status_code == 201:
+                created.add(response.json()["id"])
+
+    Scenario.run(settings=settings(max_examples=40, stateful_step_count=8, deadline=None, derandomize=True,
+                                   database=None, suppress_health_check=list(HealthCheck)))
+    reached = {call for call in chained if call[1] < 300}
+    print(f"stateful: {len(created)} loops created; calls on them: {sorted(set(chained))}")
+    assert created
+    assert ("POST /api/loops/{loop}/trigger", 201) in reached
+    assert {("GET /api/loops/{loop}", 200), ("GET /api/runs", 200)} & reached

@@ -158,4 +158,4 @@ def test_json_error_output_is_one_json_line_on_stderr(cli: Cli) -> None:
 
 def test_a_value_with_a_line_break_still_gives_one_error_line(cli: Cli) -> None:
     result = cli.run(*BASE, "--every", "1\ns")
-    assert (result.exit_code, result.stderr) == (2, "error: --every: invalid duration: 1\\ns\n")
+    assert (result.exit_code, result.stderr) == (2, "error: --every: invalid duration: 1\\x0as\n")

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from loopsq.domain.cron import next_cron_run, prev_cron_run, validate_cron
 from loopsq.domain.durations import parse_duration
 from loopsq.domain.schedules import Schedule, due_slots, parse_time
+from loopsq.domain.text import shown
 from loopsq.domain.timeutil import to_ms
 from loopsq.errors import ValidationError
 
@@ -165,7 +166,7 @@ def test_parse_duration_raises_only_validation_errors(text: str) -> None:
     try:
         assert parse_duration(text) >= 0
     except ValidationError as exc:
-        assert str(exc) == f"invalid duration: {text}"
+        assert str(exc) == f"invalid duration: {shown(text)}"
 
 
 @EXAMPLES
@@ -196,7 +197,7 @@ def test_parse_time_raises_only_validation_errors(text: str, tz: str) -> None:
     try:
         moment = parse_time(text, tz, "--at")
     except ValidationError as exc:
-        assert str(exc) == f"invalid --at: {text}"
+        assert str(exc) == f"invalid --at: {shown(text)}"
         return
     assert moment.tzinfo is UTC
     assert moment.microsecond % 1000 == 0

@@ -90,7 +90,7 @@ def test_every_schema_is_valid_exact_and_gated_as_its_tool() -> None:
     ("loop_runs", {"idOrName": ""}, 'idOrName must be a non-empty string, got ""'),
     ("run_logs", {}, "runId is required"),
     ("loop_trigger", {"idOrName": "x", "idempotencyKey": "k" * 201, "confirm": "trigger-loop"},
-     "idempotencyKey must be at most 200 characters, got \"" + "k" * 56 + "..."),
+     "idempotencyKey must be at most 200 characters, got \"" + "k" * 64 + "… (137 more characters)\""),
     ("loop_create_command", {"name": "x", "command": "true", "schedule": {"type": "interval", "everyMs": 0.5},
                              "confirm": "create-command-loop"}, "schedule.everyMs must be an integer, got 0.5"),
     ("loop_create_command", {"name": "x", "command": "true", "schedule": {"type": "cron"},

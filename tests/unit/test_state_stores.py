@@ -97,17 +97,18 @@ def test_racing_updates_all_apply_and_each_appends_exactly_one_change(real_redis
     store = LoopStore(real_redis, KEYS)
     store.create(new_loop(BODY, T0))
 
-    def flip(i: int) -> None:
+    def bump(i: int) -> None:
         own = LoopStore(redis.Redis(connection_pool=real_redis.connection_pool), KEYS)
         for _ in range(10):
-            (own.pause if i % 2 else own.resume)("hello", T0)
+            own.update("hello", "test_bumped", T0, lambda loop: loop.with_changes(catch_up_limit=loop.catch_up_limit + 1))
 
-    threads = [threading.Thread(target=flip, args=(i,)) for i in range(8)]
+    threads = [threading.Thread(target=bump, args=(i,)) for i in range(8)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
     assert len(_types(real_redis)) == 1 + 80
+    assert store.require("hello").catch_up_limit == 50 + 80  # no update was lost
     last = json.loads(real_redis.xrevrange(KEYS.changes, count=1)[0][1]["data"])["upsert"]["loops"][0]
     assert last == json.loads(real_redis.get(KEYS.loop(last["id"])) or "")
 

@@ -134,9 +134,9 @@ def test_a_workflow_target_checks_its_input_and_timeout(fields: dict[str, Any], 
         ({"shell": "true"}, 'shell must be a boolean, got "true"'),
         ({"env": "A=1"}, 'env must be an object of string values, got "A=1"'),
         ({"env": {"A": 1}}, "env.A must be a string, got 1"),
-        ({"env": {"1A": "x"}}, 'env key must match [A-Za-z_][A-Za-z0-9_]*, got "1A"'),
-        ({"env": {"A B": "x"}}, 'env key must match [A-Za-z_][A-Za-z0-9_]*, got "A B"'),
-        ({"env": {"A": "x\0"}}, 'env.A must be a string without NUL characters, got "x\\u0000"'),
+        ({"env": {"1A": "x"}}, 'env key must match [A-Za-z_][A-Za-z0-9_]* (at most 256 characters), got "1A"'),
+        ({"env": {"A B": "x"}}, 'env key must match [A-Za-z_][A-Za-z0-9_]* (at most 256 characters), got "A B"'),
+        ({"env": {"A": "x\0"}}, 'env.A must not contain NUL characters, got "x\\x00"'),
         ({"timeoutMs": -1}, "timeoutMs must be a positive integer or null, got -1"),
         ({"timeoutMs": True}, "timeoutMs must be a positive integer or null, got true"),
         ({"timeoutMs": 1.5}, "timeoutMs must be a positive integer or null, got 1.5"),
@@ -162,7 +162,7 @@ def test_a_command_target_checks_its_optional_fields(fields: dict[str, Any], mes
         ({"idleTimeoutMs": 0}, "idleTimeoutMs must be a positive integer, got 0"),
         ({"account": {"profile": 7}}, "account.profile must be a non-empty string, got 7"),
         ({"env": ["A=1"]}, 'env must be an object of string values, got ["A=1"]'),
-        ({"env": {"=": "x"}}, 'env key must match [A-Za-z_][A-Za-z0-9_]*, got "="'),
+        ({"env": {"=": "x"}}, 'env key must match [A-Za-z_][A-Za-z0-9_]* (at most 256 characters), got "="'),
     ],
 )
 def test_an_agent_target_checks_its_optional_fields(fields: dict[str, Any], message: str) -> None:
@@ -222,10 +222,11 @@ def test_the_returned_target_is_a_copy_that_does_not_alias_the_input_lists() -> 
     assert target["args"] == ["a"]
 
 
-def test_values_in_messages_are_cut_to_sixty_characters() -> None:
-    rendered = short_repr("x" * 100)
-    assert len(rendered) == 60
-    assert rendered.endswith("...")
+def test_values_in_messages_are_a_short_escaped_prefix() -> None:
+    assert short_repr("x" * 100) == '"' + "x" * 64 + '… (36 more characters)"'
+    assert short_repr("tab\there") == '"tab\\x09here"'
+    listed = short_repr(["a\u202e"] * 100_000)
+    assert listed.startswith('["a\\u202e", "a\\u202e", ') and listed.endswith("…") and len(listed) < 200
 
 
 def test_values_json_cannot_encode_are_still_rendered() -> None:

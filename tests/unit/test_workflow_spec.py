@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from loopsq.domain.limits import MAX_STEPS
 from loopsq.domain.workflow_spec import execution_order, load_workflow_file, workflow_body_from_json
 from loopsq.errors import ValidationError
 
@@ -220,10 +221,14 @@ def test_optional_step_fields_are_type_checked(fields: dict[str, Any], message: 
     assert error_of(spec(step("a", **fields))) == f"workflow.steps[0].{message}"
 
 
-@pytest.mark.parametrize("value", [0, -2, 1.0, True, "2"])
+@pytest.mark.parametrize("value", [0, -2, 1.5, True, "2"])
 def test_max_parallel_must_be_a_positive_integer(value: Any) -> None:
     expected = f"workflow.maxParallel must be a positive integer, got {json.dumps(value)}"
     assert error_of(spec(step("a"), maxParallel=value)) == expected
+
+
+def test_a_whole_float_is_the_integer_it_holds_as_json_schema_says() -> None:
+    assert workflow_body_from_json(spec(step("a"), maxParallel=2.0))["maxParallel"] == 2
 
 
 def test_max_parallel_defaults_to_one_and_is_carried_when_given() -> None:
@@ -323,8 +328,16 @@ def test_dependencies_are_visited_in_their_listed_order() -> None:
 def test_a_five_thousand_step_chain_is_ordered_without_recursion_errors() -> None:
     count = 5000
     steps = [step(f"s{i}", f"s{i + 1}") for i in range(count - 1)] + [step(f"s{count - 1}")]
-    body = workflow_body_from_json(spec(*steps))
-    assert execution_order(body["steps"]) == [f"s{i}" for i in reversed(range(count))]
+    assert execution_order(steps) == [f"s{i}" for i in reversed(range(count))]
+
+
+def test_a_spec_of_the_most_steps_is_accepted_and_one_more_is_refused() -> None:
+    assert MAX_STEPS == 100
+    chain = [step(f"s{i}", f"s{i + 1}") for i in range(MAX_STEPS - 1)] + [step(f"s{MAX_STEPS - 1}")]
+    body = workflow_body_from_json(spec(*chain))
+    assert execution_order(body["steps"])[0] == f"s{MAX_STEPS - 1}"
+    with pytest.raises(ValidationError, match=r"^workflow.steps must have at most 100 steps, got 101$"):
+        workflow_body_from_json(spec(*chain, step("extra")))
 
 
 def test_execution_order_rejects_a_missing_dependency_and_a_cycle_on_its_own() -> None:

@@ -1,0 +1,296 @@
+"""The JSON schemas of the create bodies (``POST /api/loops``, ``POST /api/workflows``), built from the rules the
+server applies, so that the OpenAPI document says exactly what a request may hold.
+
+Every bound comes from ``loopsq.domain.limits``; character rules are built from the same Unicode categories and
+whitespace sets the validators use (``checks.INVISIBLE_CATEGORIES``, Python's ``str.strip`` for loop names,
+JavaScript's trim for the reference's fields). Schedules and targets are discriminated unions by ``type``.
+
+Two rules are documented as a subset: a cron ``expression``'s pattern covers lists of values and steps and the
+lowercase macros, while the server also takes ranges (``1-5``), names (``MON``), mixed case and extra spaces; a
+``timezone`` is one of the IANA names of this host's zone database, while the server takes any name ``zoneinfo``
+loads. Everything the patterns admit is accepted. Patterns are ECMA-262 with Unicode semantics (JSON Schema's
+``u`` flag), as Python's ``re`` reads them too: characters outside the BMP appear as themselves.
+"""
+
+from __future__ import annotations
+
+import functools
+import unicodedata
+import zoneinfo
+from typing import Any
+
+from loopsq.domain import limits
+from loopsq.domain.checks import INVISIBLE_CATEGORIES
+from loopsq.domain.cron import MACROS
+from loopsq.domain.models import OVERLAP_POLICIES, RETRY_BACKOFFS
+from loopsq.domain.schedules import ANCHORS, CATCH_UP_POLICIES
+from loopsq.domain.targets import CONFIG_ISOLATIONS, PROMPT_VIAS, PROVIDERS, is_js_whitespace
+
+#: Where the components live in the document.
+REF = "#/components/schemas/"
+# Control and format characters exist only in planes 0, 1 and 14 (surrogates are in plane 0): scanning those is
+# exact and six times faster than scanning all 1.1 million code points.
+_SCANNED = (range(0, 0x20000), range(0xE0000, 0xF0000))
+
+
+def _code_points(predicate: Any) -> list[int]:
+    # Lone surrogates are left out: no regex engine of a JSON Schema validator can name them (Rust's cannot
+    # compile such a class at all), and no valid Unicode string holds one. The server refuses them all the same.
+    return [cp for span in _SCANNED for cp in span if not 0xD800 <= cp <= 0xDFFF and predicate(chr(cp))]
+
+
+@functools.cache
+def _sets() -> dict[str, frozenset[int]]:
+    return {
+        "bad": frozenset(_code_points(lambda ch: unicodedata.category(ch) in INVISIBLE_CATEGORIES)),
+        "py_ws": frozenset(_code_points(str.isspace)),
+        "js_ws": frozenset(cp for cp in range(0x10000) if is_js_whitespace(chr(cp))),
+    }
+
+
+def _escape(cp: int) -> str:
+    return f"\\u{cp:04x}" if cp < 0x10000 else chr(cp)
+
+
+def char_class(code_points: frozenset[int], *, negate: bool = False) -> str:
+    """A regex character class of ``code_points`` (or of everything else), as ranges."""
+    ranges: list[tuple[int, int]] = []
+    for cp in sorted(code_points):
+        if ranges and cp == ranges[-1][1] + 1:
+            ranges[-1] = (ranges[-1][0], cp)
+        else:
+            ranges.append((cp, cp))
+    body = "".join(_escape(a) if a == b else f"{_escape(a)}-{_escape(b)}" for a, b in ranges)
+    return f"[{'^' if negate else ''}{body}]"
+
+
+def _name_pattern(ws: frozenset[int]) -> str:
+    """A name: whitespace around it is trimmed; the rest is not empty and has no invisible character."""
+    bad = _sets()["bad"]
+    edge, inner, space = char_class(ws | bad, negate=True), char_class(bad, negate=True), char_class(ws)
+    return f"^{space}*{edge}(?:{inner}*{edge})?{space}*$"
+
+
+@functools.cache
+def patterns() -> dict[str, str]:
+    """The patterns of the create bodies, by name (also what ``tests/unit/test_body_schemas.py`` checks)."""
+    sets = _sets()
+    js_ws = sets["js_ws"]
+    no_nul = "[^\\u0000]"
+    solid = char_class(js_ws | {0}, negate=True)
+    minute, hour, dom, month, dow = (r"[1-5]?[0-9]", r"1?[0-9]|2[0-3]", r"[1-9]|[12][0-9]|3[01]",
+                                     r"[1-9]|1[0-2]", r"[0-7]")
+    step = r"(?:/[1-9][0-9]{0,2})?"
+
+    def field(value: str) -> str:
+        part = f"(?:\\*|{value}){step}"
+        return f"{part}(?:,{part})*"
+
+    macros = "|".join(name.lstrip("@") for name in MACROS)
+    return {
+        "loopName": _name_pattern(sets["py_ws"]),
+        "workflowName": _name_pattern(js_ws),
+        "noNul": f"^{no_nul}*$",
+        "nonBlank": f"^{no_nul}*{solid}{no_nul}*$",
+        "noWhitespace": f"^{solid}+$",
+        "cron": f"^(?:@(?:{macros})|{' '.join(field(v) for v in (minute, hour, dom, month, dow))})$",
+        "stepId": f"^{limits.STEP_ID_PATTERN}$",
+        "envKey": f"^{limits.ENV_KEY_PATTERN}$",
+    }
+
+
+def _string(max_length: int, pattern: str | None = None, **extra: Any) -> dict[str, Any]:
+    schema: dict[str, Any] = {"type": "string", "maxLength": max_length, **extra}
+    if pattern is not None:
+        schema["pattern"] = patterns()[pattern]
+    return schema
+
+
+def _int(minimum: int, maximum: int, *, nullable: bool = False, **extra: Any) -> dict[str, Any]:
+    return {"type": ["integer", "null"] if nullable else "integer", "minimum": minimum, "maximum": maximum, **extra}
+
+
+def _enum(values: tuple[str, ...], *, nullable: bool = True) -> dict[str, Any]:
+    return {"enum": [*values, None] if nullable else list(values)}
+
+
+def _nullable(schema: dict[str, Any]) -> dict[str, Any]:
+    return {"anyOf": [schema, {"type": "null"}]}
+
+
+def _args(description: str) -> dict[str, Any]:
+    return {"type": "array", "maxItems": limits.MAX_ARGS, "items": _string(limits.MAX_ARG_LENGTH, "noNul"),
+            "description": description}
+
+
+def _timeouts() -> dict[str, Any]:
+    return {
+        "timeoutMs": _int(1, limits.MAX_MS, nullable=True, description="null: no timeout (default 30 minutes)."),
+        "idleTimeoutMs": _int(1, limits.MAX_MS, nullable=True),
+    }
+
+
+def _account() -> dict[str, Any]:
+    word = _string(limits.MAX_WORD_LENGTH, "nonBlank")
+    return {"type": ["object", "null"], "required": ["profile"],
+            "properties": {"profile": word, "tool": _nullable(word)}}
+
+
+def _env() -> dict[str, Any]:
+    return {
+        "type": "object",
+        "maxProperties": limits.MAX_ENV_ENTRIES,
+        "propertyNames": _string(limits.MAX_ENV_KEY_LENGTH, "envKey"),
+        "additionalProperties": _string(limits.MAX_ENV_VALUE_LENGTH, "noNul"),
+    }
+
+
+def _command_target() -> dict[str, Any]:
+    command = {"type": "string", "minLength": 1, "maxLength": limits.MAX_COMMAND_LENGTH}
+    return {
+        "type": "object",
+        "required": ["type", "command"],
+        "description": "Without shell true the command is one executable: no whitespace, flags go in args.",
+        "properties": {
+            "type": {"const": "command"},
+            "command": command,
+            "args": _args("Arguments, each passed literally."),
+            "shell": {"type": ["boolean", "null"], "description": "Run through /bin/sh -c (default false)."},
+            "cwd": _string(limits.MAX_CWD_LENGTH, "nonBlank"),
+            "env": _nullable(_env()),
+            **_timeouts(),
+            "account": _account(),
+        },
+        "if": {"required": ["shell"], "properties": {"shell": {"const": True}}},
+        "then": {"properties": {"command": {"pattern": patterns()["nonBlank"]}}},
+        "else": {"properties": {"command": {"pattern": patterns()["noWhitespace"]}}},
+    }
+
+
+def _agent_target() -> dict[str, Any]:
+    word = _nullable(_string(limits.MAX_WORD_LENGTH, "noNul"))
+    return {
+        "type": "object",
+        "required": ["type", "provider", "prompt"],
+        "properties": {
+            "type": {"const": "agent"},
+            "provider": _enum(PROVIDERS, nullable=False),
+            "prompt": _string(limits.MAX_PROMPT_LENGTH, "nonBlank"),
+            "cwd": _nullable(_string(limits.MAX_CWD_LENGTH, "nonBlank")),
+            "model": word,
+            "agent": word,
+            "extraArgs": _nullable(_args("Extra provider arguments.")),
+            **_timeouts(),
+            "configIsolation": _enum(CONFIG_ISOLATIONS),
+            "promptVia": _enum(PROMPT_VIAS),
+            "account": _account(),
+        },
+    }
+
+
+def _workflow_target() -> dict[str, Any]:
+    return {
+        "type": "object",
+        "required": ["type", "workflowId"],
+        "properties": {
+            "type": {"const": "workflow"},
+            "workflowId": _string(limits.MAX_WORD_LENGTH, "nonBlank",
+                                  description="A stored workflow's id or active name (400 when none matches)."),
+            "input": _nullable({"type": "object", "maxProperties": limits.MAX_ENV_ENTRIES,
+                                "propertyNames": {"maxLength": limits.MAX_ENV_KEY_LENGTH},
+                                "additionalProperties": {"type": "string",
+                                                         "maxLength": limits.MAX_ENV_VALUE_LENGTH}}),
+            "timeoutMs": _timeouts()["timeoutMs"],
+        },
+    }
+
+
+def _union(names: dict[str, str]) -> dict[str, Any]:
+    return {"oneOf": [{"$ref": REF + ref} for ref in names.values()],
+            "discriminator": {"propertyName": "type", "mapping": {k: REF + v for k, v in names.items()}}}
+
+
+def _schedules() -> dict[str, dict[str, Any]]:
+    every = _int(limits.MIN_EVERY_MS, limits.MAX_MS)
+    return {
+        "ScheduleOnce": {"type": "object", "required": ["type", "at"], "properties": {
+            "type": {"const": "once"},
+            "at": _string(limits.MAX_TIME_LENGTH, format="date-time",
+                          description="A past time runs at once; a time without offset is read in timezone.")}},
+        "ScheduleInterval": {"type": "object", "required": ["type", "everyMs"], "properties": {
+            "type": {"const": "interval"}, "everyMs": every, "anchor": _enum(ANCHORS)}},
+        "ScheduleCron": {"type": "object", "required": ["type", "expression"], "properties": {
+            "type": {"const": "cron"},
+            "expression": _string(limits.MAX_CRON_LENGTH, "cron",
+                                  description="5 fields or a macro; see the module doc for the subset.")}},
+        "ScheduleDynamic": {"type": "object", "required": ["type"], "properties": {
+            "type": {"const": "dynamic"}, "minIntervalMs": {**every, "type": ["integer", "null"]}}},
+    }
+
+
+@functools.cache
+def components() -> dict[str, dict[str, Any]]:
+    """Every create-body schema, as components of the OpenAPI document."""
+    zones = sorted(zoneinfo.available_timezones())
+    schedule = _union({"once": "ScheduleOnce", "interval": "ScheduleInterval", "cron": "ScheduleCron",
+                       "dynamic": "ScheduleDynamic"})
+    count = _int(1, limits.MAX_COUNT, nullable=True)
+    ms = _int(1, limits.MAX_MS, nullable=True)
+    step_target = _union({"command": "CommandTarget", "agent": "AgentTarget"})
+    loop_create = {
+        "type": "object",
+        "required": ["name", "schedule", "target"],
+        "properties": {
+            "name": _string(limits.MAX_NAME_LENGTH, "loopName", minLength=1,
+                            description="Trimmed; unique, and never another loop's id (409)."),
+            "description": _nullable(_string(limits.MAX_DESCRIPTION_LENGTH)),
+            "timezone": {"enum": [*zones, None], "description": "IANA zone; default the server's."},
+            "schedule": {"$ref": REF + "Schedule"},
+            "target": {"$ref": REF + "Target"},
+            "catchUp": _enum(CATCH_UP_POLICIES),
+            "catchUpLimit": count,
+            "overlap": _enum(OVERLAP_POLICIES),
+            "maxAttempts": count,
+            "retryDelayMs": ms,
+            "retryBackoff": _enum(RETRY_BACKOFFS),
+            "retryMaxDelayMs": ms,
+            "leaseMs": _int(limits.MIN_LEASE_MS, limits.MAX_MS, nullable=True),
+            "expiresAt": _nullable(_string(limits.MAX_TIME_LENGTH, format="date-time")),
+            "pauseAfterFailures": count,
+        },
+    }
+    step = {
+        "type": "object",
+        "required": ["id", "target"],
+        "properties": {
+            "id": _string(limits.MAX_STEP_ID_LENGTH, "stepId", minLength=1, description="Unique in the spec."),
+            "target": {"$ref": REF + "StepTarget"},
+            "dependsOn": {"type": ["array", "null"], "maxItems": limits.MAX_STEPS,
+                          "items": {"type": "string"}, "description": "Ids of earlier or later steps; no cycles."},
+            "continueOnFailure": {"type": ["boolean", "null"]},
+            "timeoutMs": _timeouts()["timeoutMs"],
+            "account": _account(),
+        },
+    }
+    workflow_create = {
+        "type": "object",
+        "required": ["name", "steps"],
+        "properties": {
+            "name": _string(limits.MAX_NAME_LENGTH, "workflowName", minLength=1),
+            "description": _string(limits.MAX_DESCRIPTION_LENGTH),
+            "version": {"type": "number", "minimum": -limits.MAX_VERSION, "maximum": limits.MAX_VERSION},
+            "maxParallel": _int(1, limits.MAX_PARALLEL, nullable=True),
+            "steps": {"type": "array", "minItems": 1, "maxItems": limits.MAX_STEPS, "items": step},
+        },
+    }
+    return {
+        **_schedules(),
+        "Schedule": schedule,
+        "CommandTarget": _command_target(),
+        "AgentTarget": _agent_target(),
+        "WorkflowTarget": _workflow_target(),
+        "Target": _union({"command": "CommandTarget", "agent": "AgentTarget", "workflow": "WorkflowTarget"}),
+        "StepTarget": step_target,
+        "LoopCreate": loop_create,
+        "WorkflowCreate": workflow_create,
+    }
