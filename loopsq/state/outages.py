@@ -201,12 +201,11 @@ class _RidingPipeline(redis.client.Pipeline):
 
 def riding(client: redis.Redis, outage: OutageLog, stop: Stop | None = None,
            decode_responses: bool | None = None) -> RidingRedis:
-    """A ``RidingRedis`` on ``client``'s server (a pool of its own; ``decode_responses`` as given, else as
-    ``client``'s)."""
+    """A ``RidingRedis`` on ``client``'s pool, or, when ``decode_responses`` differs from it, on a pool like it."""
     pool = client.connection_pool
-    kwargs = dict(pool.connection_kwargs)
-    if decode_responses is not None:
-        kwargs["decode_responses"] = decode_responses
+    if decode_responses is None or decode_responses == pool.connection_kwargs.get("decode_responses", False):
+        return RidingRedis(pool, outage, stop)
+    kwargs = {**pool.connection_kwargs, "decode_responses": decode_responses}
     return RidingRedis(pool.__class__(connection_class=pool.connection_class, **kwargs), outage, stop)
 
 
