@@ -14,7 +14,8 @@ Checks, after the faults stop:
      every row it has beyond that is archived (it left Redis on purpose), and every executed slot has its row.
 
 With ``--redis-faults`` Redis runs on AOF with ``appendfsync always`` and is SIGKILLed too, about every 30 s
-(``--redis-kill-every``), kept away 1-8 s and restarted from its AOF on the same port. Also checked then:
+(``--redis-kill-every``; once in a run shorter than a minute), kept away 1-8 s and restarted from its AOF on the
+same port. Also checked then:
   5. every execution in the ledger has its run (or workflow step) recorded with its exit code, unless its worker
      was one of the processes killed (then it is recorded abandoned) or it was replaced by a newer slot;
   6. no loopsq process exited (only the ones killed on purpose, each started again);
@@ -286,13 +287,14 @@ def main() -> int:
     parser.add_argument("--redis-faults", action="store_true",
                         help="also SIGKILL Redis (AOF, appendfsync always) and restart it from its AOF")
     parser.add_argument("--redis-kill-every", type=float, default=None,
-                        help="seconds between Redis kills (default ~30, or duration/2.5 for short runs)")
+                        help="seconds between Redis kills (default ~30; runs under 60 s: one, early enough for "
+                             "its recovery grace to be over soon after the faults stop)")
     parser.add_argument("--keep-runs", type=int, default=None, help="every loop's history window (trims throughout)")
     args = parser.parse_args()
     seed = args.seed if args.seed is not None else random.randrange(1 << 30)
     rng = random.Random(seed)
     kill_every = args.kill_every or min(20.0, max(5.0, args.duration / 4))
-    redis_kill_every = args.redis_kill_every or min(30.0, max(10.0, args.duration / 2.5))
+    redis_kill_every = args.redis_kill_every or (30.0 if args.duration >= 60 else None)
     work = Path(tempfile.mkdtemp(prefix="loopsq-chaos-"))
     server = RedisServer(appendonly=True, appendfsync="always" if args.redis_faults else "everysec").start()
     fleet = Fleet(server.url, work / "data", work)
@@ -311,7 +313,9 @@ def main() -> int:
             fleet.start(name)
         started = time.monotonic()
         next_kill = started + kill_every * rng.uniform(0.7, 1.3)
-        next_outage = started + redis_kill_every * rng.uniform(0.7, 1.3) if args.redis_faults else float("inf")
+        first_outage = redis_kill_every * rng.uniform(0.7, 1.3) if redis_kill_every else \
+            args.duration * rng.uniform(0.2, 0.4)
+        next_outage = started + first_outage if args.redis_faults else float("inf")
         while time.monotonic() - started < args.duration:
             exited += [f"{n} exited with {p.returncode}" for n, p in fleet.procs.items()
                        if p.poll() is not None and f"{n} exited with {p.returncode}" not in exited]
@@ -321,7 +325,8 @@ def main() -> int:
                 time.sleep(rng.uniform(1.0, 8.0))
                 server.start()
                 outages.append((down_at, time.time()))
-                next_outage = time.monotonic() + redis_kill_every * rng.uniform(0.7, 1.3)
+                next_outage = time.monotonic() + redis_kill_every * rng.uniform(0.7, 1.3) if redis_kill_every \
+                    else float("inf")
             if time.monotonic() >= next_kill:
                 victim = rng.choice(names[:5])
                 killed_pids.add(fleet.procs[victim].pid)

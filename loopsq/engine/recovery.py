@@ -19,7 +19,7 @@ from loopsq.domain.timeutil import to_ms
 from loopsq.engine.runner import ensure_timer
 from loopsq.engine.runtime import LIVENESS_TTL_MS, OUTAGE_GAP_MS, OUTAGE_GRACE_MS, Runtime
 from loopsq.state.keys import Keys
-from loopsq.state.outages import in_grace, note_seen
+from loopsq.state.outages import note_restart, note_seen, parse_seen
 from loopsq.state.workflow_run_state import WorkflowRunState
 from loopsq.state.workflow_runs import WorkflowRunStore
 from loopsq.system.procs import hostname, is_process_alive, kill_process_group
@@ -30,16 +30,25 @@ LEASE_EXPIRED = "run lease expired before completion"
 
 
 def recovery_paused(rt: Runtime) -> bool:
-    """Whether recovery must wait because Redis was away moments ago (or nothing beat for a while).
+    """Whether recovery must wait because Redis was away moments ago.
 
     Liveness keys expire while Redis is down, and across a restart from AOF (their TTLs are absolute times), so
-    right after an outage a missing liveness key or an expired lease does not mean a dead owner. Every beat
-    records itself (``outages.note_seen``, on the server's clock); after a silence of ``OUTAGE_GAP_MS`` the
-    recovery of runs waits ``OUTAGE_GRACE_MS``, time for every live worker to beat again and to record the runs
-    that finished meanwhile. This call is also a beat of its own, so whoever reaches Redis first after an outage
-    notices it.
+    right after an outage a missing liveness key or an expired lease does not mean a dead owner. Every beat is
+    recorded on the server's clock (``outages.note_seen``): a silence of every process over ``OUTAGE_GAP_MS``
+    that a running process lived through, or a restart of Redis (``outages.note_restart``), starts a grace of
+    ``OUTAGE_GRACE_MS`` in which recovery judges no owner dead: time for every live worker to beat again and to
+    record the runs that ended meanwhile. This call is also a beat, so whoever reaches Redis first after an
+    outage notices it.
     """
-    return in_grace(note_seen(rt.client, rt.keys, OUTAGE_GAP_MS, OUTAGE_GRACE_MS))
+    pipe = rt.client.pipeline(transaction=False)
+    note_seen(pipe, rt.keys, OUTAGE_GAP_MS, OUTAGE_GRACE_MS, rt.seen_ms)
+    pipe.get(rt.keys.redis_run_id)
+    pipe.info("server")
+    seen_reply, known_run_id, info = pipe.execute(raise_on_error=False)
+    seen = parse_seen(seen_reply)
+    rt.seen_ms = seen.at_ms
+    restarted = note_restart(rt.client, rt.keys, known_run_id, info, OUTAGE_GRACE_MS)
+    return seen.in_grace or restarted
 
 
 def _is_orphan_alive(run: LoopRun, host: str) -> bool:

@@ -29,7 +29,7 @@ from loopsq.state.commit import Committer
 from loopsq.state.connection import connect
 from loopsq.state.keys import Keys
 from loopsq.state.loops import LoopStore
-from loopsq.state.outages import OutageLog, is_transient, note_seen, ride, riding
+from loopsq.state.outages import OutageLog, is_transient, note_seen, parse_seen, ride, riding
 from loopsq.state.runs import Owner, RunStore
 from loopsq.state.workflows import WorkflowStore
 from loopsq.system.procs import hostname
@@ -39,8 +39,9 @@ T = TypeVar("T")
 
 LIVENESS_TTL_MS = 5_000
 LIVENESS_EVERY_S = 1.0
-#: A silence this long in every process's beats (``outages.note_seen``) means Redis was away: beats come every
-#: second, and a liveness key outlives a silence of up to its TTL minus two beats.
+#: A silence this long in every process's beats (``outages.note_seen``), lived through by a running process,
+#: means Redis was away: beats come every second, and a liveness key outlives a silence of up to its TTL minus
+#: two beats.
 OUTAGE_GAP_MS = 1_500
 #: After such a silence recovery judges no owner dead for this long: a few liveness periods for every live
 #: worker to reconnect and beat again (its liveness key may have expired meanwhile, or across a restart from AOF).
@@ -120,6 +121,8 @@ class Runtime:
         self._next_reap = time.monotonic() + REAP_EVERY_S
         self._shutdown_timer: threading.Timer | None = None
         self._reaper = reaper
+        #: The server's time of this runtime's latest beat (``outages.note_seen``); 0 before the first.
+        self.seen_ms = 0
         self.started_at = timeutil.to_iso(timeutil.now())
 
     @property
@@ -233,13 +236,13 @@ class Runtime:
         if self.role == "worker":
             record["can"] = published()  # what its targets can find: PATH, provider CLIs, accounts CLI
         pipe = self.client.pipeline(transaction=False)
-        note_seen(pipe, self.keys, OUTAGE_GAP_MS, OUTAGE_GRACE_MS)
+        note_seen(pipe, self.keys, OUTAGE_GAP_MS, OUTAGE_GRACE_MS, self.seen_ms)
         pipe.set(self._liveness_key(), json.dumps(record), px=LIVENESS_TTL_MS)
         # Registered again on every beat: ``prune_dead`` may have dropped it while Redis was away.
         pipe.sadd(self._registry(), self.owner.worker_id)
         if self.role == "worker":
             pipe.hset(self.keys.hosts, self.owner.host, str(timeutil.to_ms(timeutil.now())))
-        pipe.execute()
+        self.seen_ms = parse_seen(pipe.execute()[0]).at_ms
         self.outage.recovered()  # (a riding client has said so already)
         self._next_liveness = time.monotonic() + LIVENESS_EVERY_S
 

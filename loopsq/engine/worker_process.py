@@ -93,6 +93,7 @@ def run_worker(url: str, *, burst: bool = False, stop: threading.Event | None = 
 
 def _restart(rt: Runtime, worker: object, stop: threading.Event) -> bool:
     """Wait for Redis, then clear the quit worker's registration so one of the same name can start."""
+    stop.wait(0.5)  # (RQ quitting at once again and again must not spin)
     if not wait_for_redis(rt.direct, rt.outage, stop):
         return False
     rt.ride(lambda: rq_worker.restart(worker))

@@ -167,6 +167,11 @@ class Keys:
         return self._k("seen")
 
     @property
+    def redis_run_id(self) -> str:
+        """String: the ``run_id`` of the Redis server recovery last looked at; another one means a restart."""
+        return self._k("redis-run-id")
+
+    @property
     def recovery_grace(self) -> str:
         """String with a TTL: set after an outage; while it exists recovery judges no owner dead (their liveness
         keys may have expired while Redis was away)."""

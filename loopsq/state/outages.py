@@ -201,11 +201,12 @@ class _RidingPipeline(redis.client.Pipeline):
 
 def riding(client: redis.Redis, outage: OutageLog, stop: Stop | None = None,
            decode_responses: bool | None = None) -> RidingRedis:
-    """A ``RidingRedis`` on ``client``'s server (a pool of its own; ``decode_responses`` as given, else as
-    ``client``'s)."""
-    decode = client.connection_pool.connection_kwargs.get("decode_responses", False)
-    own = sibling(client, decode_responses=bool(decode) if decode_responses is None else decode_responses)
-    return RidingRedis(own.connection_pool, outage, stop)
+    """A ``RidingRedis`` on ``client``'s pool, or, when ``decode_responses`` differs from it, on a pool like it
+    (``sibling``: through the same sentinels for a Sentinel client)."""
+    pool = client.connection_pool
+    if decode_responses is None or decode_responses == pool.connection_kwargs.get("decode_responses", False):
+        return RidingRedis(pool, outage, stop)
+    return RidingRedis(sibling(client, decode_responses=decode_responses).connection_pool, outage, stop)
 
 
 def wait_for_redis(client: redis.Redis, outage: OutageLog, stop: threading.Event | None = None) -> bool:
@@ -224,32 +225,73 @@ def wait_for_redis(client: redis.Redis, outage: OutageLog, stop: threading.Event
     return True
 
 
-# Runs on every liveness beat of every process (and before each recovery pass): the Redis server's own clock,
-# so hosts' clocks do not matter. A silence longer than ARGV[1] ms since the previous beat of any process means
-# Redis was away (down, restarting, cut off) or nothing ran: liveness keys may have expired without their
-# workers dying, so recovery waits ARGV[2] ms for them to beat again. Returns the grace left (ms, <= 0: none).
+# The beat of every loopsq process, on the Redis server's clock (hosts' clocks do not matter). KEYS[1] holds the
+# time of the latest beat of any process. When the caller beat before (ARGV[3]: the time of its previous beat)
+# and nothing at all was recorded for over ARGV[1] ms since, Redis was away (down, restarting, cut off) while
+# the caller ran: liveness keys may have expired without their workers dying, so the recovery grace (KEYS[2],
+# ARGV[2] ms) starts. A caller that never beat starts none: a silence before it ran may only mean that no
+# process ran. Returns {now, grace left in ms (<= 0: none)}.
 _SEEN = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local prev = tonumber(redis.call('GET', KEYS[1]) or '0') or 0
+local mine = tonumber(ARGV[3]) or 0
 redis.call('SET', KEYS[1], now)
-if prev > 0 and now - prev > tonumber(ARGV[1]) then
+if mine > 0 and prev > 0 and now - prev > tonumber(ARGV[1]) then
   redis.call('SET', KEYS[2], now, 'PX', ARGV[2])
-  return tonumber(ARGV[2])
+  return {now, tonumber(ARGV[2])}
 end
-return redis.call('PTTL', KEYS[2])
+return {now, redis.call('PTTL', KEYS[2])}
 """
 
 
-def note_seen(client: redis.Redis | redis.client.Pipeline, keys: Keys, gap_ms: int, grace_ms: int) -> object:
-    """Record that a loopsq process reached Redis now; start the recovery grace after a silence over ``gap_ms``.
+@dataclass(frozen=True)
+class Seen:
+    """A beat as the server recorded it: its time (server clock, epoch ms) and the recovery grace left (ms)."""
 
-    On a client, returns the grace left in ms (``> 0``: recovery must not judge owners dead yet); on a pipeline,
-    queues the call (its reply is that number).
+    at_ms: int
+    grace_ms: int
+
+    @property
+    def in_grace(self) -> bool:
+        """Whether recovery must not judge owners dead yet."""
+        return self.grace_ms > 0
+
+
+def note_seen(client: redis.Redis | redis.client.Pipeline, keys: Keys, gap_ms: int, grace_ms: int,
+              mine_ms: int) -> object:
+    """Record a beat of this process now; start the recovery grace after a silence of every process over
+    ``gap_ms`` that this process lived through (``mine_ms``: the time of its previous beat, 0 if none).
+
+    On a client returns the raw reply (``parse_seen``); on a pipeline queues the call.
     """
-    return client.eval(_SEEN, 2, keys.seen, keys.recovery_grace, gap_ms, grace_ms)
+    return client.eval(_SEEN, 2, keys.seen, keys.recovery_grace, gap_ms, grace_ms, mine_ms)
 
 
-def in_grace(reply: object) -> bool:
-    """Whether ``note_seen``'s reply means the recovery grace is on."""
-    return int(reply) > 0 if isinstance(reply, int | str | bytes) else False
+def parse_seen(reply: object) -> Seen:
+    """``note_seen``'s reply."""
+    if isinstance(reply, Exception):
+        raise reply
+    assert isinstance(reply, list | tuple) and len(reply) == 2, reply
+    return Seen(int(reply[0]), int(reply[1]))
+
+
+def note_restart(client: redis.Redis, keys: Keys, known_run_id: object, info: object, grace_ms: int) -> bool:
+    """After ``INFO server``: whether Redis restarted (another ``run_id`` than the one recovery saw last) less
+    than ``grace_ms`` ago with data from before it; then the recovery grace starts for what is left of it.
+
+    Liveness keys expire across a restart from AOF (their TTLs are absolute times) while a process that starts
+    after it has no beat of its own from before, so the restart itself is the sign. A server that refuses INFO
+    (a test double, a managed service that renamed it) is never taken as restarted.
+    """
+    if not isinstance(info, dict):
+        return False
+    run_id, uptime = info.get("run_id"), info.get("uptime_in_seconds")
+    if not run_id or run_id == known_run_id:
+        return False
+    client.set(keys.redis_run_id, str(run_id))
+    left = grace_ms - int(uptime) * 1000 if uptime is not None else 0
+    if known_run_id is None or left <= 0:
+        return False
+    client.set(keys.recovery_grace, "restart", px=left)
+    return True

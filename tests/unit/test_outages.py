@@ -24,10 +24,12 @@ from loopsq.state.loops import LoopStore
 from loopsq.state.outages import (
     Backoff,
     OutageLog,
-    in_grace,
+    Seen,
     is_configuration_error,
     is_transient,
+    note_restart,
     note_seen,
+    parse_seen,
     ride,
     wait_for_redis,
 )
@@ -139,17 +141,38 @@ def test_wait_for_redis_turns_a_configuration_error_into_the_one_line_error_and_
     assert wait_for_redis(Refusing(redis.ConnectionError("refused")), outage, stop) is False  # type: ignore[arg-type]
 
 
-def test_a_silence_in_every_process_s_beats_starts_the_recovery_grace(client: redis.Redis) -> None:
-    assert not in_grace(note_seen(client, KEYS, OUTAGE_GAP_MS, OUTAGE_GRACE_MS))  # the first beat ever
-    assert not in_grace(note_seen(client, KEYS, OUTAGE_GAP_MS, OUTAGE_GRACE_MS))  # beats a moment apart
-    seen = int(client.get(KEYS.seen) or 0)
-    client.set(KEYS.seen, seen - OUTAGE_GAP_MS - 500)  # as after Redis was away (or restarted from AOF) that long
-    left = note_seen(client, KEYS, OUTAGE_GAP_MS, OUTAGE_GRACE_MS)
-    assert in_grace(left) and int(left) == OUTAGE_GRACE_MS  # type: ignore[call-overload]
-    assert in_grace(note_seen(client, KEYS, OUTAGE_GAP_MS, OUTAGE_GRACE_MS))  # and it lasts
+def test_a_silence_a_running_process_lived_through_starts_the_recovery_grace(client: redis.Redis) -> None:
+    def beat(mine: int) -> Seen:
+        return parse_seen(note_seen(client, KEYS, OUTAGE_GAP_MS, OUTAGE_GRACE_MS, mine))
+
+    first = beat(0)  # the first beat ever
+    assert not first.in_grace and first.at_ms > 0
+    assert not beat(first.at_ms).in_grace  # beats a moment apart
+    silent = int(client.get(KEYS.seen) or 0) - OUTAGE_GAP_MS - 500
+    client.set(KEYS.seen, silent)  # nothing beat for longer than the gap ...
+    assert not beat(0).in_grace  # ... which a process that just started cannot tell from no process running
+    client.set(KEYS.seen, silent)
+    seen = beat(silent)  # ... but a process that beat before it lived through an outage
+    assert seen.in_grace and seen.grace_ms == OUTAGE_GRACE_MS
+    assert beat(seen.at_ms).in_grace  # and it lasts, for everyone
     assert 0 < client.pttl(KEYS.recovery_grace) <= OUTAGE_GRACE_MS
     client.delete(KEYS.recovery_grace)
-    assert not in_grace(note_seen(client, KEYS, OUTAGE_GAP_MS, OUTAGE_GRACE_MS))
+    assert not beat(seen.at_ms).in_grace
+
+
+def test_a_restart_of_redis_with_data_from_before_starts_the_recovery_grace(client: redis.Redis) -> None:
+    def restarted(known: object, info: object) -> bool:
+        return note_restart(client, KEYS, known, info, OUTAGE_GRACE_MS)
+
+    assert restarted(None, {"run_id": "a", "uptime_in_seconds": 1}) is False  # a new server: nothing from before
+    assert client.get(KEYS.redis_run_id) == "a"
+    assert restarted("a", {"run_id": "a", "uptime_in_seconds": 3}) is False  # the same server
+    assert restarted("a", {"run_id": "b", "uptime_in_seconds": 3}) is True  # restarted 3 s ago, from its AOF
+    assert 0 < client.pttl(KEYS.recovery_grace) <= OUTAGE_GRACE_MS - 3000
+    client.delete(KEYS.recovery_grace)
+    assert restarted("b", {"run_id": "c", "uptime_in_seconds": 60}) is False  # long enough ago
+    assert client.get(KEYS.redis_run_id) == "c" and not client.exists(KEYS.recovery_grace)
+    assert restarted("c", redis.ResponseError("unknown command 'info'")) is False  # INFO refused
 
 
 def _loop(client: redis.Redis, name: str = "l") -> str:
@@ -165,7 +188,9 @@ def test_maintenance_judges_no_owner_dead_during_the_grace_after_an_outage(clien
                                          datetime.now(UTC))
     assert isinstance(claim, Claim)
     with Runtime(client=client, keys=KEYS, role="scheduler") as rt:
-        client.set(KEYS.seen, int(client.get(KEYS.seen) or 0) - OUTAGE_GAP_MS - 1)
+        assert rt.seen_ms > 0  # it beat at start
+        client.set(KEYS.seen, rt.seen_ms - OUTAGE_GAP_MS - 1)  # then nothing could, for longer than the gap
+        rt.seen_ms = int(client.get(KEYS.seen) or 0)
         report = maintenance.maintain(rt)
         assert (report.recovery_paused, report.recovered) == (True, [])
         assert RunStore(client, KEYS).get(claim.run.id).status == "running"  # type: ignore[union-attr]
@@ -174,6 +199,19 @@ def test_maintenance_judges_no_owner_dead_during_the_grace_after_an_outage(clien
         assert report.recovery_paused is False
         assert [(r.id, r.status, r.error) for r in report.recovered] == [
             (claim.run.id, "abandoned", "worker worker:gone died before completion")]
+
+
+def test_a_scheduler_started_after_a_silence_with_no_outage_recovers_at_once(client: redis.Redis) -> None:
+    # Its worker was the only process and was killed: nothing beat since, but Redis never went away.
+    loop_id = _loop(client)
+    claim = RunStore(client, KEYS).claim(loop_id, T0 + timedelta(seconds=10), Owner("worker:gone", "elsewhere", 1),
+                                         datetime.now(UTC))
+    assert isinstance(claim, Claim)
+    client.set(KEYS.seen, int(parse_seen(note_seen(client, KEYS, 1, 1, 0)).at_ms) - 60_000)
+    with Runtime(client=client, keys=KEYS, role="scheduler") as rt:
+        report = maintenance.maintain(rt)
+    assert report.recovery_paused is False
+    assert [r.id for r in report.recovered] == [claim.run.id]
 
 
 class ResentCommitter(Committer):
