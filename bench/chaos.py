@@ -2,18 +2,27 @@
 invariants checked. Prints one summary line; exits 1 on any violation.
 
     .venv/bin/python bench/chaos.py                 # 3 minutes, a kill every ~20 s
-    .venv/bin/python bench/chaos.py --duration 30   # the short mode .ci/run uses
+    .venv/bin/python bench/chaos.py --duration 30   # a short mode
+    .venv/bin/python bench/chaos.py --redis-faults  # and Redis itself SIGKILLed about every 30 s
 
 Checks, after the faults stop:
   1. no (loop, slot, attempt[, step]) executed twice — from a ledger every command appends to;
   2. no active loop without a future timer (an armed or in-flight timer, or a run going);
   3. every run terminal or owned by a live lease (then, after pausing every loop, every run terminal);
   4. the SQLite mirror equal to Redis, row for row.
+
+With ``--redis-faults`` Redis runs on AOF with ``appendfsync always`` and is SIGKILLed too, about every 30 s
+(``--redis-kill-every``), kept away 1-8 s and restarted from its AOF on the same port. Also checked then:
+  5. every execution in the ledger has its run (or workflow step) recorded with its exit code, unless its worker
+     was one of the processes killed (then it is recorded abandoned) or it was replaced by a newer slot;
+  6. no loopsq process exited (only the ones killed on purpose, each started again);
+and check 2 waits for the grace after the last outage (recovery waits for live workers to beat again).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import random
 import signal
@@ -65,7 +74,8 @@ class Fleet:
 
     def kill(self, name: str) -> None:
         proc = self.procs[name]
-        os.kill(proc.pid, signal.SIGKILL)
+        if proc.poll() is None:  # (one that exited by itself is reported, not killed)
+            os.kill(proc.pid, signal.SIGKILL)
         proc.wait()
 
     def stop_all(self) -> None:
@@ -191,6 +201,62 @@ def _roundtrip(conn: sqlite3.Connection, table: str, entity: dict) -> dict:  # t
     return {k: params.get(k) for k in MIRRORED_COLUMNS[table]}
 
 
+def check_recorded(client: redis.Redis, ledger: Path, killed_pids: set[int]) -> list[str]:
+    """Every execution in the ledger has its attempt recorded terminal with its exit code; abandoned only when its
+    worker was killed on purpose; no exit code only when it was replaced by a newer slot (its group killed)."""
+    from loopsq.domain.run_rules import LoopRun
+    from loopsq.state.workflow_runs import WorkflowRunStore
+
+    def died(worker_id: str | None) -> bool:
+        parts = (worker_id or "").split(":")  # worker:<host>:<pid>:<random>
+        return len(parts) >= 3 and parts[-2].isdigit() and int(parts[-2]) in killed_pids
+
+    def attempt_of(run: LoopRun, attempt: int) -> dict[str, object] | None:
+        if run.attempt == attempt:
+            return {"status": run.status, "exitCode": run.exit_code, "error": run.error, "workerId": run.worker_id}
+        return next((a for a in run.previous_attempts or [] if a.get("attempt") == attempt), None)
+
+    def acceptable(end: dict[str, object] | None, worker_id: object) -> bool:
+        if end is None or end.get("status") not in rules.TERMINAL:
+            return False
+        if end.get("status") == "abandoned":
+            return died(str(end.get("workerId") or worker_id or ""))
+        if end.get("exitCode") is not None:
+            return True
+        return str(end.get("error") or "").startswith(rules.REPLACED_ERROR)
+
+    store, wf_store = RunStore(client, KEYS), WorkflowRunStore(client, KEYS)
+    bad = []
+    for line in sorted({line.strip() for line in ledger.read_text().splitlines() if line.strip()}):
+        parts = line.split()
+        loop_id, slot, attempt, step = parts[0], parts[1], int(parts[2]), (parts[3] if len(parts) > 3 else None)
+        run_id = client.get(KEYS.slot(loop_id, slot))
+        run = store.get(str(run_id)) if run_id else None
+        if run is None:
+            bad.append(f"executed but no run recorded: {line}")
+            continue
+        end = attempt_of(run, attempt)
+        if step is None:
+            if not acceptable(end, run.worker_id):
+                bad.append(f"executed but not recorded with its exit code: {line} -> {end}")
+            continue
+        if end is not None and end.get("status") == "abandoned" and died(str(end.get("workerId") or "")):
+            continue  # its worker was killed: the workflow run failed with its loop run
+        spec_id = json.loads(client.get(KEYS.loop(loop_id)) or "{}").get("target", {}).get("workflowId")
+        wf_run_id = wf_store.by_idempotency(str(spec_id), f"{loop_id}:{slot}:attempt:{attempt}")
+        state = wf_store.load(wf_run_id) if wf_run_id else None
+        step_run = state.steps.get(step) if state else None
+        if step_run is None or step_run.get("status") in ("pending", "running") or (
+                step_run.get("exitCode") is None and step_run.get("status") != "cancelled"):
+            bad.append(f"step executed but not recorded with its exit code: {line} -> {step_run}")
+    return bad
+
+
+def check_alive(fleet: Fleet) -> list[str]:
+    """Every process of the fleet is running (the ones killed on purpose were started again)."""
+    return [f"{name} exited with {proc.returncode}" for name, proc in fleet.procs.items() if proc.poll() is not None]
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--duration", type=float, default=180.0, help="seconds of faults (default 180)")
@@ -198,18 +264,26 @@ def main() -> int:
                         "or duration/4 for short runs)")
     parser.add_argument("--loops", type=int, default=200)
     parser.add_argument("--seed", type=int, default=None)
+    parser.add_argument("--redis-faults", action="store_true",
+                        help="also SIGKILL Redis (AOF, appendfsync always) and restart it from its AOF")
+    parser.add_argument("--redis-kill-every", type=float, default=None,
+                        help="seconds between Redis kills (default ~30, or duration/2.5 for short runs)")
     args = parser.parse_args()
     seed = args.seed if args.seed is not None else random.randrange(1 << 30)
     rng = random.Random(seed)
     kill_every = args.kill_every or min(20.0, max(5.0, args.duration / 4))
+    redis_kill_every = args.redis_kill_every or min(30.0, max(10.0, args.duration / 2.5))
     work = Path(tempfile.mkdtemp(prefix="loopsq-chaos-"))
-    server = RedisServer(appendonly=True).start()
+    server = RedisServer(appendonly=True, appendfsync="always" if args.redis_faults else "everysec").start()
     fleet = Fleet(server.url, work / "data", work)
     client = server.client()
     ledger = work / "ledger"
     ledger.touch()
     violations: list[str] = []
     kills: list[tuple[str, float]] = []
+    killed_pids: set[int] = set()
+    outages: list[tuple[float, float]] = []  # (killed at, back at), epoch seconds
+    exited: list[str] = []
     try:
         create_loops(client, ledger, args.loops, rng)
         names = ["scheduler.1", "scheduler.2", "worker.1", "worker.2", "worker.3", "mirror.1"]
@@ -217,17 +291,34 @@ def main() -> int:
             fleet.start(name)
         started = time.monotonic()
         next_kill = started + kill_every * rng.uniform(0.7, 1.3)
+        next_outage = started + redis_kill_every * rng.uniform(0.7, 1.3) if args.redis_faults else float("inf")
         while time.monotonic() - started < args.duration:
+            exited += [f"{n} exited with {p.returncode}" for n, p in fleet.procs.items()
+                       if p.poll() is not None and f"{n} exited with {p.returncode}" not in exited]
+            if time.monotonic() >= next_outage:
+                down_at = time.time()
+                server.stop(signal.SIGKILL)
+                time.sleep(rng.uniform(1.0, 8.0))
+                server.start()
+                outages.append((down_at, time.time()))
+                next_outage = time.monotonic() + redis_kill_every * rng.uniform(0.7, 1.3)
             if time.monotonic() >= next_kill:
                 victim = rng.choice(names[:5])
+                killed_pids.add(fleet.procs[victim].pid)
                 fleet.kill(victim)
                 kills.append((victim, time.time()))
                 time.sleep(rng.uniform(0.5, 2.0))
                 fleet.start(victim)
                 next_kill = time.monotonic() + kill_every * rng.uniform(0.7, 1.3)
             time.sleep(0.2)
-        # Faults stop. Let maintenance settle (liveness TTL 5 s + a pass), then check timers and owners.
-        time.sleep(8)
+        # Faults stop. Let maintenance settle (liveness TTL 5 s + a pass), then check timers and owners; after an
+        # outage recovery first waits its grace (OUTAGE_GRACE_MS) for live workers to beat again.
+        from loopsq.engine.runtime import OUTAGE_GRACE_MS
+
+        settle_until = max([time.time() + 8] + [back + OUTAGE_GRACE_MS / 1000 + 3 for _, back in outages])
+        time.sleep(max(0.0, settle_until - time.time()))
+        if args.redis_faults:
+            violations += exited + check_alive(fleet)
         violations += check_timers(client)
         violations += check_leases(client)
         # Quiesce: pause every loop, wait for every run to end and the mirror to catch up.
@@ -246,6 +337,8 @@ def main() -> int:
         violations += check_mirror(client, db)
         executed, dupes = check_ledger(ledger)
         violations += dupes
+        if args.redis_faults:
+            violations += check_recorded(client, ledger, killed_pids)
         all_runs = runs.get_many([i.decode() if isinstance(i, bytes) else i for i in client.zrange(KEYS.runs, 0, -1)])
         by_status = Counter(r.status for r in all_runs)
         recoveries = []
@@ -260,7 +353,9 @@ def main() -> int:
         statuses = " ".join(f"{k}={v}" for k, v in sorted(by_status.items()))
         rec = f" recovery_max={max(recoveries):.1f}s recovery_median={sorted(recoveries)[len(recoveries) // 2]:.1f}s" \
             if recoveries else ""
-        print(f"chaos: seed={seed} duration={args.duration:.0f}s loops={args.loops} kills={len(kills)} "
+        faults = f" redis_outages={len(outages)} ({sum(b - a for a, b in outages):.0f}s down)" \
+            if args.redis_faults else ""
+        print(f"chaos: seed={seed} duration={args.duration:.0f}s loops={args.loops} kills={len(kills)}{faults} "
               f"runs={len(all_runs)} ({statuses}) workflow_runs={wf_runs} executions={executed}{rec} "
               f"violations={len(violations)}")
         for violation in violations[:20]:

@@ -2,7 +2,7 @@
 executed by loopsq's worker class (RQ's ``SimpleWorker`` plus a heartbeat of the running job) in burst mode in
 this process, interleaved, in the same run.
 
-Run: ``.venv/bin/python bench/run_overhead.py [--quick] [--runs K] [--reps R]``.
+Run: ``.venv/bin/python bench/run_overhead.py [--quick] [--runs K] [--reps R] [--claim-wait]``.
 
 Each repetition: K loops with a due slot (interval 1 h, command ``true``) get their timers armed in the past and
 moved onto loopsq's queue, as the scheduler does; K ``subprocess.run(['true'])`` jobs go on a second queue. The
@@ -13,6 +13,8 @@ enqueueing are not timed, on either side). Three sides:
 - ``loopsq-1job``: every fire is its own RQ job (``fire_queued`` disabled): shown for context, the cost of a
   fire that arrives alone on an idle worker.
 - ``bare``: the baseline.
+- ``loopsq-wait`` (with ``--claim-wait``): as ``loopsq``, with a replica attached to the server and every claim
+  followed by ``WAIT 1`` on its connection, as on a Sentinel deployment (``loopsq.state.durability``).
 
 Prints the medians over the repetitions, the ratio loopsq/bare (the issue's goal is <= 1.0x) and loopsq-1job/bare,
 Redis round trips per run (client writes, a pipeline counts once, counted by wrapping redis-py's
@@ -71,13 +73,17 @@ def commandstats(conn: redis.Redis) -> Counter[str]:
 class Bench:
     """One private Redis, loopsq's Runtime in this process, and both queues."""
 
-    def __init__(self, h: hx.Harness) -> None:
-        from loopsq.engine import timers
+    def __init__(self, h: hx.Harness, claim_wait: bool = False) -> None:
+        from loopsq.engine import rq_worker, timers
         from loopsq.engine.runtime import Runtime
         from loopsq.engine.worker_process import set_current_runtime
         from loopsq.state.loops import LoopStore
 
         self.server = h.redis()
+        self.replica: hx.RedisServer | None = None
+        if claim_wait:
+            self.replica = hx.RedisServer(replica_of=self.server.port).start()
+            hx_wait_link(self.replica)
         self.rt = Runtime(self.server.url, role="worker").start()
         set_current_runtime(self.rt)
         self.store = LoopStore(self.rt.client, self.rt.keys)
@@ -86,6 +92,7 @@ class Bench:
 
         self.bare_queue = Queue("bare", connection=self.rt.raw, default_timeout=-1)
         self.timers = timers
+        self.rq_worker = rq_worker
         self.serial = 0
 
     def prepare_loopsq(self, k: int) -> None:
@@ -110,8 +117,8 @@ class Bench:
         from rq import Queue
 
         self.serial += 1
-        worker = self.timers._Worker([Queue(queue_name, connection=self.rt.raw, default_timeout=-1)],
-                                     connection=self.rt.raw, name=f"bench-{self.serial}")
+        worker = self.rq_worker._Worker([Queue(queue_name, connection=self.rt.raw, default_timeout=-1)],
+                                        connection=self.rt.raw, name=f"bench-{self.serial}")
         start = time.perf_counter()
         worker.work(burst=True, logging_level="WARNING", with_scheduler=False)
         return time.perf_counter() - start
@@ -124,6 +131,7 @@ class Bench:
         (self.prepare_bare if side == "bare" else self.prepare_loopsq)(k)
         if side == "loopsq-1job":
             worker.jobs.runner = _OneJobRunner(runner)  # type: ignore[assignment]
+        self.rt.runs.claim_replicas = 1 if side == "loopsq-wait" else 0
         before_cmds = commandstats(self.stats_conn)
         cpu0 = cpu_seconds(self.stats_conn)
         before = Counter(_trips)
@@ -131,6 +139,7 @@ class Bench:
             elapsed = self.burst("bare" if side == "bare" else self.timers.QUEUE_NAME)
         finally:
             worker.jobs.runner = runner
+            self.rt.runs.claim_replicas = 0
         cpu = cpu_seconds(self.stats_conn) - cpu0
         trips = Counter(_trips)
         trips.subtract(before)
@@ -151,6 +160,17 @@ class Bench:
 
     def close(self) -> None:
         self.rt.stop()
+        if self.replica is not None:
+            self.replica.cleanup()
+
+
+def hx_wait_link(replica: hx.RedisServer) -> None:
+    """Until the replica's link to its master is up."""
+    deadline = time.monotonic() + 20
+    while replica.client().info("replication").get("master_link_status") != "up":
+        if time.monotonic() > deadline:
+            raise hx.BenchTimeout("the replica did not sync within 20 s")
+        time.sleep(0.05)
 
 
 class _OneJobRunner:
@@ -233,7 +253,10 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="K=100 runs, 3 repetitions")
     parser.add_argument("--runs", type=int, help="runs per burst (200)")
     parser.add_argument("--reps", type=int, help="repetitions per side (7)")
+    parser.add_argument("--claim-wait", action="store_true",
+                        help="also measure claims that WAIT for a replica (a replica is attached)")
     args = parser.parse_args()
+    sides = (*SIDES, "loopsq-wait") if args.claim_wait else SIDES
     k = args.runs or (100 if args.quick else 200)
     reps = args.reps or (3 if args.quick else 7)
     h = hx.Harness("overhead", 120 + reps * k // 5)
@@ -241,17 +264,17 @@ def main() -> None:
     print(f"{reps} repetitions x {k} runs per side, interleaved; loopsq's worker class in this process; private "
           f"redis-server; load average {hx.load_average()}")
     try:
-        b = Bench(h)
+        b = Bench(h, claim_wait=args.claim_wait)
         # Warm-up: imports, script loading, allocator.
-        for side in SIDES:
+        for side in sides:
             b.measure(side, 20)
-        per: dict[str, list[float]] = {side: [] for side in SIDES}
-        cpu: dict[str, list[float]] = {side: [] for side in SIDES}
-        trips: dict[str, list[float]] = {side: [] for side in SIDES}
-        bg: dict[str, list[float]] = {side: [] for side in SIDES}
-        cmds: dict[str, Counter[str]] = {side: Counter() for side in SIDES}
+        per: dict[str, list[float]] = {side: [] for side in sides}
+        cpu: dict[str, list[float]] = {side: [] for side in sides}
+        trips: dict[str, list[float]] = {side: [] for side in sides}
+        bg: dict[str, list[float]] = {side: [] for side in sides}
+        cmds: dict[str, Counter[str]] = {side: Counter() for side in sides}
         for rep in range(reps):
-            for side in (SIDES if rep % 2 == 0 else SIDES[::-1]):
+            for side in (sides if rep % 2 == 0 else sides[::-1]):
                 elapsed, cpu_s, main_trips, bg_trips, c = b.measure(side, k)
                 per[side].append(elapsed / k)
                 cpu[side].append(cpu_s / k)
@@ -274,8 +297,11 @@ def main() -> None:
 
     q, r = statistics.median(per["loopsq"]), statistics.median(per["bare"])
     print(f"\nper-run time, median of {reps} bursts (min..max):")
-    for side, label in (("loopsq", "loopsq fire(true)"), ("loopsq-1job", "loopsq, one RQ job per fire"),
-                        ("bare", "bare RQ subprocess.run(['true'])")):
+    labels = [("loopsq", "loopsq fire(true)"), ("loopsq-1job", "loopsq, one RQ job per fire"),
+              ("bare", "bare RQ subprocess.run(['true'])")]
+    if args.claim_wait:
+        labels.append(("loopsq-wait", "loopsq, claims WAIT for a replica"))
+    for side, label in labels:
         v = per[side]
         print(f"  {label:34s} {statistics.median(v) * 1e3:7.2f} ms  ({min(v) * 1e3:.2f}..{max(v) * 1e3:.2f})  "
               f"= {1 / statistics.median(v):6.0f} runs/s per worker")
@@ -284,11 +310,11 @@ def main() -> None:
     print(f"CPU per run (this process + its children + redis-server; insensitive to other load): loopsq "
           f"{cq * 1e3:.2f} ms, bare {cr * 1e3:.2f} ms, ratio {cq / cr:.2f}x")
     print("\nRedis round trips per run (client requests; a pipeline or an EVALSHA counts once):")
-    for side in SIDES:
+    for side in sides:
         print(f"  {side:11s} worker thread {statistics.median(trips[side]):5.1f}   "
               f"beat thread {statistics.median(bg[side]):4.1f}")
     total_runs = reps * k
-    for side in SIDES:
+    for side in sides:
         top = ", ".join(f"{name} {n / total_runs:.1f}" for name, n in cmds[side].most_common(12))
         print(f"server commands per run, {side} ({sum(cmds[side].values()) / total_runs:.1f} in all): {top}")
     print(f"\nloopsq run, self time per run by function (instrumented burst of {k}: "
@@ -307,6 +333,14 @@ def main() -> None:
           f"{q * 1e3:.2f} ms vs {r * 1e3:.2f} ms; CPU ratio {cq / cr:.2f}x; goal <= {GOAL_RATIO:.1f}x): "
           f"{'ok' if ratio <= GOAL_RATIO else 'NOT MET'}")
     print(f"one RQ job per fire (a fire alone on an idle worker) loopsq-1job/bare = {one_job:.2f}x")
+    if args.claim_wait:
+        waited = statistics.median(a / c for a, c in zip(per["loopsq-wait"], per["bare"], strict=True))
+        cost = statistics.median(a / c for a, c in zip(per["loopsq-wait"], per["loopsq"], strict=True))
+        print(f"claims that WAIT for a replica: loopsq-wait/bare = {waited:.2f}x (goal <= {GOAL_RATIO:.1f}x), "
+              f"loopsq-wait/loopsq = {cost:.2f}x (the cost of WAIT, median of {reps} paired repetitions; wall "
+              f"{statistics.median(per['loopsq-wait']) * 1e3:.2f} ms vs {q * 1e3:.2f} ms); CPU per run "
+              f"{statistics.median(cpu['loopsq-wait']) * 1e3:.2f} ms vs {cq * 1e3:.2f} ms "
+              f"({statistics.median(cpu['loopsq-wait']) / cq:.2f}x; the replica's CPU not included)")
 
 
 if __name__ == "__main__":

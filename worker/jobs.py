@@ -17,16 +17,13 @@ def _runtime() -> Runtime:
         # Executed by a plain ``rq worker``: derive our client from the job's connection.
         from rq import get_current_job
 
-        from loopsq.state.connection import Redis
+        from loopsq.state.connection import sibling
 
         job = get_current_job()
         if job is None:
             raise RuntimeError("worker.jobs must run inside an RQ worker")
-        # A pool like the job's with decoded responses (``Redis(**connection_kwargs)`` is refused: redis-py 8
-        # keeps internal entries there that only a pool takes).
-        pool = job.connection.connection_pool
-        kwargs = {**pool.connection_kwargs, "decode_responses": True}
-        client = Redis(connection_pool=pool.__class__(connection_class=pool.connection_class, **kwargs))
+        # A pool like the job's (through the same sentinels, for a Sentinel connection) with decoded responses.
+        client = sibling(job.connection, decode_responses=True)
         # The RQ worker's name as our worker id, as ``loopsq worker`` does: maintenance judges a fired timer's
         # job by the liveness key of the RQ worker that runs it.
         rt = Runtime(client=client, role="worker", worker_id=job.worker_name or None, reaper=reap_host).start()

@@ -6,6 +6,7 @@ The top interface: may import every layer (the web app too, which ``loopsq web``
 
 from __future__ import annotations
 
+import json
 import sqlite3
 import sys
 from collections.abc import Sequence
@@ -18,13 +19,15 @@ from loopsq import __version__
 from loopsq.cli import (
     create,
     health_cmds,
+    logs_cmd,
     loops_cmds,
+    mcp_cmd,
     mirror_cmd,
     process_cmds,
     run_cmds,
     up_cmds,
     web_cmd,
-    workflow_run_cmds,
+    workflow_run_cmds,  # noqa: F401  (registers `workflows run|runs|events|inspect|cancel|recover`)
     workflows_cmds,
 )
 from loopsq.cli.app import App, echo_err
@@ -33,6 +36,9 @@ from loopsq.state.connection import unavailable
 from loopsq.system import config
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_REDIS = 0, 1, 2, 3
+
+#: The App of the invocation under way (for the error path, which runs after click's context has closed).
+_invocation: dict[str, App] = {}
 
 
 class RootGroup(workflows_cmds.AliasGroup):
@@ -45,8 +51,7 @@ class RootGroup(workflows_cmds.AliasGroup):
             return super().invoke(ctx)
         except redis.RedisError as exc:
             app = ctx.find_object(App)
-            url = app.redis_url if app else config.resolve_redis_url()
-            raise unavailable(url, exc) from exc
+            raise unavailable(app.redis_url if app else "", exc) from exc
         except sqlite3.Error as exc:
             app = ctx.find_object(App)
             where = config.mirror_path(app.data_dir) if app else "the mirror"
@@ -60,31 +65,40 @@ class RootGroup(workflows_cmds.AliasGroup):
         standalone_mode: bool = True,
         **extra: Any,
     ) -> Any:
+        argv = list(sys.argv[1:] if args is None else args)
+        _invocation.clear()
+
+        def fail(kind: str, message: str, exit_code: int) -> None:
+            # Once the command line was parsed, the App knows whether -j/--json was given (before or after the
+            # subcommand); a usage error comes before that, so the arguments are scanned instead.
+            app = _invocation.get("app")
+            wanted = app.json if app is not None and kind != "UsageError" else _wants_json(argv)
+            (_json_failure if wanted else _line_failure)(kind, message, exit_code)
+
         try:
-            rv = super().main(args=args, prog_name=prog_name or "loopsq", complete_var=complete_var,
+            rv = super().main(args=argv, prog_name=prog_name or "loopsq", complete_var=complete_var,
                               standalone_mode=False, **extra)
-        except LoopsqError as exc:
-            echo_err(f"error: {exc.message}")
-            sys.exit(exc.exit_code)
-        except click.UsageError as exc:
-            echo_err(f"error: {exc.format_message()}")
+        except click.exceptions.NoArgsIsHelpError as exc:
+            # A group without its subcommand: the usage and help as click formats them, on real lines, exit 2.
+            exc.show()
             sys.exit(EXIT_BAD_INPUT)
+        except LoopsqError as exc:
+            fail(type(exc).__name__, exc.message, exc.exit_code)
+        except click.UsageError as exc:
+            fail("UsageError", exc.format_message(), EXIT_BAD_INPUT)
         except click.ClickException as exc:
-            echo_err(f"error: {exc.format_message()}")
-            sys.exit(exc.exit_code)
+            fail("ClickException", exc.format_message(), exc.exit_code)
         except click.Abort:
-            echo_err("error: aborted")
-            sys.exit(130)
+            fail("Abort", "aborted", 130)
         except PermissionError as exc:
-            echo_err(f"error: permission denied: {exc.filename or exc}")
-            sys.exit(EXIT_FAILED)
+            fail("PermissionError", f"permission denied: {exc.filename or exc}", EXIT_FAILED)
         sys.exit(rv if isinstance(rv, int) else EXIT_OK)
 
 
 @click.group("loopsq", cls=RootGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("-j", "--json", "json_", is_flag=True, help="Print JSON (also accepted after the subcommand).")
-@click.option("--redis-url", metavar="URL", help="Redis URL [env LOOPSQ_REDIS_URL, then REDIS_URL; default "
-              f"{config.DEFAULT_REDIS_URL}].")
+@click.option("--redis-url", metavar="URL", help="Redis URL: redis://, rediss://, unix:// or redis+sentinel:// "
+              "[env LOOPSQ_REDIS_URL, then REDIS_URL; else the Redis of a running `loopsq up`; no default].")
 @click.option("--data-dir", metavar="DIR", help="Data directory for the SQLite mirror [env LOOPSQ_DATA_DIR; "
               "default ~/.loopsq].")
 @click.version_option(__version__, "--version", prog_name="loopsq", message="%(version)s")
@@ -92,18 +106,49 @@ class RootGroup(workflows_cmds.AliasGroup):
 def cli(ctx: click.Context, json_: bool, redis_url: str | None, data_dir: str | None) -> None:
     """loopsq: recurring commands, coding agents and workflows on Redis workers."""
     resolved_dir = config.resolve_data_dir(data_dir)
-    app = App(redis_url=config.resolve_redis_url(redis_url, resolved_dir), data_dir=resolved_dir, json=json_)
-    ctx.obj = app
+    # Resolved and validated on first use, before anything connects; a command that needs Redis and has none
+    # refuses (``RedisNotConfiguredError``).
+    app = App(redis_flag=redis_url, data_dir=resolved_dir, json=json_)
+    ctx.obj = _invocation["app"] = app
     ctx.call_on_close(app.close)
 
 
 cli.add_command(create.create)
 for _command in (loops_cmds.list_loops, loops_cmds.show, loops_cmds.pause, loops_cmds.resume, loops_cmds.stop,
-                 loops_cmds.remove, workflows_cmds.workflows, mirror_cmd.mirror, run_cmds.run_now, run_cmds.tick,
+                 loops_cmds.remove, workflows_cmds.workflows, mirror_cmd.mirror, run_cmds.run_now, run_cmds.tick, run_cmds.cancel,
                  run_cmds.runs, run_cmds.trigger, process_cmds.scheduler, process_cmds.worker,
-                 health_cmds.doctor, health_cmds.status, up_cmds.up, up_cmds.install_services, workflow_run_cmds.logs,
-                 web_cmd.web):
+                 health_cmds.doctor, health_cmds.status, up_cmds.up, up_cmds.install_services, logs_cmd.logs,
+                 web_cmd.web, mcp_cmd.mcp):
     cli.add_command(_command)
+
+
+#: The ``code`` of a JSON error (``--json``) per error class; anything else is named by its exit code.
+_ERROR_CODES = {"ValidationError": "bad_input", "UsageError": "bad_input", "NotFoundError": "not_found",
+                "ConflictError": "conflict", "RedisUnavailableError": "redis_unavailable", "Abort": "aborted"}
+_EXIT_NAMES = {EXIT_FAILED: "failed", EXIT_BAD_INPUT: "bad_input", EXIT_REDIS: "redis_unavailable"}
+
+
+def _wants_json(argv: Sequence[str]) -> bool:
+    """``-j``/``--json`` anywhere before a ``--`` (the flag is accepted before and after the subcommand)."""
+    for token in argv:
+        if token == "--":
+            return False
+        if token in ("-j", "--json"):
+            return True
+    return False
+
+
+def _line_failure(kind: str, message: str, exit_code: int) -> None:
+    echo_err(f"error: {message}")
+    sys.exit(exit_code)
+
+
+def _json_failure(kind: str, message: str, exit_code: int) -> None:
+    """With ``--json``, an error is one JSON object on stderr: ``{"error": {"code", "exitCode", "message"}}``."""
+    code = _ERROR_CODES.get(kind) or _EXIT_NAMES.get(exit_code, "failed")
+    body = {"error": {"code": code, "exitCode": exit_code, "message": message}}
+    click.echo(json.dumps(body, ensure_ascii=False), err=True)
+    sys.exit(exit_code)
 
 
 def main(argv: Sequence[str] | None = None) -> None:

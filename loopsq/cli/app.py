@@ -15,6 +15,7 @@ import click
 import redis
 
 from loopsq.domain import timeutil
+from loopsq.errors import RedisNotConfiguredError
 from loopsq.mirror.follow import catch_up
 from loopsq.mirror.schema import open_db
 from loopsq.state.connection import connect
@@ -28,12 +29,40 @@ from loopsq.system import config
 class App:
     """Everything a command needs; Redis and the mirror are opened on first use only."""
 
-    redis_url: str
+    redis_flag: str | None
     data_dir: Path
     json: bool = False
     keys: Keys = field(default_factory=Keys)
     _client: redis.Redis | None = None
     _mirror: sqlite3.Connection | None = None
+    _redis: config.RedisSetting | None = None
+    _resolved: bool = False
+
+    @property
+    def redis_setting(self) -> config.RedisSetting | None:
+        """The Redis of this invocation (``config.resolve_redis``), resolved on first use, so that commands which
+        need no Redis run whatever it is set to; None when none is configured.
+
+        Raises:
+            RedisUrlError: when the configured URL is malformed.
+        """
+        if not self._resolved:
+            self._redis = config.resolve_redis(self.redis_flag, self.data_dir)
+            self._resolved = True
+        return self._redis
+
+    @property
+    def redis_url(self) -> str:
+        """The Redis URL of this invocation.
+
+        Raises:
+            RedisNotConfiguredError: when none is configured (before anything connects anywhere).
+            RedisUrlError: when the configured URL is malformed.
+        """
+        setting = self.redis_setting
+        if setting is None:
+            raise RedisNotConfiguredError()
+        return setting.url
 
     def client(self) -> redis.Redis:
         """The Redis client (connects and pings on first use; RedisUnavailableError when unreachable)."""

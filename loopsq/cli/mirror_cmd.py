@@ -6,6 +6,7 @@ import logging
 import signal
 import threading
 import time
+from pathlib import Path
 from types import FrameType
 
 import click
@@ -15,7 +16,9 @@ from loopsq.cli.app import get_app, json_flag
 from loopsq.mirror import queries
 from loopsq.mirror.follow import catch_up, follow, mirror_id, rebuild
 from loopsq.mirror.schema import open_db
-from loopsq.state.connection import connect, mask_url
+from loopsq.state.connection import connect, mask_url, unavailable
+from loopsq.state.keys import Keys
+from loopsq.state.outages import OutageLog, is_transient, wait_for_redis
 from loopsq.system import config
 
 log = logging.getLogger("loopsq.mirror")
@@ -29,6 +32,9 @@ def mirror(do_rebuild: bool, once: bool) -> None:
     """Keep the SQLite query mirror (<data-dir>/loops.db) following Redis."""
     app = get_app()
     path = config.mirror_path(app.data_dir)
+    if not (do_rebuild or once):
+        _run(app.redis_url, app.keys, path)  # waits for Redis: no fail-fast while it is away
+        return
     client = app.client()
     conn = open_db(path)
     try:
@@ -44,14 +50,14 @@ def mirror(do_rebuild: bool, once: bool) -> None:
         if once:
             applied = catch_up(client, app.keys, conn)
             app.emit({"applied": applied, "path": str(path)}, f"applied {applied} change(s) to {path}")
-            return
-        _run(app.redis_url, app.keys, path)
     finally:
         conn.close()
 
 
-def _run(url: str, keys: object, path: object) -> None:
-    """Follow until SIGINT/SIGTERM; Redis outages back off (capped at 5 s) and reconnect."""
+def _run(url: str, keys: Keys, path: Path) -> None:
+    """Follow until SIGINT/SIGTERM. Redis being unreachable or restarting never ends it: it waits with a capped
+    backoff (one log line when the outage starts, one when it ends) and follows on; a configuration error ends
+    it (``RedisUnavailableError``)."""
     logging.basicConfig(level=logging.INFO, format="[loopsq-mirror] %(message)s")
     stop = threading.Event()
 
@@ -62,18 +68,22 @@ def _run(url: str, keys: object, path: object) -> None:
     signal.signal(signal.SIGTERM, _stop)
     signal.signal(signal.SIGINT, _stop)
     group = mirror_id(str(path))
-    log.info("following %s as %s into %s", mask_url(url), group, path)
-    delay = 0.1
+    client = connect(url, check=False)  # a malformed URL is a configuration error, raised here
+    outage = OutageLog(url, log)
+    announced = False
     while not stop.is_set():
+        if not wait_for_redis(client, outage, stop):
+            break
+        if not announced:
+            log.info("following %s as %s into %s", mask_url(url), group, path)
+            announced = True
         conn = open_db(str(path))
         try:
-            client = connect(url)
-            delay = 0.1
-            follow(client, keys, conn, group, stop, on_applied=lambda n: log.info("applied %d change(s)", n))  # type: ignore[arg-type]
-        except (redis.RedisError, OSError) as exc:
-            log.warning("redis unavailable (%s); retrying in %.1fs", exc, delay)
-            stop.wait(delay)
-            delay = min(delay * 2, 5.0)
+            follow(client, keys, conn, group, stop, on_applied=lambda n: log.info("applied %d change(s)", n))
+        except redis.RedisError as exc:
+            if not is_transient(exc):
+                raise unavailable(url, exc) from exc
+            outage.failed(exc)
         except Exception:  # one bad iteration must not end the mirror
             log.exception("mirror iteration failed; continuing")
             time.sleep(1)

@@ -25,8 +25,8 @@ def scheduler(poll_ms: int) -> None:
     """Run a scheduler: move due timers to the queue and run maintenance (any number may run)."""
     from loopsq.engine.scheduler_process import run_scheduler
 
-    app = get_app()
-    app.client()  # fail fast, with exit status 3, when Redis is unreachable
+    app = get_app()  # no fail-fast ping: an unreachable Redis is waited for; a configuration error ends it (3)
+    url = app.redis_url  # before any log line
     _logging("scheduler")
     stop = threading.Event()
 
@@ -36,7 +36,7 @@ def scheduler(poll_ms: int) -> None:
 
     signal.signal(signal.SIGTERM, _stop)
     signal.signal(signal.SIGINT, _stop)
-    run_scheduler(app.redis_url, stop, poll_s=max(1, poll_ms) / 1000.0)
+    run_scheduler(url, stop, poll_s=max(1, poll_ms) / 1000.0)
 
 
 @click.command("worker")
@@ -58,9 +58,9 @@ def worker(burst: bool, grace: str | None) -> None:
         kill_ms, source = shutdown.kill_timeout_ms(os.environ)
         grace_ms, why = shutdown.grace_for(kill_ms), f"kill timeout {shutdown.describe_ms(kill_ms)}: {source}"
 
-    app = get_app()
-    app.client()
+    app = get_app()  # as the scheduler: Redis is waited for, a configuration error ends it (exit status 3)
+    url = app.redis_url  # before any log line
     _logging("worker")
     logging.getLogger("loopsq.worker").info("on SIGTERM the current run gets %s to finish (%s)",
                                             shutdown.describe_ms(grace_ms), why)
-    run_worker(app.redis_url, burst=burst, grace_s=grace_ms / 1000.0)
+    run_worker(url, burst=burst, grace_s=grace_ms / 1000.0)

@@ -185,3 +185,32 @@ def trigger(id_or_name: str, key: str | None) -> None:
     app = get_app()
     run_id, created = trigger_with(app.client(), app.keys, id_or_name, key)
     app.emit({"runId": run_id, "created": created}, f"{run_id} {'created' if created else 'duplicate'}")
+
+
+@click.command("cancel")
+@click.argument("run_id")
+@click.option("--reason", metavar="TEXT", help="Recorded on the run: 'cancelled by user: TEXT'.")
+@click.option("--wait", "wait_s", default=10.0, show_default=True, metavar="SECONDS",
+              help="How long to wait for the worker to record the cancelled run.")
+@json_flag
+def cancel(run_id: str, reason: str | None, wait_s: float) -> None:
+    """Cancel a running loop run from any host: its process group is killed within a second, and it is recorded
+    failed with the reason and not retried (a workflow loop's run cancels its workflow run too)."""
+    from loopsq.domain import run_rules as rules
+    from loopsq.engine.cancel import cancel_run
+    from loopsq.state.runs import RunStore
+
+    app = get_app()
+    cancel_run(app.client(), app.keys, run_id, app.now(), reason)
+    store = RunStore(app.client(), app.keys)
+    deadline = time.monotonic() + max(0.0, wait_s)
+    run = store.get(run_id)
+    while run is not None and run.status == "running" and time.monotonic() < deadline:
+        time.sleep(0.05)
+        run = store.get(run_id)
+    if run is None or run.status == "running":
+        app.emit({"runId": run_id, "status": "running", "cancelRequested": True}, f"{run_id} cancel requested")
+        return
+    if not (run.error or "").startswith(rules.USER_CANCEL_ERROR):
+        raise LoopsqError(f"run {run_id} ended {run.status} before the cancel reached it")
+    app.emit(public_run(run.to_dict(), False), f"{run_id} {run.status}  {run.error}")

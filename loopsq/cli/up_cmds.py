@@ -13,7 +13,7 @@ import click
 
 from loopsq.cli.app import get_app, json_flag
 from loopsq.cli.options import duration_flag, positive_int_flag
-from loopsq.errors import LoopsqError, ValidationError
+from loopsq.errors import LoopsqError, RedisNotConfiguredError, ValidationError
 from loopsq.ops import install
 from loopsq.ops.up import API_TOKEN_ENV, API_TOKEN_FILENAME, UpConfig, api_token, run_up
 from loopsq.system import config
@@ -57,7 +57,7 @@ def up(workers: str, demo: bool, stop_timeout: str, web_port: str, no_web: bool)
             resolve_token(False)
     cfg = UpConfig(
         data_dir=app.data_dir,
-        redis_url=config.configured_redis_url(_root_param("redis_url")),
+        redis_url=config.configured_redis_url(app.redis_flag),
         workers=count,
         demo=demo,
         web=has_web and not no_web,
@@ -87,11 +87,16 @@ def install_services(target: str, enable: bool, directory: str | None) -> None:
     """Write service files for the scheduler, a worker and the web app, and print how to enable them."""
     install.validate_target(target)
     app = get_app()
+    # The services' Redis, validated before anything is written: a configured URL, else that of the `loopsq up`
+    # running on the data dir (the services then find it as every command does, while it runs), else a refusal.
+    setting = app.redis_setting
+    if setting is None:
+        raise RedisNotConfiguredError()
+    configured = config.configured_redis(app.redis_flag)
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}
-    redis_url = config.configured_redis_url(_root_param("redis_url"))
-    if redis_url:
-        env["LOOPSQ_REDIS_URL"] = redis_url
-    if _root_param("data_dir") or os.environ.get("LOOPSQ_DATA_DIR"):
+    if configured is not None:
+        env["LOOPSQ_REDIS_URL"] = configured.url
+    if configured is None or _root_param("data_dir") or os.environ.get("LOOPSQ_DATA_DIR"):
         env["LOOPSQ_DATA_DIR"] = str(app.data_dir)
     default = install.default_dir(target)
     where = Path(directory).expanduser().absolute() if directory else default
@@ -100,9 +105,9 @@ def install_services(target: str, enable: bool, directory: str | None) -> None:
     web_env = {"web": {API_TOKEN_ENV: api_token(app.data_dir)}}
     done = install.write_services(target, where, env, app.data_dir / "logs", default_location=where == default,
                                   service_env=web_env, data_dir=app.data_dir)
-    warnings = [] if redis_url else [
-        f"no Redis URL configured: the services will use {config.DEFAULT_REDIS_URL} "
-        "(pass --redis-url or set LOOPSQ_REDIS_URL, then install again)"
+    warnings = [] if configured is not None else [
+        f"no Redis URL configured: the services will use the Redis of the loopsq up running on {app.data_dir}, "
+        "and refuse to start while it does not run (pass --redis-url or set LOOPSQ_REDIS_URL, then install again)"
     ]
     results = install.run_commands(done.commands) if enable else []
     payload = {

@@ -1,9 +1,7 @@
-"""Workflow run commands (§7.2): ``workflows run|runs|events|inspect|cancel|recover`` and ``logs``."""
+"""Workflow run commands (§7.2): ``workflows run|runs|events|inspect|cancel|recover``."""
 
 from __future__ import annotations
 
-import codecs
-import json
 import time
 from typing import Any
 
@@ -179,52 +177,3 @@ def recover(run_id: str, reason: str) -> None:
     state, recovered = store.recover(run_id, timeutil.now(), reason, step_alive(app.client(), app.keys, state.run))
     app.emit({"workflowRun": public_workflow_run(state.run), "recoveredSteps": recovered},
              f"{run_id} recovered={len(recovered)}")
-
-
-@click.command("logs")
-@click.argument("run_id")
-@click.option("--step", "step_id", metavar="ID", help="The workflow step (for a workflow run).")
-@click.option("-f", "--follow", is_flag=True, help="Keep printing output until the run or step ends.")
-@json_flag
-def logs(run_id: str, step_id: str | None, follow: bool) -> None:
-    """Print the live output of a running run or workflow step (-f follows it until it ends)."""
-    app = get_app()
-    client = app.client()
-    key = app.keys.live(run_id, step_id)
-    if not client.exists(key):
-        state = _store(app).load(run_id)
-        if state is None and not client.exists(app.keys.run(run_id)):
-            raise NotFoundError(f"run not found: {run_id}")
-        if state is not None and step_id is not None and step_id not in state.steps:
-            raise NotFoundError(f"workflow step not found: {run_id}/{step_id}")
-    raw = timers.raw_from(client)
-    decoders = {name: codecs.getincrementaldecoder("utf-8")(errors="replace") for name in ("stdout", "stderr")}
-    last: bytes | str = "0-0"
-    while True:
-        reply: Any = raw.xread({key: last}, count=100, block=1000 if follow else None)
-        entries = reply[0][1] if reply else []
-        for entry_id, fields in entries:
-            last = entry_id
-            stream = fields.get(b"s", b"").decode()
-            if stream == "eof":
-                return
-            decoder = decoders.get(stream, decoders["stdout"])
-            click.echo(decoder.decode(fields.get(b"d", b"")), nl=False, err=stream == "stderr")
-        if not entries:
-            if not follow:
-                return
-            if _ended(app, run_id, step_id):
-                # It wrote its last chunk before its status changed: read what is left, then stop. (A run or
-                # step that printed nothing has no end marker, so this is what ends following it.)
-                follow = False
-
-
-def _ended(app: App, run_id: str, step_id: str | None) -> bool:
-    """Whether the run (or the workflow step) followed by ``logs -f`` can print nothing more."""
-    state = _store(app).load(run_id)
-    if state is not None:
-        if state.terminal:
-            return True
-        return step_id is not None and state.steps.get(step_id, {}).get("status") not in ("pending", "running")
-    raw = app.client().get(app.keys.run(run_id))
-    return raw is None or json.loads(raw).get("status") != "running"

@@ -19,6 +19,7 @@ from zoneinfo import ZoneInfo
 
 from croniter import croniter
 
+from loopsq.domain.text import shown
 from loopsq.domain.timeutil import truncate_ms
 from loopsq.errors import ValidationError
 
@@ -90,7 +91,7 @@ def next_cron_run(expression: str, after: datetime, tz: str) -> datetime:
     try:
         start = after_utc.astimezone(zone).replace(tzinfo=None)
     except OverflowError:  # within a day of year 1 or 9999
-        raise ValidationError(f'cron expression never matches: "{normalised}"') from None
+        raise ValidationError(f'cron expression never matches: "{shown(normalised)}"') from None
     for wall in _walk(template, start, normalised, backwards=False):
         instant = _first_instant(wall, zone)
         # After a fall-back, wall times just past ``start`` can map to instants before ``after``: keep going.
@@ -181,18 +182,23 @@ def _compile(expression: str) -> tuple[str, croniter]:
     """Validate and parse once per distinct expression: (normalised text, croniter template to copy)."""
     fields = expression.split()
     normalised = " ".join(fields)
-    if len(fields) == 1 and normalised.lower() in MACROS:
-        fields = MACROS[normalised.lower()].split()
+    if len(fields) == 1 and normalised.startswith("@"):
+        macro = normalised.lower()
+        if macro == "@reboot":
+            raise ValidationError("@reboot is not supported")
+        if macro not in MACROS:
+            raise ValidationError(f'unknown cron macro: "{shown(normalised)}" (use one of {" ".join(MACROS)})')
+        fields = MACROS[macro].split()
     if len(fields) != 5:
-        raise ValidationError(f'cron must have 5 fields, got {len(fields)}: "{normalised}"')
+        raise ValidationError(f'cron must have 5 fields, got {len(fields)}: "{shown(normalised)}"')
     try:
         standard = " ".join(_standard_field(text, index) for index, text in enumerate(fields))
         template = croniter(standard, datetime(2000, 1, 1))
     # croniter signals bad syntax with several exception types; all mean "not a cron expression".
     except Exception as exc:
-        raise ValidationError(f'invalid cron expression: "{normalised}"') from exc
+        raise ValidationError(f'invalid cron expression: "{shown(normalised)}"') from exc
     if _never_matches(template.expanded):
-        raise ValidationError(f'cron expression never matches: "{normalised}"')
+        raise ValidationError(f'cron expression never matches: "{shown(normalised)}"')
     return normalised, template
 
 

@@ -29,6 +29,9 @@ SKIP_ERROR = "previous run still active"
 SHUTDOWN_ERROR = "worker shut down before completion"
 #: The error of a run that overlap ``replace`` cancelled for a newer slot (``replaced by slot <slot>``).
 REPLACED_ERROR = "replaced by slot "
+#: The error of a run cancelled on request (``loopsq cancel``, the API, the SDK, the dashboard), with
+#: ``: <reason>`` when one was given. Such a run is settled: never retried.
+USER_CANCEL_ERROR = "cancelled by user"
 
 
 def _camel(name: str) -> str:
@@ -120,6 +123,18 @@ def attempt_history(ended: LoopRun) -> list[dict[str, Any]]:
     return [*(ended.previous_attempts or []), summary][-ATTEMPT_HISTORY_MAX:]
 
 
+def lease_renew_every_ms(lease_ms: int) -> int:
+    """How often a held lease is renewed: at a third of its length (the reference's cadence), at least every 10 ms,
+    at most every minute."""
+    return max(10, min(60_000, lease_ms // 3))
+
+
+def lease_ttl_ms(lease_ms: int) -> int:
+    """The TTL the lease key gets at each claim or renewal: the lease plus one renewal period. The key was renewed
+    at most a period before any moment, so it outlives any Redis outage shorter than the lease itself."""
+    return lease_ms + lease_renew_every_ms(lease_ms)
+
+
 def advances_at_finish(loop: Loop) -> bool:
     """Fixed-delay, dynamic and once loops compute their next slot when a run ends; the others when it starts."""
     schedule = loop.schedule
@@ -166,14 +181,16 @@ def timer_at(loop: Loop) -> datetime | None:
     return _dt(loop.next_run_at)
 
 
-def _next_regular(loop: Loop, slot: datetime, now: datetime) -> datetime | None:
+def _next_regular(loop: Loop, slot: datetime, now: datetime, *, ends_backlog: bool) -> datetime | None:
     """The regular slot after ``slot`` once it has been taken at ``now`` (fixed-rate interval and cron).
 
     With catch-up ``all`` the very next slot is kept even if it is already past, so a backlog is worked through
-    in order (and survives a crash: the next fire picks it up); otherwise missed slots are skipped.
+    in order (and survives a crash: the next fire picks it up) — until the slot where the limit cut the backlog
+    (``ends_backlog``: see ``backlog_cut``), after which the loop moves to the first slot after ``now``, as the
+    reference does. Otherwise missed slots are skipped.
     """
     schedule = loop.schedule
-    if loop.catch_up == "all":
+    if loop.catch_up == "all" and not ends_backlog:
         if schedule.type == "interval" and schedule.every_ms:
             return slot + timedelta(milliseconds=schedule.every_ms)
         if schedule.type == "cron" and schedule.expression:
@@ -181,37 +198,63 @@ def _next_regular(loop: Loop, slot: datetime, now: datetime) -> datetime | None:
     return compute_next_after(schedule, slot, now, loop.timezone)
 
 
-def after_claim(loop: Loop, slot: datetime, now: datetime, *, is_retry: bool) -> Loop:
+def user_cancel_error(reason: str | None) -> str:
+    """The error recorded on a run cancelled on request (``cancelled by user[: <reason>]``)."""
+    text = (reason or "").strip()
+    if not text or text == USER_CANCEL_ERROR:
+        return USER_CANCEL_ERROR
+    return f"{USER_CANCEL_ERROR}: {text}"
+
+
+def backlog_cut(loop: Loop, slots: list[datetime], now: datetime) -> datetime | None:
+    """The last of ``slots`` (from ``due``) when catch-up ``all`` cut a longer backlog at ``catchUpLimit``: once
+    it is taken, the loop moves to the first slot after ``now`` (the reference runs exactly the oldest
+    ``catchUpLimit`` missed slots, then skips the rest). None when nothing was cut."""
+    if loop.catch_up != "all" or loop.retry_scheduled_for is not None or not slots:
+        return None
+    if len(slots) < max(1, loop.catch_up_limit):
+        return None
+    following = _next_regular(loop, slots[-1], now, ends_backlog=False)
+    return slots[-1] if following is not None and following <= now else None
+
+
+def after_claim(loop: Loop, slot: datetime, now: datetime, *, is_retry: bool, ends_backlog: bool = False) -> Loop:
     """The loop once ``slot`` is claimed (or skipped) at ``now``.
 
     A retry clears the pending retry (the run row now carries it). A regular slot moves ``nextRunAt``: to the
     following slot for fixed-rate and cron loops (so its timer can be armed while this run goes on), to nothing
-    for loops that schedule from the end of a run (armed again when it ends).
+    for loops that schedule from the end of a run (armed again when it ends). ``ends_backlog``: ``slot`` is the
+    slot where catch-up ``all`` cut the backlog at its limit (``backlog_cut``).
     """
     stamp = to_iso(now)
     if is_retry:
         return loop.with_changes(retry_scheduled_for=None, retry_at=None, updated_at=stamp)
     if advances_at_finish(loop):
         return loop.with_changes(next_run_at=None, updated_at=stamp)
-    upcoming = _next_regular(loop, slot, now)
+    upcoming = _next_regular(loop, slot, now, ends_backlog=ends_backlog)
     return loop.with_changes(next_run_at=to_iso(upcoming) if upcoming else None, updated_at=stamp)
 
 
-def retry_delay_ms(loop: Loop, attempt: int, rng: random.Random | None = None) -> int:
-    """Delay before retrying after failed attempt ``attempt`` (1-based).
+#: Exponential retry delays get up to this fraction of the delay added as jitter (never subtracted), so that a
+#: fleet of failing loops does not retry in step while ``retryDelayMs`` stays a minimum.
+RETRY_JITTER_FRACTION = 0.1
 
-    ``fixed``: ``retryDelayMs``. ``exponential``: ``retryDelayMs * 2^(attempt-1)`` capped at ``retryMaxDelayMs``,
-    with equal jitter (a random value in the upper half), so a fleet of failing loops does not retry in step.
+
+def retry_delay_ms(loop: Loop, attempt: int, rng: random.Random | None = None) -> int:
+    """Delay before retrying after failed attempt ``attempt`` (1-based); never below ``retryDelayMs``.
+
+    ``fixed``: exactly ``retryDelayMs``. ``exponential``: ``retryDelayMs * 2^(attempt-1)`` capped at
+    ``retryMaxDelayMs`` (never below ``retryDelayMs``), plus a random jitter of up to ``RETRY_JITTER_FRACTION`` of
+    that delay.
     """
     base = loop.retry_delay_ms
     if loop.retry_backoff != "exponential":
         return base
     delay: int = base * 2 ** max(0, attempt - 1)
     if loop.retry_max_delay_ms is not None:
-        delay = min(delay, loop.retry_max_delay_ms)
-    half = delay // 2
-    jitter: int = (rng or random.Random()).randint(0, delay - half)
-    return half + jitter
+        delay = max(base, min(delay, loop.retry_max_delay_ms))
+    jitter: int = (rng or random.Random()).randint(0, int(delay * RETRY_JITTER_FRACTION))
+    return delay + jitter
 
 
 @dataclass(frozen=True)
@@ -230,7 +273,7 @@ def after_finish(loop: Loop, run: LoopRun, finished_at: datetime, rng: random.Ra
     retry of the same slot; a settled slot updates the failure streak, and a streak reaching
     ``pauseAfterFailures`` pauses the loop with the reason recorded; loops scheduling from the end of a run get
     their next slot (a once loop stops). A run that overlap ``replace`` cancelled for a newer slot is settled, not
-    retried: its retry would in turn replace the newer run.
+    retried: its retry would in turn replace the newer run; nor is one cancelled on request.
     """
     stamp = to_iso(finished_at)
     if run.source in ("ad_hoc", "trigger"):
@@ -238,7 +281,7 @@ def after_finish(loop: Loop, run: LoopRun, finished_at: datetime, rng: random.Ra
     succeeded = run.status == "succeeded"
     if loop.status != "active":
         return Advance(loop, "none")
-    replaced = run.status == "failed" and (run.error or "").startswith(REPLACED_ERROR)
+    replaced = run.status == "failed" and (run.error or "").startswith((REPLACED_ERROR, USER_CANCEL_ERROR))
     if run.status == "abandoned" and run.error == SHUTDOWN_ERROR:
         return Advance(loop.with_changes(retry_scheduled_for=run.scheduled_for, retry_at=stamp, updated_at=stamp),
                        "retry_scheduled")

@@ -18,7 +18,7 @@ from loopsq.domain.run_rules import LoopRun
 from loopsq.domain.schedules import initial_next_run
 from loopsq.domain.timeutil import from_iso, to_iso, to_ms
 from loopsq.engine import timers
-from loopsq.engine.recovery import live_worker_hosts, recover_runs, recover_workflow_runs
+from loopsq.engine.recovery import live_worker_hosts, recover_runs, recover_workflow_runs, recovery_paused
 from loopsq.engine.runtime import Runtime
 from loopsq.state.commit import Tx
 
@@ -39,6 +39,8 @@ class Report:
     retriggered: int = 0
     #: Workflow runs of their own (no parent loop run) failed because their worker died.
     workflows_failed: int = 0
+    #: Recovery waited: Redis was away moments ago (``recovery.recovery_paused``).
+    recovery_paused: bool = False
 
 
 def _update_loop(rt: Runtime, loop: Loop, new: Loop, change_type: str, now: datetime) -> bool:
@@ -72,9 +74,11 @@ def maintain(rt: Runtime, now: datetime | None = None) -> Report:
     """One maintenance pass."""
     now = now or timeutil.now()
     report = Report()
-    live_hosts = live_worker_hosts(rt, now)
-    report.recovered = recover_runs(rt, now, live_hosts)
-    report.workflows_failed = recover_workflow_runs(rt, now, live_hosts=live_hosts)
+    report.recovery_paused = recovery_paused(rt)
+    if not report.recovery_paused:
+        live_hosts = live_worker_hosts(rt, now)
+        report.recovered = recover_runs(rt, now, live_hosts)
+        report.workflows_failed = recover_workflow_runs(rt, now, live_hosts=live_hosts)
     loops = rt.loops.all()
     running = rt.runs.get_many(rt.runs.running_ids())
     active_loops = {run.loop_id for run in running}

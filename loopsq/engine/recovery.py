@@ -17,8 +17,9 @@ import redis
 from loopsq.domain.run_rules import LoopRun
 from loopsq.domain.timeutil import to_ms
 from loopsq.engine.runner import ensure_timer
-from loopsq.engine.runtime import LIVENESS_TTL_MS, Runtime
+from loopsq.engine.runtime import LIVENESS_TTL_MS, OUTAGE_GAP_MS, OUTAGE_GRACE_MS, Runtime
 from loopsq.state.keys import Keys
+from loopsq.state.outages import in_grace, note_seen
 from loopsq.state.workflow_run_state import WorkflowRunState
 from loopsq.state.workflow_runs import WorkflowRunStore
 from loopsq.system.procs import hostname, is_process_alive, kill_process_group
@@ -26,6 +27,19 @@ from loopsq.system.procs import hostname, is_process_alive, kill_process_group
 log = logging.getLogger("loopsq.recovery")
 
 LEASE_EXPIRED = "run lease expired before completion"
+
+
+def recovery_paused(rt: Runtime) -> bool:
+    """Whether recovery must wait because Redis was away moments ago (or nothing beat for a while).
+
+    Liveness keys expire while Redis is down, and across a restart from AOF (their TTLs are absolute times), so
+    right after an outage a missing liveness key or an expired lease does not mean a dead owner. Every beat
+    records itself (``outages.note_seen``, on the server's clock); after a silence of ``OUTAGE_GAP_MS`` the
+    recovery of runs waits ``OUTAGE_GRACE_MS``, time for every live worker to beat again and to record the runs
+    that finished meanwhile. This call is also a beat of its own, so whoever reaches Redis first after an outage
+    notices it.
+    """
+    return in_grace(note_seen(rt.client, rt.keys, OUTAGE_GAP_MS, OUTAGE_GRACE_MS))
 
 
 def _is_orphan_alive(run: LoopRun, host: str) -> bool:
@@ -122,7 +136,8 @@ def recover_runs(rt: Runtime, now: datetime, live_hosts: set[str] | None = None)
 
 def reap_host(rt: Runtime, now: datetime) -> list[LoopRun]:
     """A worker's share of recovery, on its beat: the runs whose process was started on this host and whose
-    worker died (its orphaned process groups killed first), and the workflow runs with steps here."""
+    worker died (its orphaned process groups killed first), and the workflow runs with steps here. Nothing
+    during the grace after an outage (``recovery_paused``)."""
     key = rt.keys.host_runs(rt.owner.host)
     ids = sorted(str(i) for i in rt.client.smembers(key))
     runs = rt.runs.get_many(ids) if ids else []
@@ -142,12 +157,19 @@ def _recover(rt: Runtime, running: list[LoopRun], now: datetime, defer_to: set[s
         pipe.get(rt.keys.lease(run.id))
         pipe.exists(rt.keys.worker(run.worker_id or "-"))
     replies = pipe.execute()
-    recovered: list[LoopRun] = []
+    suspects: list[tuple[LoopRun, str | None, bool]] = []
     for i, run in enumerate(running):
         lease, alive = replies[2 * i], bool(replies[2 * i + 1])
         lease = lease.decode() if isinstance(lease, bytes) else lease
-        if lease is not None and run.host in defer_to:
+        if lease is not None and (alive or run.host in defer_to):
             continue
+        suspects.append((run, lease, alive))
+    # Judged on what was read just now: if Redis was away before that read (even while this pass waited for
+    # it), the liveness keys may be gone for that reason alone.
+    if not suspects or recovery_paused(rt):
+        return []
+    recovered: list[LoopRun] = []
+    for run, lease, alive in suspects:
         reason = recovery_reason(rt, run, lease, alive)
         if reason is None:
             continue
@@ -192,6 +214,8 @@ def recover_workflow_runs(rt: Runtime, now: datetime, host: str | None = None,
         pipe.exists(rt.keys.worker(owner))
     alive = pipe.execute() if orphans else []
     orphans = [(run_id, owner) for (run_id, owner), live_owner in zip(orphans, alive, strict=True) if not live_owner]
+    if not orphans or recovery_paused(rt):
+        return 0
     store = WorkflowRunStore(rt.client, rt.keys, rt.committer)
     failed = 0
     for run_id, owner in orphans:

@@ -23,14 +23,15 @@ from loopsq.domain import run_rules as rules
 from loopsq.domain import timeutil
 from loopsq.domain.models import Loop
 from loopsq.domain.run_rules import LoopRun
-from loopsq.domain.timeutil import from_iso, to_iso
+from loopsq.domain.timeutil import from_iso, gen_id, to_iso
 from loopsq.engine import timers
 from loopsq.engine.faults import crash_point
 from loopsq.engine.live import LiveWriter
 from loopsq.engine.runtime import LEASE_LOST, SHUTTING_DOWN, Runtime
 from loopsq.engine.workflow_runner import execute_workflow
 from loopsq.executor import RunMetadata, SpawnInfo, execute_target
-from loopsq.state.runs import Claim, Refusal
+from loopsq.state.outages import is_transient
+from loopsq.state.runs import Claim, Refusal, RunStore
 
 log = logging.getLogger("loopsq.runs")
 
@@ -93,8 +94,17 @@ def _execute(rt: Runtime, claim: Claim, *, rearm: bool = True) -> tuple[LoopRun,
     known = {"run": run.to_json()}
     try:
         def on_spawn(info: SpawnInfo) -> None:
-            started = rt.runs.mark_started(run.id, claim.token, timeutil.now(), pid=info.pid,
-                                           pid_start_time=info.start_time, host=info.host, known=known["run"])
+            # Never waits for Redis: the executor reads the child's output only after this returns. While Redis
+            # is away the pid goes unrecorded (the run's outcome still is).
+            try:
+                started = RunStore(rt.direct, rt.keys).mark_started(
+                    run.id, claim.token, timeutil.now(), pid=info.pid, pid_start_time=info.start_time,
+                    host=info.host, known=known["run"])
+            except redis.RedisError as exc:
+                if not is_transient(exc):
+                    raise
+                rt.outage.failed(exc)
+                started = None
             if started is not None:
                 known["run"] = started.to_json()
             crash_point("after_spawn")
@@ -108,7 +118,7 @@ def _execute(rt: Runtime, claim: Claim, *, rearm: bool = True) -> tuple[LoopRun,
         else:
             metadata = RunMetadata(loop_id=loop.id, loop_name=loop.name, run_id=run.id,
                                    scheduled_for=run.scheduled_for, attempt=run.attempt)
-            output = LiveWriter(rt.client, rt.keys, run.id)
+            output = LiveWriter(rt.direct, rt.keys, run.id)
             result = execute_target(loop.target, metadata, cancel=held.cancel, on_spawn=on_spawn, on_output=output)
             output.close(result.status)
             status, exit_code, stdout, stderr, error, pid, duration = (
@@ -124,10 +134,13 @@ def _execute(rt: Runtime, claim: Claim, *, rearm: bool = True) -> tuple[LoopRun,
             log.warning("run %s lease lost; its outcome is not recorded", run.id)
             current = rt.runs.get(run.id)
             return current or run, None
+        # The lease is still renewed while this waits for Redis (the run is released only below).
+        ended_at = timeutil.now()
         finished = rt.runs.finalize(
-            run.id, claim.token, timeutil.now(), status=status, exit_code=exit_code, duration_ms=duration,
+            run.id, claim.token, ended_at, status=status, exit_code=exit_code, duration_ms=duration,
             stdout=stdout, stderr=stderr, error=error, pid=pid, known=(known["run"], loop.to_json()),
-        )
+        ) or rt.runs.recorded_end(run.id, attempt=run.attempt, worker_id=rt.owner.worker_id, status=status,
+                                  finished_at=ended_at)
     finally:
         rt.release(run.id)
     if finished is None:
@@ -178,7 +191,10 @@ def fire(rt: Runtime, loop_id: str) -> FireResult:
     # The time this fire armed the loop's timer at, while the loop it last wrote still wants exactly that: then the
     # re-arm at the end has nothing to do. (Whoever else changed the loop meanwhile made finalize see it.)
     armed_at: datetime | None = None
-    for index, slot in enumerate(rules.due(loop, timeutil.now())):
+    fired_at = timeutil.now()
+    slots = rules.due(loop, fired_at)
+    cut = rules.backlog_cut(loop, slots, fired_at)
+    for index, slot in enumerate(slots):
         now = timeutil.now()
         current = loop if index == 0 else rt.loops.get(loop_id)
         if current is None or current.status != "active":
@@ -192,7 +208,7 @@ def fire(rt: Runtime, loop_id: str) -> FireResult:
             if is_retry:
                 rt.runs.defer_retry(loop_id, now + RETRY_DEFER, now)
                 break
-            skipped = rt.runs.skip(loop_id, slot, now)
+            skipped = rt.runs.skip(loop_id, slot, now, ends_backlog=slot == cut)
             log.info("slot %s of loop=%s skipped: %s", slot_iso, current.name, rules.SKIP_ERROR)
             out.skipped += 1
             if skipped is not None:
@@ -201,7 +217,7 @@ def fire(rt: Runtime, loop_id: str) -> FireResult:
         if active and current.overlap == "replace":
             for run_id in active:
                 rt.runs.request_cancel(run_id, f"{rules.REPLACED_ERROR}{slot_iso}")
-        claim = rt.runs.claim(loop_id, slot, rt.owner, now, source="scheduled")
+        claim = claim_slot(rt, loop_id, slot, now, source="scheduled", ends_backlog=slot == cut)
         if isinstance(claim, Refusal):
             reread = True
             if claim.reason in ("done", "exhausted"):
@@ -259,38 +275,46 @@ def fire_queued(rt: Runtime, budget_s: float = DRAIN_BUDGET_S) -> FireResult:
     return out
 
 
-#: Waits between attempts to drop a taken job's hash while Redis is unreachable (about 30 s in all).
-FINISH_RETRY_S = (0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 5.0, 5.0, 5.0, 5.0)
+#: How long dropping a taken job's hash waits for an unreachable Redis when the runtime does not ride outages
+#: itself (a plain ``rq worker``; ``loopsq worker``'s clients wait anyway).
+FINISH_WAIT_S = 30.0
 
 
 def _finish_taken(rt: Runtime, job_id: str) -> None:
-    """Drop a taken timer job, riding out a short Redis outage.
+    """Drop a taken timer job, riding out a Redis outage.
 
     A job left marked started by this live worker would count as in flight until the worker dies, and its loop
-    would get no new timer meanwhile. If Redis stays away longer, the error reaches RQ, whose worker then fails
-    too; ``loopsq worker`` restarts under a new id, and the old id's liveness expires, so the job is orphaned
-    and maintenance re-arms the loop.
+    would get no new timer meanwhile. If Redis stays away longer (a runtime that does not ride outages), the
+    error reaches RQ; the old id's liveness expires with its worker, so the job is orphaned and maintenance
+    re-arms the loop.
     """
-    for delay in (*FINISH_RETRY_S, None):
-        try:
-            timers.finish_taken(rt.raw, job_id)
-            return
-        except (redis.ConnectionError, redis.TimeoutError) as exc:
-            if delay is None:
-                raise
-            log.warning("could not drop taken timer job %s (%s); retrying in %.1fs", job_id, exc, delay)
-            time.sleep(delay)
+    rt.ride(lambda: timers.finish_taken(rt.raw, job_id), deadline=time.monotonic() + FINISH_WAIT_S)
+
+
+def claim_slot(rt: Runtime, loop_id: str, slot: datetime, now: datetime, *, source: str,
+               run_id: str | None = None, idempotency_key: str | None = None,
+               ends_backlog: bool = False) -> Claim | Refusal:
+    """``RunStore.claim`` for this runtime, which also recognizes its own claim when the reply was lost: a claim
+    resent after Redis applied it is refused by its own guard (``claimed``/``running``), and is ours after all."""
+    nonce = gen_id()
+    result = rt.runs.claim(loop_id, slot, rt.owner, now, source=source, run_id=run_id,
+                           idempotency_key=idempotency_key, nonce=nonce, ends_backlog=ends_backlog)
+    if isinstance(result, Refusal) and result.reason in ("claimed", "running"):
+        return rt.runs.won_claim(loop_id, slot, nonce) or result
+    return result
 
 
 def _claim_ad_hoc(rt: Runtime, loop: Loop, slot: datetime, source: str, run_id: str | None,
                   key: str | None) -> Claim | Refusal:
-    """Claim an ad-hoc slot at ``slot``; a slot taken by another run at the same millisecond moves 1 ms on."""
+    """Claim an ad-hoc slot at ``slot``; a slot taken by another run at the same millisecond moves 1 ms on (also
+    when that run won it while this claim was being made). ``claimed`` is final only for this very run."""
     result: Claim | Refusal = Refusal("gone")
     for _ in range(50):
-        result = rt.runs.claim(loop.id, slot, rt.owner, timeutil.now(), source=source, run_id=run_id,
-                               idempotency_key=key)
-        if isinstance(result, Claim) or result.reason in ("gone", "claimed"):
+        result = claim_slot(rt, loop.id, slot, timeutil.now(), source=source, run_id=run_id, idempotency_key=key)
+        if isinstance(result, Claim) or result.reason == "gone":
             return result
+        if result.reason == "claimed" and run_id is not None and rt.runs.get(run_id) is not None:
+            return result  # this run is taken (its request executed twice)
         slot = slot + timedelta(milliseconds=1)
     return result
 
@@ -313,10 +337,12 @@ def run_now(rt: Runtime, id_or_name: str, run_id: str | None = None,
     slot, source = rules.manual_slot(loop, now)
     claim: Claim | Refusal
     if source != "ad_hoc":
-        claim = rt.runs.claim(loop.id, slot, rt.owner, now, source=source, run_id=run_id)
+        claim = claim_slot(rt, loop.id, slot, now, source=source, run_id=run_id)
         if isinstance(claim, Refusal) and claim.reason in ("done", "exhausted"):
             rt.runs.advance_past(loop.id, slot, now)
             source = "ad_hoc"
+        elif isinstance(claim, Refusal) and claim.reason == "inactive":
+            source = "ad_hoc"  # paused meanwhile: run-now of a loop that is not active is an ad-hoc run
     if source == "ad_hoc":
         claim = _claim_ad_hoc(rt, loop, now, "ad_hoc", run_id, None)
     if isinstance(claim, Refusal):

@@ -16,9 +16,11 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import TypeVar
 
 import redis
 
+from loopsq.domain import run_rules as rules
 from loopsq.domain import timeutil
 from loopsq.domain.timeutil import gen_id
 from loopsq.engine.timers import raw_from
@@ -27,14 +29,24 @@ from loopsq.state.commit import Committer
 from loopsq.state.connection import connect
 from loopsq.state.keys import Keys
 from loopsq.state.loops import LoopStore
+from loopsq.state.outages import OutageLog, is_transient, note_seen, ride, riding
 from loopsq.state.runs import Owner, RunStore
 from loopsq.state.workflows import WorkflowStore
 from loopsq.system.procs import hostname
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 LIVENESS_TTL_MS = 5_000
 LIVENESS_EVERY_S = 1.0
+#: A silence this long in every process's beats (``outages.note_seen``) means Redis was away: beats come every
+#: second, and a liveness key outlives a silence of up to its TTL minus two beats.
+OUTAGE_GAP_MS = 1_500
+#: After such a silence recovery judges no owner dead for this long: a few liveness periods for every live
+#: worker to reconnect and beat again (its liveness key may have expired meanwhile, or across a restart from AOF).
+OUTAGE_GRACE_MS = 3 * LIVENESS_TTL_MS
+#: The beat's longest wait between tries while Redis is away (well under the liveness TTL).
+BEAT_BACKOFF_MAX_S = 1.0
 #: How often a worker reaps its host: recovers runs whose process it started there and whose worker died.
 REAP_EVERY_S = 2.0
 BEAT_S = 0.2
@@ -65,14 +77,32 @@ class Runtime:
         role: str = "worker",
         worker_id: str | None = None,
         reaper: Callable[[Runtime, datetime], object] | None = None,
+        ride_until: threading.Event | None = None,
+        outage: OutageLog | None = None,
     ) -> None:
         """``reaper``: called on the beat every ``REAP_EVERY_S`` (a worker passes ``recovery.reap_host``, its
-        share of recovery on its own host); None for processes that reap nothing."""
+        share of recovery on its own host); None for processes that reap nothing.
+
+        ``ride_until``: the long-running processes' mode. Every Redis call of this runtime (``client``, ``raw``)
+        then waits out Redis outages until that event is set or the runtime stops, so a run's claim and its
+        finalize are held and sent when Redis is back. ``direct`` never waits (best-effort writes: live output,
+        pid records). ``outage``: the process's ``OutageLog`` when it has one already.
+        """
         if client is None:
             if url is None:
                 raise ValueError("Runtime needs a url or a client")
-            client = connect(url)
+            client = connect(url, check=False)  # the processes wait for Redis themselves (``wait_for_redis``)
+        self._stop = threading.Event()
         self.url = url
+        #: This process's record of Redis outages (one line when one starts, one when it ends), shared by threads.
+        self.outage = outage or OutageLog(url or _describe(client))
+        #: Fails at once while Redis is away (for writes that may be skipped).
+        self.direct = client
+        self._riding: Callable[[], bool] | None = None
+        if ride_until is not None:
+            until = ride_until
+            self._riding = lambda: until.is_set() or self._stop.is_set()
+            client = riding(client, self.outage, self._riding)
         self.client = client
         self.keys = keys or Keys()
         self.role = role
@@ -85,7 +115,6 @@ class Runtime:
         self._raw: redis.Redis | None = None
         self._held: dict[str, Held] = {}
         self._lock = threading.Lock()
-        self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._next_liveness = 0.0
         self._next_reap = time.monotonic() + REAP_EVERY_S
@@ -95,16 +124,17 @@ class Runtime:
 
     @property
     def raw(self) -> redis.Redis:
-        """A bytes-responses client for RQ on the same server."""
+        """A bytes-responses client on the same server (timers and RQ's queue); it rides outages as ``client``
+        does. RQ's worker loop gets a plain one of its own (``timers.raw_from(rt.direct)``)."""
         if self._raw is None:
-            self._raw = raw_from(self.client)
+            self._raw = raw_from(self.client) if self._riding is None else riding(
+                self.direct, self.outage, self._riding, decode_responses=False)
         return self._raw
 
     # -- lifecycle ------------------------------------------------------------------------------------------
     def start(self) -> Runtime:
         """Register this process as live and start the beat thread."""
-        registry = self.keys.workers if self.role != "scheduler" else self.keys.schedulers
-        self.client.sadd(registry, self.owner.worker_id)
+        self.client.sadd(self._registry(), self.owner.worker_id)
         self._refresh_liveness()
         self._thread = threading.Thread(target=self._run, name=f"loopsq-beat-{self.role}", daemon=True)
         self._thread.start()
@@ -117,8 +147,7 @@ class Runtime:
             self._thread.join(timeout=5)
         try:
             self.client.delete(self._liveness_key())
-            registry = self.keys.workers if self.role != "scheduler" else self.keys.schedulers
-            self.client.srem(registry, self.owner.worker_id)
+            self.client.srem(self._registry(), self.owner.worker_id)
         except redis.RedisError:
             log.warning("could not withdraw liveness of %s", self.owner.worker_id)
 
@@ -127,6 +156,11 @@ class Runtime:
 
     def __exit__(self, *_exc: object) -> None:
         self.stop()
+
+    def ride(self, fn: Callable[[], T], *, deadline: float | None = None) -> T:
+        """``fn()``, retried through Redis outages (capped backoff, logged once) until it succeeds, this runtime
+        stops, or the monotonic ``deadline`` passes; configuration errors are raised at once."""
+        return ride(fn, self.outage, stop=self._riding or self._stop, deadline=deadline)
 
     # -- held runs --------------------------------------------------------------------------------------------
     def hold(self, run_id: str, token: str, lease_ms: int) -> Held:
@@ -180,8 +214,10 @@ class Runtime:
 
     @staticmethod
     def _renew_every(lease_ms: int) -> float:
-        # A third of the lease (the reference's cadence), at least 10 ms, at most a minute.
-        return max(0.01, min(60.0, lease_ms / 3000.0))
+        return rules.lease_renew_every_ms(lease_ms) / 1000.0
+
+    def _registry(self) -> str:
+        return self.keys.workers if self.role != "scheduler" else self.keys.schedulers
 
     # -- the beat -----------------------------------------------------------------------------------------
     def _liveness_key(self) -> str:
@@ -197,10 +233,14 @@ class Runtime:
         if self.role == "worker":
             record["can"] = published()  # what its targets can find: PATH, provider CLIs, accounts CLI
         pipe = self.client.pipeline(transaction=False)
+        note_seen(pipe, self.keys, OUTAGE_GAP_MS, OUTAGE_GRACE_MS)
         pipe.set(self._liveness_key(), json.dumps(record), px=LIVENESS_TTL_MS)
+        # Registered again on every beat: ``prune_dead`` may have dropped it while Redis was away.
+        pipe.sadd(self._registry(), self.owner.worker_id)
         if self.role == "worker":
             pipe.hset(self.keys.hosts, self.owner.host, str(timeutil.to_ms(timeutil.now())))
         pipe.execute()
+        self.outage.recovered()  # (a riding client has said so already)
         self._next_liveness = time.monotonic() + LIVENESS_EVERY_S
 
     def beat(self) -> None:
@@ -239,8 +279,20 @@ class Runtime:
                 self.beat()
                 delay = BEAT_S
             except redis.RedisError as exc:
-                log.warning("beat failed (%s); retrying", exc)
-                delay = min(delay * 2, 2.0)
+                if not is_transient(exc):
+                    log.exception("beat failed; continuing")
+                    delay = BEAT_BACKOFF_MAX_S
+                    continue
+                self.outage.failed(exc)
+                delay = min(delay * 2, BEAT_BACKOFF_MAX_S)
             except Exception:
                 log.exception("beat failed; continuing")
                 delay = BEAT_S
+
+
+def _describe(client: redis.Redis) -> str:
+    """A URL naming ``client``'s server for messages (no password: it is not in the pool's description)."""
+    kwargs = client.connection_pool.connection_kwargs
+    if kwargs.get("path"):
+        return f"unix://{kwargs['path']}"
+    return f"redis://{kwargs.get('host', '?')}:{kwargs.get('port', '?')}/{kwargs.get('db', 0)}"

@@ -1,9 +1,10 @@
 """``loopsq scheduler``: move due timers onto the queue (rq-scheduler) and run maintenance.
 
-Any number may run on any hosts. One at a time leads, under an owner-checked lock (``SET NX PX`` to take it,
-compare-and-extend to keep it, compare-and-delete to give it up), unlike rq-scheduler's own lock whose release
-deletes whoever holds it. If the leader dies another takes over within ``LOCK_MS``. Even two leaders would
-only duplicate fire jobs, which slot claims make harmless.
+Any number may run on any hosts. Every one moves due timers (``timers.move_due`` is atomic per entry, so racing
+movers never queue a timer twice, and killing one scheduler delays no slot). One at a time leads and runs
+maintenance, under an owner-checked lock (``SET NX PX`` to take it, compare-and-extend to keep it,
+compare-and-delete to give it up), unlike rq-scheduler's own lock whose release deletes whoever holds it. If the
+leader dies another takes over within ``LOCK_MS``; two leaders would only repeat maintenance, which is idempotent.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
+import time
 
 import redis
 
@@ -18,6 +20,8 @@ from loopsq.domain import timeutil
 from loopsq.engine import timers
 from loopsq.engine.maintenance import maintain
 from loopsq.engine.runtime import Runtime
+from loopsq.state.connection import sibling, unavailable
+from loopsq.state.outages import is_transient, wait_for_redis
 
 log = logging.getLogger("loopsq.scheduler")
 
@@ -64,28 +68,42 @@ class Leadership:
 
 
 def run_scheduler(url: str, stop: threading.Event, *, poll_s: float = POLL_S, maintenance_s: float = MAINTENANCE_S) -> None:
-    """The scheduler loop until ``stop`` is set; Redis outages back off (capped at 5 s) and reconnect."""
-    delay = 0.1
-    while not stop.is_set():
-        rt: Runtime | None = None
-        try:
-            rt = Runtime(url, role="scheduler").start()
-            log.info("started id=%s", rt.owner.worker_id)
-            delay = 0.1
-            _loop(rt, stop, poll_s, maintenance_s)
-        except redis.RedisError as exc:
-            log.warning("redis unavailable (%s); retrying in %.1fs", exc, delay)
-            stop.wait(delay)
-            delay = min(delay * 2, 5.0)
-        except Exception:
-            log.exception("scheduler iteration failed; continuing")
-            stop.wait(1.0)
-        finally:
-            if rt is not None:
-                with contextlib.suppress(Exception):
-                    Leadership(rt).release()
-                    rt.stop()
-    log.info("stopped")
+    """The scheduler loop until ``stop`` is set.
+
+    Redis being unreachable or restarting never ends it: its calls wait for Redis (one log line when an outage
+    starts, one when it ends) under the same identity, and go on. Only a configuration error ends it.
+
+    Raises:
+        RedisUnavailableError: on a configuration error (wrong password, bad URL), with its one-line message.
+    """
+    rt = Runtime(url, role="scheduler", ride_until=stop)
+    if not wait_for_redis(rt.direct, rt.outage, stop):
+        return
+    try:
+        rt.start()
+        log.info("started id=%s", rt.owner.worker_id)
+        while not stop.is_set():
+            try:
+                _loop(rt, stop, poll_s, maintenance_s)
+            except redis.RedisError as exc:
+                if stop.is_set() and is_transient(exc):
+                    break
+                if not is_transient(exc):
+                    raise unavailable(url, exc) from exc
+                rt.outage.failed(exc)
+                stop.wait(1.0)
+            except Exception:
+                log.exception("scheduler iteration failed; continuing")
+                stop.wait(1.0)
+    except redis.RedisError as exc:
+        if not (stop.is_set() and is_transient(exc)):
+            raise unavailable(url, exc) from exc
+    finally:
+        with contextlib.suppress(Exception):
+            Leadership(rt).release()
+        with contextlib.suppress(Exception):
+            rt.stop()
+        log.info("stopped")
 
 
 class _Maintainer(threading.Thread):
@@ -94,13 +112,14 @@ class _Maintainer(threading.Thread):
 
     def __init__(self, rt: Runtime, leading: threading.Event, stop: threading.Event, every_s: float) -> None:
         super().__init__(name="loopsq-maintenance", daemon=True)
-        # A second client for this thread; the same identity (no second liveness registration).
-        self.rt = Runtime(client=redis.Redis(connection_pool=rt.client.connection_pool.__class__(
-            connection_class=rt.client.connection_pool.connection_class,
-            **rt.client.connection_pool.connection_kwargs)), keys=rt.keys, role="scheduler",
-            worker_id=rt.owner.worker_id)
+        # A second client for this thread (its own pool, through the same sentinels for a Sentinel URL), waiting
+        # out outages as the first; the same identity (no second liveness registration) and the same outage log.
+        client = sibling(rt.direct, decode_responses=True)
+        self.rt = Runtime(client=client, keys=rt.keys, role="scheduler", worker_id=rt.owner.worker_id,
+                          ride_until=stop, outage=rt.outage)
         self.leading, self.stop, self.every_s = leading, stop, every_s
         self.failed: BaseException | None = None
+        self.paused = False
 
     def run(self) -> None:
         delay = self.every_s
@@ -111,12 +130,19 @@ class _Maintainer(threading.Thread):
                 report = maintain(self.rt, timeutil.now())
                 delay = self.every_s
             except redis.RedisError as exc:
-                log.warning("maintenance: redis unavailable (%s)", exc)
+                if is_transient(exc):
+                    self.rt.outage.failed(exc)
+                else:
+                    log.warning("maintenance: %s", unavailable(self.rt.outage.url, exc).message)
                 delay = min(max(delay * 2, self.every_s), 5.0)
                 continue
             except Exception:
                 log.exception("maintenance failed; continuing")
                 continue
+            if report.recovery_paused != self.paused:
+                self.paused = report.recovery_paused
+                log.info("%s", "recovery waits: Redis was away moments ago; live workers get time to beat again"
+                         if self.paused else "recovery resumes")
             if report.recovered or report.expired or report.repaired or report.retriggered:
                 log.info("maintenance recovered=%d expired=%d repaired=%d armed=%d retriggered=%d",
                          len(report.recovered), report.expired, report.repaired, report.armed, report.retriggered)
@@ -129,16 +155,20 @@ def _loop(rt: Runtime, stop: threading.Event, poll_s: float, maintenance_s: floa
     maintainer = _Maintainer(rt, leading, done, maintenance_s)
     maintainer.start()
     try:
+        next_lead_check = 0.0
         while not stop.is_set():
-            if lead.keep():
-                leading.set()
-                timers.move_due(rt.raw)
-                due_in = timers.next_due_in(rt.raw)
-                wait = poll_s if due_in is None else max(0.0, min(poll_s, due_in))
-            else:
-                leading.clear()
-                wait = LOCK_MS / 3000.0
-            stop.wait(wait)
+            # Every scheduler moves due timers (the scripted mover never moves one twice), so a scheduler killed
+            # -9 costs no slot its lateness; the lead only decides who runs maintenance.
+            now = time.monotonic()
+            if now >= next_lead_check:
+                if lead.keep():
+                    leading.set()
+                else:
+                    leading.clear()
+                next_lead_check = now + LOCK_MS / 3000.0
+            timers.move_due(rt.raw)
+            due_in = timers.next_due_in(rt.raw)
+            stop.wait(poll_s if due_in is None else max(0.0, min(poll_s, due_in)))
     finally:
         leading.clear()
         done.set()

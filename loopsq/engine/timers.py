@@ -1,4 +1,4 @@
-"""The one module that imports rq and rq-scheduler: timers, the queue, and the worker class.
+"""The one module that imports rq-scheduler: timers, and loopsq's RQ queue.
 
 - A loop's timer is a one-shot rq-scheduler entry at the loop's next due time that enqueues
   ``worker.jobs.fire(loop_id)``. rq-scheduler stores whole seconds (``calendar.timegm``); ``MsScheduler`` keeps
@@ -8,9 +8,9 @@
   harmless anyway: every slot attempt is claimed with SET NX.
 - A fire job goes on to take the timer jobs queued right behind it (``take_fire``), without RQ's per-job
   bookkeeping; a taken job is marked started by its worker until done, as RQ would mark it.
-- loopsq's worker class renews RQ's heartbeats of the job it runs (``_JobBeat``), which RQ's ``SimpleWorker``
-  does not do by itself.
 - RQ wants a connection without ``decode_responses``; callers pass such a "raw" client.
+
+loopsq's RQ worker class is in ``rq_worker`` (RQ only, no rq-scheduler).
 
 Switching the timer (for example to RQ's own scheduler) touches this file only.
 """
@@ -18,20 +18,19 @@ Switching the timer (for example to RQ's own scheduler) touches this file only.
 from __future__ import annotations
 
 import logging
-import threading
 import time
-from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
 import redis
-from rq import Queue, SimpleWorker
+from rq import Queue
 from rq.job import Job
 from rq.utils import now as utcnow
 from rq.utils import utcformat
 from rq_scheduler import Scheduler
 
 from loopsq.domain.timeutil import gen_id, to_ms
+from loopsq.state.connection import sibling
 from loopsq.state.keys import Keys
 
 log = logging.getLogger("loopsq.timers")
@@ -66,17 +65,10 @@ class MsScheduler(Scheduler):  # type: ignore[misc]
         return self.get_jobs(time.time(), with_times=with_times)
 
 
-def raw_client(url: str) -> redis.Redis:
-    """A client for RQ (bytes responses)."""
-    return redis.Redis.from_url(url, socket_timeout=10, socket_connect_timeout=5, health_check_interval=30)
-
-
 def raw_from(client: redis.Redis) -> redis.Redis:
-    """A bytes-responses client on the same server as ``client``."""
-    kwargs = dict(client.connection_pool.connection_kwargs)
-    kwargs["decode_responses"] = False
-    pool = client.connection_pool.__class__(connection_class=client.connection_pool.connection_class, **kwargs)
-    return redis.Redis(connection_pool=pool)
+    """A bytes-responses client for RQ on the same server as ``client`` (through the same sentinels, for a
+    Sentinel client: RQ's worker then follows a failover as loopsq's own client does)."""
+    return sibling(client, decode_responses=False)
 
 
 def scheduler(raw: redis.Redis) -> MsScheduler:
@@ -194,8 +186,49 @@ def armed_state(raw: redis.Redis, keys: Keys, loop_ids: list[str]) -> dict[str, 
     }
 
 
-def move_due(raw: redis.Redis) -> int:
-    """Move every due timer onto the queue (what rq-scheduler's ``enqueue_jobs`` does). Returns how many moved."""
+# Move due timers onto the queue: what rq-scheduler's ``enqueue_jobs`` does (the job marked queued with its
+# enqueue time, its id pushed onto the queue, the entry removed), for a batch in one round trip and atomically
+# per entry: ZREM decides who moves an entry, so any number of schedulers may move at once without duplicating
+# one. (Stock rq-scheduler fetches and unpickles each job, saves it whole, then ZREMs it: ~3 round trips a timer,
+# and two schedulers can both enqueue one entry.)
+_MOVE_DUE = """
+local ids = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1], 'LIMIT', 0, tonumber(ARGV[2]))
+local moved = 0
+for _, id in ipairs(ids) do
+  if redis.call('ZREM', KEYS[1], id) == 1 then
+    local key = ARGV[3] .. id
+    if redis.call('EXISTS', key) == 1 then
+      redis.call('HSET', key, 'status', 'queued', 'enqueued_at', ARGV[4], 'origin', ARGV[5])
+      redis.call('RPUSH', KEYS[2], id)
+      moved = moved + 1
+    end
+  end
+end
+if moved > 0 then redis.call('SADD', KEYS[3], KEYS[2]) end
+return {moved, #ids}
+"""
+
+#: Timers moved per round trip at most (a backlog is moved in several).
+MOVE_BATCH = 500
+
+
+def move_due(raw: redis.Redis, now_s: float | None = None) -> int:
+    """Move every due timer onto the queue in batches of ``MOVE_BATCH`` (one scripted round trip each; cost grows
+    with what is due, not with what is armed). Safe to run from several schedulers at once. Returns how many."""
+    sched, q = scheduler(raw), queue(raw)
+    until = repr(time.time() if now_s is None else now_s)
+    moved = 0
+    while True:
+        done, seen = raw.eval(_MOVE_DUE, 3, sched.scheduled_jobs_key, q.key, q.redis_queues_keys, until,
+                              MOVE_BATCH, Job.key_for(""), utcformat(utcnow()), q.name)
+        moved += int(done)
+        if int(seen) < MOVE_BATCH:
+            return moved
+
+
+def move_due_stock(raw: redis.Redis) -> int:
+    """rq-scheduler's own moving of due timers (``get_jobs_to_queue`` + ``enqueue_job``), kept as the baseline of
+    ``bench/timer_move.py``; loopsq moves with ``move_due``."""
     sched = scheduler(raw)
     moved = 0
     for job in sched.get_jobs_to_queue():
@@ -271,80 +304,3 @@ def queue_depth(raw: redis.Redis) -> int:
 def scheduled_count(raw: redis.Redis) -> int:
     """Timers armed."""
     return int(raw.zcard(scheduler(raw).scheduled_jobs_key))
-
-
-class _JobBeat:
-    """Renews RQ's heartbeats of the job a ``SimpleWorker`` executes (its own, its execution's, the worker's),
-    as RQ's forking worker does from its parent process. Without it RQ keeps them for 420 s only: a longer run
-    (an agent, a workflow) has its job marked failed with ``AbandonedJobError`` by another worker's registry
-    cleanup while it still runs, and the worker drops out of RQ's worker list."""
-
-    def __init__(self, worker: SimpleWorker, job: Job, every_s: float) -> None:
-        self._worker, self._job, self._every_s = worker, job, every_s
-        self._stop = threading.Event()
-        self._lock = threading.Lock()
-        self._thread = threading.Thread(target=self._run, name="loopsq-rq-job-beat", daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        while not self._stop.wait(self._every_s):
-            with self._lock:
-                if self._stop.is_set():
-                    return
-                try:
-                    self._worker.maintain_heartbeats(self._job)
-                except redis.RedisError as exc:
-                    log.warning("could not renew RQ's heartbeat of job %s: %s", self._job.id, exc)
-
-    def stop(self) -> None:
-        """No heartbeat after this returns (RQ is about to record the job's end)."""
-        self._stop.set()
-        with self._lock:
-            pass
-
-
-class _Worker(SimpleWorker):
-    """SimpleWorker that tells loopsq when a (warm) shutdown is requested, so the grace period starts, and keeps
-    RQ's heartbeats of the running job (``_JobBeat``)."""
-
-    on_stop: Callable[[], None] | None = None
-    _beat: _JobBeat | None = None
-
-    def request_stop(self, signum: Any, frame: Any) -> None:
-        if self.on_stop is not None:
-            self.on_stop()
-        super().request_stop(signum, frame)  # type: ignore[no-untyped-call]
-
-    def perform_job(self, job: Job, queue: Queue) -> bool:
-        self._beat = _JobBeat(self, job, self.job_monitoring_interval)
-        try:
-            return bool(super().perform_job(job, queue))
-        finally:
-            self._stop_beat()
-
-    def _stop_beat(self) -> None:
-        if self._beat is not None:
-            self._beat.stop()
-            self._beat = None
-
-    def handle_job_success(self, *args: Any, **kwargs: Any) -> None:
-        self._stop_beat()
-        super().handle_job_success(*args, **kwargs)
-
-    def handle_job_failure(self, *args: Any, **kwargs: Any) -> None:
-        self._stop_beat()
-        super().handle_job_failure(*args, **kwargs)
-
-
-def make_worker(raw: redis.Redis, name: str, exception_handler: Callable[..., Any] | None = None,
-                on_stop: Callable[[], None] | None = None) -> SimpleWorker:
-    """An RQ worker on loopsq's queue that runs jobs in its own process (no fork per job).
-
-    loopsq's jobs start their targets as separate process groups already, and its leases, heartbeats and cancel
-    polling live in this process, so RQ's fork-per-job isolation would only add ~12 ms per job. On SIGTERM RQ
-    stops taking jobs and lets the current one finish (warm shutdown); ``on_stop`` is called first.
-    """
-    handlers = [exception_handler] if exception_handler else None
-    worker = _Worker([queue(raw)], connection=raw, name=name, exception_handlers=handlers)
-    worker.on_stop = on_stop
-    return worker

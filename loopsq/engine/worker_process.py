@@ -5,14 +5,18 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import signal
 import threading
+from collections.abc import Callable
 from functools import partial
+from types import FrameType
 
 import redis
 
-from loopsq.engine import timers
-from loopsq.engine.recovery import kill_orphans_of, reap_host
+from loopsq.engine import rq_worker, timers
+from loopsq.engine.recovery import kill_orphans_of, reap_host, recovery_paused
 from loopsq.engine.runtime import Runtime
+from loopsq.state.outages import is_transient, wait_for_redis
 
 log = logging.getLogger("loopsq.worker")
 
@@ -32,38 +36,79 @@ def set_current_runtime(rt: Runtime | None) -> None:
 
 def kill_orphans(rt: Runtime) -> int:
     """Kill process groups (runs and workflow steps) whose worker died on this host: nobody can record their
-    outcome, and their runs are about to be retried."""
-    killed = 0
-    for run in rt.runs.get_many(rt.runs.running_ids()):
-        if run.worker_id == rt.owner.worker_id or rt.client.exists(rt.keys.worker(run.worker_id or "-")):
-            continue
-        killed += kill_orphans_of(rt, run)
-    return killed
+    outcome, and their runs are about to be retried. Not right after a Redis outage (``recovery_paused``): a
+    missing liveness key may then be a live worker's that has not beaten again yet; ``reap_host`` does it later."""
+    runs = rt.runs.get_many(rt.runs.running_ids())
+    pipe = rt.client.pipeline(transaction=False)
+    for run in runs:
+        pipe.exists(rt.keys.worker(run.worker_id or "-"))
+    alive = pipe.execute() if runs else []
+    dead = [run for run, live in zip(runs, alive, strict=True) if not live and run.worker_id != rt.owner.worker_id]
+    if not dead or recovery_paused(rt):
+        return 0
+    return sum(kill_orphans_of(rt, run) for run in dead)
 
 
 def run_worker(url: str, *, burst: bool = False, stop: threading.Event | None = None, grace_s: float = 30.0) -> None:
     """Run the worker until SIGTERM/SIGINT: it stops taking jobs, lets the current run finish within
-    ``grace_s``, then cancels it so it is recorded and retried elsewhere (nothing is left running unowned)."""
-    delay = 0.1
-    while True:
-        rt: Runtime | None = None
+    ``grace_s``, then cancels it so it is recorded and retried elsewhere (nothing is left running unowned).
+
+    Redis being unreachable or restarting never ends it: it waits (one log line when the outage starts, one
+    when it ends) and goes on under the same worker id, so the runs it holds stay its own; a run that ends
+    meanwhile is recorded when Redis is back. RQ's loop, if it quit meanwhile, is started again.
+
+    Raises:
+        RedisUnavailableError: on a configuration error (wrong password, bad URL), with its one-line message.
+    """
+    stop = stop or threading.Event()
+    rt = Runtime(url, role="worker", reaper=reap_host, ride_until=stop)
+    if not _between_incarnations(stop, lambda: wait_for_redis(rt.direct, rt.outage, stop)):
+        return
+    set_current_runtime(rt)
+    try:
         try:
-            rt = Runtime(url, role="worker", reaper=reap_host).start()
-            set_current_runtime(rt)
-            kill_orphans(rt)
-            worker = timers.make_worker(rt.raw, rt.owner.worker_id, on_stop=partial(rt.begin_shutdown, grace_s))
+            rt.start()
             log.info("started id=%s", rt.owner.worker_id)
-            worker.work(burst=burst, logging_level="WARNING", with_scheduler=False)
-            return
+            kill_orphans(rt)
         except redis.RedisError as exc:
-            if stop is not None and stop.is_set():
+            if stop.is_set() and is_transient(exc):
                 return
-            log.warning("redis unavailable (%s); retrying in %.1fs", exc, delay)
-            threading.Event().wait(delay)
-            delay = min(delay * 2, 5.0)
-        finally:
-            set_current_runtime(None)
-            if rt is not None:
-                with contextlib.suppress(Exception):
-                    rt.stop()
-            log.info("stopped")
+            raise
+        on_stop = partial(rt.begin_shutdown, grace_s)
+        while not stop.is_set():
+            # RQ gets a plain client of its own: its loop handles a failing Redis itself (and quits on some).
+            worker = rq_worker.make_worker(timers.raw_from(rt.direct), rt.owner.worker_id, on_stop=on_stop,
+                                           outage=rt.outage)
+            if rq_worker.work(worker, burst=burst) or rt.stopping:
+                return
+            # RQ's loop quit (Redis went away under it): the same worker again, once Redis answers.
+            if not _between_incarnations(stop, partial(_restart, rt, worker, stop)):
+                return
+    finally:
+        set_current_runtime(None)
+        with contextlib.suppress(Exception):
+            rt.stop()
+        log.info("stopped")
+
+
+def _restart(rt: Runtime, worker: object, stop: threading.Event) -> bool:
+    """Wait for Redis, then clear the quit worker's registration so one of the same name can start."""
+    if not wait_for_redis(rt.direct, rt.outage, stop):
+        return False
+    rt.ride(lambda: rq_worker.restart(worker))
+    return True
+
+
+def _between_incarnations(stop: threading.Event, wait: Callable[[], bool]) -> bool:
+    """Run ``wait`` with SIGTERM/SIGINT setting ``stop`` (RQ's own handlers are live only inside its loop)."""
+    def on_signal(_signum: int, _frame: FrameType | None) -> None:
+        log.info("stop signal received")
+        stop.set()
+
+    main = threading.current_thread() is threading.main_thread()
+    previous = [(sig, signal.signal(sig, on_signal)) for sig in (signal.SIGTERM, signal.SIGINT)] if main else []
+    try:
+        return wait() and not stop.is_set()
+    finally:
+        for sig, handler in previous:
+            signal.signal(sig, handler)

@@ -18,12 +18,15 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import Any
 
+import redis
+
 from loopsq.domain import timeutil
 from loopsq.domain.workflow_spec import execution_order
 from loopsq.engine import live
 from loopsq.engine.runtime import Runtime
 from loopsq.executor import ExecutorResult, RunMetadata, SpawnInfo, execute_target
 from loopsq.executor.preflight import step_target
+from loopsq.state.outages import is_transient
 from loopsq.state.workflow_run_state import DONE_STEP, StepEnd, WorkflowRunState
 from loopsq.state.workflow_runs import WorkflowRunStore
 
@@ -76,6 +79,7 @@ class _Execution:
                  loop: Mapping[str, Any] | None) -> None:
         self.rt, self.spec, self.state = rt, spec, state
         self.store = WorkflowRunStore(rt.client, rt.keys, rt.committer)
+        self.direct_store = WorkflowRunStore(rt.direct, rt.keys)
         self.steps = {str(s["id"]): s for s in spec["steps"]}
         self.order = execution_order(list(spec["steps"]))
         self.max_parallel = max(1, int(spec.get("maxParallel") or 1))
@@ -123,13 +127,20 @@ class _Execution:
         )
 
         def spawned(info: SpawnInfo) -> None:
+            # Never waits for Redis (the executor reads the step's output only after this returns): while Redis
+            # is away the pid goes unrecorded, the step's end still is.
             with self.lock:
-                self.store.mark_step_pid(self.state, step_id, timeutil.now(), pid=info.pid,
-                                         start_time=info.start_time, host=info.host)
+                try:
+                    self.direct_store.mark_step_pid(self.state, step_id, timeutil.now(), pid=info.pid,
+                                                    start_time=info.start_time, host=info.host)
+                except redis.RedisError as exc:
+                    if not is_transient(exc):
+                        raise
+                    self.rt.outage.failed(exc)
             if self.on_spawn is not None:
                 self.on_spawn(info)
 
-        on_output = live.LiveWriter(self.rt.client, self.rt.keys, self.state.run_id, step_id)
+        on_output = live.LiveWriter(self.rt.direct, self.rt.keys, self.state.run_id, step_id)
         try:
             result = execute_target(target, metadata, cancel=cancel, on_spawn=spawned, on_output=on_output)
         except Exception as exc:  # the reference turns any executor exception into a failed step

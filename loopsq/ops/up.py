@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import logging
 import os
 import secrets
 import socket
@@ -20,6 +21,7 @@ from loopsq.ops.shutdown import grace_for
 from loopsq.ops.supervisor import ChildSpec, Printer, Supervisor, describe_exit
 from loopsq.state.connection import connect, mask_url
 from loopsq.state.connection import server_version as redis_version
+from loopsq.state.outages import OutageLog, wait_for_redis
 from loopsq.system import config
 
 API_TOKEN_ENV = "LOOPSQ_API_TOKEN"
@@ -106,14 +108,18 @@ def api_token(data_dir: Path) -> str:
 BASE_ENV_KEYS = frozenset({"PATH", "HOME", "USER", "LOGNAME", "SHELL", "LANG", "LANGUAGE", "TZ", "TMPDIR",
                            "PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV", "SYSTEMROOT"})
 #: loopsq's own variables a child may be given (each only to the children that use it), never inherited as such.
-PASSED_LOOPSQ_KEYS = {"all": ("LOOPSQ_HOST",), "web": ("LOOPSQ_METRICS_PER_LOOP",)}
+PASSED_LOOPSQ_KEYS = {
+    "all": ("LOOPSQ_HOST", "LOOPSQ_REDIS_SSL_CERT_REQS", "LOOPSQ_CLAIM_REPLICAS"),
+    "web": ("LOOPSQ_METRICS_PER_LOOP", "LOOPSQ_MCP_ALLOW_MUTATIONS"),
+}
 
 
 def child_env(role: str, url: str | None, data_dir: Path, environ: dict[str, str] | None = None) -> dict[str, str]:
     """The environment of one of up's children: only what it needs.
 
     Every child gets ``BASE_ENV_KEYS`` and ``LC_*``, the Redis URL and the data dir (the embedded Redis gets neither);
-    the web app its token (added by the caller) and ``LOOPSQ_METRICS_PER_LOOP``. A worker gets the whole
+    ``LOOPSQ_HOST`` and the Redis connection settings (``LOOPSQ_REDIS_SSL_CERT_REQS``, ``LOOPSQ_CLAIM_REPLICAS``);
+    the web app its token (added by the caller), ``LOOPSQ_METRICS_PER_LOOP`` and ``LOOPSQ_MCP_ALLOW_MUTATIONS``. A worker gets the whole
     environment instead, because the commands and agents it runs need the user's variables (API keys, an SSH
     agent), but without loopsq's own: no ``LOOPSQ_*`` but what is set here, no ``REDIS_URL``, no ``PORT`` and no
     fault injection (``LOOPSQ_FAULT``: a stray one would make every worker kill itself on every run).
@@ -199,6 +205,20 @@ def start_embedded_redis(sup: Supervisor, embedded: EmbeddedRedis, stop: threadi
     raise LoopsqError(f"the embedded redis-server did not start after {attempts} attempts (see the redis lines)")
 
 
+def _say_logger(sup: Supervisor) -> logging.Logger:
+    """A logger whose records are the supervisor's own lines (``up | ...``)."""
+
+    class Say(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            sup.say(record.getMessage())
+
+    logger = logging.getLogger(f"loopsq.up.{id(sup)}")
+    logger.propagate = False
+    logger.setLevel(logging.INFO)
+    logger.handlers = [Say()]
+    return logger
+
+
 def run_up(cfg: UpConfig, stop: threading.Event, force: threading.Event | None = None,
            printer: Printer | None = None) -> None:
     """Run everything until ``stop`` is set, then stop it all; ``force`` skips the stop grace.
@@ -206,7 +226,8 @@ def run_up(cfg: UpConfig, stop: threading.Event, force: threading.Event | None =
     Raises:
         LoopsqError: when another ``up`` runs on the data dir, the web port is taken, no redis-server can be
             found, the embedded Redis does not start, or a child keeps failing right after it starts.
-        RedisUnavailableError: when a configured Redis does not answer.
+        RedisUnavailableError: on a configuration error of a configured Redis (wrong password, bad URL); an
+            unreachable one is waited for.
     """
     sup = Supervisor(printer or Printer(), stop_grace_s=cfg.stop_grace_s)
     binary = None
@@ -226,7 +247,9 @@ def run_up(cfg: UpConfig, stop: threading.Event, force: threading.Event | None =
             embedded = EmbeddedRedis(cfg.data_dir, binary or find_redis_server())
             url = start_embedded_redis(sup, embedded, stop)
         else:
-            client = connect(url)
+            client = connect(url, check=False)
+            if not wait_for_redis(client, OutageLog(url, _say_logger(sup)), stop):
+                return
             sup.say(f"using Redis at {mask_url(url)} (redis-server {redis_version(client)})")
             client.close()
         if url is None or stop.is_set():

@@ -14,8 +14,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import redis
+from redis.client import Pipeline
 
 from loopsq.domain.timeutil import gen_id
+from loopsq.state.durability import pipelined
 from loopsq.state.keys import Keys
 
 #: Approximate cap on the change stream (an entry is ~1 KB, a run makes ~3: about 200 MB and, at 1,000 runs a
@@ -187,6 +189,10 @@ class CommitResult:
     ok: bool
     change_id: str | None = None
     failed_guard: int | None = None
+    #: With ``replicas``: how many replicas acknowledged the transition (``WAIT``); None when not asked.
+    replicated: int | None = None
+    #: With ``replicas``: the (host, port) of the server that made the transition.
+    server: tuple[Any, Any] | None = None
 
 
 class Committer:
@@ -197,8 +203,12 @@ class Committer:
         self.keys = keys
         self._script = client.register_script(_SCRIPT)
 
-    def commit(self, tx: Tx) -> CommitResult:
-        """Run ``tx`` atomically. Returns ``CommitResult(ok=False, failed_guard=i)`` when guard ``i`` failed."""
+    def commit(self, tx: Tx, *, replicas: int = 0, wait_ms: int = 0) -> CommitResult:
+        """Run ``tx`` atomically. Returns ``CommitResult(ok=False, failed_guard=i)`` when guard ``i`` failed.
+
+        With ``replicas``, the script is followed on the same connection (one pipeline, no extra round trip) by
+        ``WAIT replicas wait_ms``, whose answer is ``replicated``.
+        """
         key_index: dict[str, int] = {self.keys.changes: 1}
         keys: list[str] = [self.keys.changes]
         # Every transition also stamps the dataset's instance id (first writer wins), which mirrors compare to
@@ -211,10 +221,32 @@ class Committer:
                 key_index[key] = len(keys)
             args.extend((op, str(key_index[key]), a, b))
         args.extend((tx.type, tx.at, tx.change_data()))
-        ok, value = self._script(keys=keys, args=args)
+        replicated: int | None = None
+        server: tuple[Any, Any] | None = None
+        if replicas > 0:
+            (ok, value), replicated, server = self._commit_and_wait(keys, args, replicas, wait_ms)
+        else:
+            ok, value = self._script(keys=keys, args=args)
         if int(ok) == 1:
-            return CommitResult(ok=True, change_id=_text(value))
-        return CommitResult(ok=False, failed_guard=int(value))
+            return CommitResult(ok=True, change_id=_text(value), replicated=replicated, server=server)
+        return CommitResult(ok=False, failed_guard=int(value), replicated=replicated, server=server)
+
+    def _commit_and_wait(self, keys: list[str], args: list[str], replicas: int,
+                         wait_ms: int) -> tuple[Any, int, tuple[Any, Any]]:
+        def build(pipe: Pipeline) -> None:
+            pipe.evalsha(self._script.sha, len(keys), *keys, *args)
+            pipe.wait(replicas, wait_ms)
+
+        for attempt in range(2):
+            try:
+                server, (reply, acked) = pipelined(self.client, build)
+            except redis.exceptions.NoScriptError:
+                if attempt:
+                    raise
+                self.client.script_load(_SCRIPT)  # a restarted or new master: load it, then once more
+                continue
+            return reply, int(acked), server
+        raise AssertionError("unreachable")
 
 
 def is_guard(op: str) -> bool:

@@ -31,6 +31,12 @@ class Keys:
         """Stream: the single change stream; one entry per state transition."""
         return self._k("changes")
 
+    @property
+    def probe(self) -> str:
+        """String (60 s TTL): written right before a ``WAIT``, whose answer then covers every earlier write on that
+        master (``durability.replicated``)."""
+        return self._k("probe")
+
     # -- loops ------------------------------------------------------------------------------------------------
     def loop(self, loop_id: str) -> str:
         """String: a loop's JSON (camelCase)."""
@@ -150,6 +156,18 @@ class Keys:
     def scheduler_lock(self) -> str:
         """String with a TTL: which scheduler moves due timers and runs maintenance now (owner-checked)."""
         return self._k("scheduler-lock")
+
+    @property
+    def seen(self) -> str:
+        """String: the Redis server's time (epoch ms) of the latest liveness beat of any loopsq process; a silence
+        there means an outage (``outages.note_seen``)."""
+        return self._k("seen")
+
+    @property
+    def recovery_grace(self) -> str:
+        """String with a TTL: set after an outage; while it exists recovery judges no owner dead (their liveness
+        keys may have expired while Redis was away)."""
+        return self._k("recovery-grace")
 
     def timer(self, loop_id: str) -> str:
         """String: the rq-scheduler job id armed for a loop."""

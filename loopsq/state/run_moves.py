@@ -31,8 +31,9 @@ class LoopMoves:
     keys: Keys
     committer: Committer
 
-    def skip(self, loop_id: str, slot: datetime, now: datetime, *, error: str = rules.SKIP_ERROR) -> LoopRun | None:
-        """Record an overlap skip of a regular slot and move the loop past it.
+    def skip(self, loop_id: str, slot: datetime, now: datetime, *, error: str = rules.SKIP_ERROR,
+             ends_backlog: bool = False) -> LoopRun | None:
+        """Record an overlap skip of a regular slot and move the loop past it (``ends_backlog``: as for a claim).
 
         A slot that already has a row (for example a failed run awaiting its retry) is never overwritten: the
         reference's skip could swallow a pending retry; loopsq leaves the row and only moves the loop.
@@ -44,7 +45,7 @@ class LoopMoves:
             if loop_raw is None:
                 return None
             loop = Loop.from_json(loop_raw)
-            new_loop = rules.after_claim(loop, slot, now, is_retry=False)
+            new_loop = rules.after_claim(loop, slot, now, is_retry=False, ends_backlog=ends_backlog)
             if rules.advances_at_finish(loop):
                 new_loop = loop  # its next slot is set when the running run ends
             existing_id = _s(self.client.get(self.keys.slot(loop_id, slot_iso)))

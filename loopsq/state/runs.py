@@ -18,6 +18,8 @@ from loopsq.domain import run_rules as rules
 from loopsq.domain.models import Loop
 from loopsq.domain.run_rules import LoopRun
 from loopsq.domain.timeutil import gen_id, to_iso, to_ms
+from loopsq.errors import ConflictError
+from loopsq.state import durability
 from loopsq.state.commit import Committer, Tx
 from loopsq.state.keys import Keys
 from loopsq.state.run_moves import LoopMoves, _s
@@ -49,7 +51,8 @@ class Claim:
 @dataclass(frozen=True)
 class Refusal:
     """A claim that was not won, and why: ``claimed`` (someone else has it), ``done`` (slot settled),
-    ``exhausted`` (no attempts left), ``running`` (the slot's run is still going), ``gone`` (no loop)."""
+    ``exhausted`` (no attempts left), ``running`` (the slot's run is still going), ``gone`` (no loop),
+    ``inactive`` (a claim that would move the loop, of a loop no longer active)."""
 
     reason: str
     run: LoopRun | None = None
@@ -62,6 +65,8 @@ class RunStore(LoopMoves):
         self.client = client
         self.keys = keys or Keys()
         self.committer = committer or Committer(client, self.keys)
+        #: Replicas that must acknowledge a claim before its run starts (``durability.claim_replicas``).
+        self.claim_replicas = durability.claim_replicas(client)
 
     # -- reads ----------------------------------------------------------------------------------------------
     def get(self, run_id: str) -> LoopRun | None:
@@ -103,11 +108,15 @@ class RunStore(LoopMoves):
         source: str = "scheduled",
         run_id: str | None = None,
         idempotency_key: str | None = None,
+        ends_backlog: bool = False,
+        nonce: str | None = None,
     ) -> Claim | Refusal:
         """Claim the next attempt of ``(loop, slot)`` for ``owner``: at most one claimer ever wins an attempt.
 
-        Scheduled, due-slot and retry-slot claims also move the loop (``runs.after_claim``) in the same
-        transition; ad-hoc and triggered runs never move it.
+        Scheduled, due-slot and retry-slot claims also move the loop (``run_rules.after_claim``, with
+        ``ends_backlog`` for the slot where catch-up cut its backlog) in the same transition; ad-hoc and triggered
+        runs never move it. ``nonce`` ends the lease token, so a claimer whose reply was lost can find out it won
+        (``won_claim``).
         """
         slot_iso = to_iso(slot)
         for _ in range(MAX_RETRIES):
@@ -119,6 +128,9 @@ class RunStore(LoopMoves):
             if loop_raw is None:
                 return Refusal("gone")
             loop = Loop.from_json(loop_raw)
+            moves_loop = source in ("scheduled", "due_slot", "retry_slot")
+            if moves_loop and loop.status != "active":
+                return Refusal("inactive")  # paused or stopped since the caller looked (the loop guard sees to that)
             existing_id = _s(slot_reply)
             existing_raw = _s(self.client.get(self.keys.run(existing_id))) if existing_id else None
             existing = LoopRun.from_json(existing_raw) if existing_raw else None
@@ -144,15 +156,16 @@ class RunStore(LoopMoves):
                     duration_ms=None, stdout=None, stderr=None, error=None, host=None, pid_start_time=None,
                     updated_at=stamp, previous_attempts=rules.attempt_history(existing),
                 )
-            token = f"{owner.worker_id}:{run.id}:{run.attempt}:{gen_id()}"
+            token = f"{owner.worker_id}:{run.id}:{run.attempt}:{nonce or gen_id()}"
             run = run.with_changes(
                 started_at=stamp, claimed_by=owner.worker_id, worker_id=owner.worker_id, host=owner.host,
                 lease_expires_at=to_iso(now + timedelta(milliseconds=loop.lease_ms)), source=source,
                 idempotency_key=idempotency_key or run.idempotency_key,
             )
-            moves_loop = source in ("scheduled", "due_slot", "retry_slot")
             new_loop = (
-                rules.after_claim(loop, slot, now, is_retry=loop.retry_scheduled_for == slot_iso) if moves_loop else loop
+                rules.after_claim(loop, slot, now, is_retry=loop.retry_scheduled_for == slot_iso, ends_backlog=ends_backlog)
+                if moves_loop
+                else loop
             )
             claim_key = self.keys.claim(loop_id, slot_iso, run.attempt)
             tx = (
@@ -164,7 +177,7 @@ class RunStore(LoopMoves):
                 .set(claim_key, token, px=CLAIM_TTL_MS)
                 .set(self.keys.slot(loop_id, slot_iso), run.id)
                 .set(self.keys.run(run.id), run.to_json())
-                .set(self.keys.lease(run.id), token, px=loop.lease_ms)
+                .set(self.keys.lease(run.id), token, px=rules.lease_ttl_ms(loop.lease_ms))
                 .sadd(self.keys.running, run.id)
                 .sadd(self.keys.loop_active(loop_id), run.id)
                 .put("loop_runs", run.to_dict())
@@ -175,12 +188,35 @@ class RunStore(LoopMoves):
             if new_loop != loop:
                 tx.set(self.keys.loop(loop_id), new_loop.to_json()).put("loops", new_loop.to_dict())
                 tx.note("loop_advanced")
-            result = self.committer.commit(tx)
+            # Across a failover an unreplicated claim is lost, and its slot would run again (``durability``).
+            replicas = self.claim_replicas
+            result = self.committer.commit(tx, replicas=replicas, wait_ms=durability.WAIT_MS)
             if result.ok:
+                if (result.replicated or 0) < replicas and not durability.confirm(
+                        self.client, result.server or (None, None), claim_key, token, CLAIM_TTL_MS, replicas):
+                    return Refusal("claimed", None)
                 return Claim(run, new_loop, token)
             if result.failed_guard == 0:
                 return Refusal("claimed", existing)
         return Refusal("claimed", None)
+
+    def won_claim(self, loop_id: str, slot: datetime, nonce: str) -> Claim | None:
+        """The claim of ``(loop, slot)`` made with ``nonce``, if it is the slot's current one and still running.
+
+        A claim Redis applied whose reply was lost (Redis went away right after) is resent by the client and
+        refused by its own guard; this tells the claimer it won after all, so the run is executed rather than
+        left running with nobody executing it.
+        """
+        slot_iso = to_iso(slot)
+        run_id = _s(self.client.get(self.keys.slot(loop_id, slot_iso)))
+        run = self.get(run_id) if run_id else None
+        if run is None or run.status != "running":
+            return None
+        token = _s(self.client.get(self.keys.claim(loop_id, slot_iso, run.attempt)))
+        loop_raw = _s(self.client.get(self.keys.loop(loop_id)))
+        if token is None or not token.endswith(f":{nonce}") or loop_raw is None:
+            return None
+        return Claim(run, Loop.from_json(loop_raw), token)
 
     # -- while running ----------------------------------------------------------------------------------------
     def _update_running(self, run_id: str, token: str, change_type: str, now: datetime, fn: object,
@@ -240,7 +276,7 @@ class RunStore(LoopMoves):
                 Tx("run_lease_renewed", to_iso(now))
                 .expect(self.keys.lease(run_id), token)
                 .expect(self.keys.run(run_id), raw)
-                .set(self.keys.lease(run_id), token, px=lease_ms)
+                .set(self.keys.lease(run_id), token, px=rules.lease_ttl_ms(lease_ms))
                 .set(self.keys.run(run_id), new.to_json())
                 .put("loop_runs", new.to_dict())
             )
@@ -254,6 +290,30 @@ class RunStore(LoopMoves):
     def request_cancel(self, run_id: str, reason: str, ttl_ms: int = 3_600_000) -> None:
         """Ask whichever process executes ``run_id`` to stop it (it polls this key)."""
         self.client.set(self.keys.cancel(run_id), reason, px=ttl_ms)
+
+    def request_cancel_if_running(self, run_id: str, reason: str,
+                                  ttl_ms: int = 3_600_000) -> tuple[LoopRun, bool] | None:
+        """``request_cancel`` only while the run is still running, in one optimistic transaction (WATCH on the
+        run): a run that ended meanwhile gets no stale request, which an attempt reusing the row would inherit.
+        Returns the run as read and whether the request was made; None when Redis holds no such run."""
+        key = self.keys.run(run_id)
+        for _ in range(MAX_RETRIES):  # the beat rewrites a running run at each lease renewal; a retry then wins
+            with self.client.pipeline() as pipe:
+                try:
+                    pipe.watch(key)  # type: ignore[no-untyped-call]  # redis-py leaves watch untyped
+                    raw = _s(pipe.get(key))
+                    if raw is None:
+                        return None
+                    run = LoopRun.from_json(raw)
+                    if run.status != "running":
+                        return run, False
+                    pipe.multi()
+                    pipe.set(self.keys.cancel(run_id), reason, px=ttl_ms)
+                    pipe.execute()
+                    return run, True
+                except redis.WatchError:
+                    continue
+        raise ConflictError(f"run {run_id} kept changing; try again")
 
     # -- ending -----------------------------------------------------------------------------------------------
     def _finish(
@@ -310,7 +370,13 @@ class RunStore(LoopMoves):
             )
             if run.host:
                 tx.srem(self.keys.host_runs(run.host), run_id)
-            result = self.committer.commit(tx)
+            # A finalize (``token``) waits for a replica as the claim did; one a failover will discard is recorded
+            # again on the new master (``durability``).
+            replicas = self.claim_replicas if token else 0
+            result = self.committer.commit(tx, replicas=replicas, wait_ms=durability.WAIT_MS)
+            if result.ok and (result.replicated or 0) < replicas and not durability.replicated(
+                    self.client, result.server or (None, None), self.keys.probe, replicas):
+                continue
             if result.ok:
                 return final, new_loop
             if result.failed_guard == 0:
@@ -346,6 +412,21 @@ class RunStore(LoopMoves):
             )
 
         return self._finish(run_id, f"run_{status}", now, build, token=token, rng=rng, known=known)
+
+    def recorded_end(self, run_id: str, *, attempt: int, worker_id: str, status: str,
+                     finished_at: datetime) -> tuple[LoopRun, Loop | None] | None:
+        """The run and its loop if the stored run is the end that ``finalize`` of that attempt by that worker with
+        that status at ``finished_at`` records; None otherwise.
+
+        Tells a finalize whose reply was lost (Redis applied it and went away; the resent transition met its own
+        guard) from one that lost its lease.
+        """
+        run = self.get(run_id)
+        if run is None or (run.attempt, run.worker_id, run.status, run.finished_at) != (
+                attempt, worker_id, status, to_iso(finished_at)):
+            return None
+        loop_raw = _s(self.client.get(self.keys.loop(run.loop_id)))
+        return run, Loop.from_json(loop_raw) if loop_raw else None
 
     def abandon(
         self, run_id: str, now: datetime, *, error: str, seen_lease: str | None, change_type: str = "run_abandoned"

@@ -8,11 +8,19 @@ from typing import Any
 
 import redis
 
-from loopsq.domain.timeutil import to_iso
+from loopsq.domain.timeutil import from_iso, to_iso, to_ms
 from loopsq.errors import ConflictError
 from loopsq.state.commit import Tx
 from loopsq.state.keys import Keys
 from loopsq.state.workflow_run_state import MAX_RETRIES, WorkflowRunState, drop_none, dumps_compact
+
+
+def _elapsed_ms(step: dict[str, Any], now: datetime) -> int | None:
+    """How long a running step ran until ``now`` (None for a step that never started)."""
+    started = step.get("startedAt")
+    if step.get("status") != "running" or not started:
+        return None
+    return max(0, to_ms(now) - to_ms(from_iso(str(started))))
 
 
 class WorkflowRunControl:
@@ -48,12 +56,20 @@ class WorkflowRunControl:
                 .srem(self.keys.wf_running, run_id)
                 .put("workflow_runs", run)
             )
-            for step_id, step in state.steps.items():
-                if step["status"] in ("pending", "running"):
-                    new = drop_none({**step, "status": step_status, "error": error, "pid": None, "updatedAt": stamp})
-                    tx.expect_field(self.keys.wf_steps(run_id), step_id, state.steps_raw[step_id])
-                    tx.hset(self.keys.wf_steps(run_id), step_id, dumps_compact(new)).put("workflow_step_runs", new)
-            self._event(state, tx, event_type, now, payload=payload)
+            ended = 0
+            for step in state.ordered_steps():
+                if step["status"] not in ("pending", "running"):
+                    continue
+                # Every end of a step has a finish time and its step event, a cancel's as much as an exit's.
+                step_id = str(step["stepId"])
+                new = drop_none({**step, "status": step_status, "error": error, "pid": None, "finishedAt": stamp,
+                                 "durationMs": _elapsed_ms(step, now), "updatedAt": stamp})
+                tx.expect_field(self.keys.wf_steps(run_id), step_id, state.steps_raw[step_id])
+                tx.hset(self.keys.wf_steps(run_id), step_id, dumps_compact(new)).put("workflow_step_runs", new)
+                self._event(state, tx, f"step_{step_status}", now, step_id=step_id, payload={"reason": error},
+                            offset=ended)
+                ended += 1
+            self._event(state, tx, event_type, now, payload=payload, offset=ended)
             tx.set(self.keys.cancel(run_id), error, px=3_600_000)
             if self._commit(tx):
                 return self.require(run_id)

@@ -208,6 +208,8 @@ class WorkflowRunStore(WorkflowRunControl):
             self._apply_step(state, step_id, step, 1)
             return True
         self._reload(state)
+        if state.steps[step_id]["status"] == "running" and state.steps[step_id].get("startedAt") == stamp:
+            return True  # this very start, resent after Redis applied it (its reply was lost)
         if after is not None:
             return self._end_then_start(state, after, step_id, now)
         return self.start_step(state, step_id, now) if not state.terminal else False
@@ -245,8 +247,10 @@ class WorkflowRunStore(WorkflowRunControl):
     def end_step(self, state: WorkflowRunState, end: StepEnd) -> bool:
         """``finish_step`` with the end as one value."""
         for _ in range(MAX_RETRIES):
-            if state.steps[end.step_id]["status"] != "running":
-                return False
+            current = state.steps[end.step_id]
+            if current["status"] != "running":
+                # False, unless it is this very end, resent after Redis applied it (its reply was lost).
+                return bool(current["status"] == end.status and current.get("finishedAt") == to_iso(end.at))
             step = self._ended(state, end)
             tx = self._step_tx(state, end.step_id, step, f"workflow_step_{end.status}", end.at, guard_run=False)
             self._end_event(state, tx, end)

@@ -1,13 +1,20 @@
-"""Where loopsq finds Redis and its data directory: flags, environment, a running ``loopsq up``, defaults."""
+"""Where loopsq finds Redis and its data directory: flags, environment, a running ``loopsq up``.
+
+There is no default Redis: with nothing configured a command refuses (``RedisNotConfiguredError``) rather than
+guess ``127.0.0.1:6379``, which may well be somebody else's. Every URL is validated before anything connects.
+"""
 
 from __future__ import annotations
 
 import contextlib
 import fcntl
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
-DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
+from loopsq.domain.redis_url import CERT_REQS_ENV, RedisUrl, apply_cert_reqs_default, parse_redis_url
+from loopsq.errors import RedisNotConfiguredError
+
 MIRROR_FILENAME = "loops.db"
 #: Written by ``loopsq up`` (mode 0600) while its embedded Redis runs: the URL, password included.
 REDIS_URL_FILENAME = "redis.url"
@@ -15,25 +22,78 @@ REDIS_URL_FILENAME = "redis.url"
 UP_LOCK_FILENAME = "up.lock"
 
 
-def configured_redis_url(flag: str | None = None) -> str | None:
-    """``--redis-url``, else ``LOOPSQ_REDIS_URL``, else ``REDIS_URL``; None when none is set."""
-    for value in (flag, os.environ.get("LOOPSQ_REDIS_URL"), os.environ.get("REDIS_URL")):
+#: Where a Redis URL can come from, in order; the first one set wins.
+REDIS_URL_ENVS = ("LOOPSQ_REDIS_URL", "REDIS_URL")
+
+
+@dataclass(frozen=True)
+class RedisSetting:
+    """A validated Redis URL and where it came from (``--redis-url``, an environment variable, a running ``up``)."""
+
+    target: RedisUrl
+    source: str
+
+    @property
+    def url(self) -> str:
+        """The URL as given (password included: pass it on, never print it; ``masked`` is for messages)."""
+        return self.target.url
+
+    @property
+    def masked(self) -> str:
+        """The URL with its passwords masked."""
+        return self.target.masked
+
+
+def configured_redis(flag: str | None = None) -> RedisSetting | None:
+    """``--redis-url``, else ``LOOPSQ_REDIS_URL``, else ``REDIS_URL``, validated; None when none is set.
+
+    An empty environment variable counts as unset (an empty ``--redis-url`` is an error).
+
+    Raises:
+        RedisUrlError: when the URL that wins is malformed (it names its source; the password is masked).
+        ValidationError: when ``LOOPSQ_REDIS_SSL_CERT_REQS`` is not none, optional or required.
+    """
+    if flag is not None:
+        return _setting(flag, "--redis-url")
+    for name in REDIS_URL_ENVS:
+        value = os.environ.get(name)
         if value:
-            return value
+            return _setting(value, name)
     return None
 
 
-def resolve_redis_url(flag: str | None = None, data_dir: Path | None = None) -> str:
-    """The Redis URL a command uses.
+def configured_redis_url(flag: str | None = None) -> str | None:
+    """The URL of ``configured_redis(flag)``; None when none is set."""
+    setting = configured_redis(flag)
+    return setting.url if setting else None
 
-    ``--redis-url``, else ``LOOPSQ_REDIS_URL``, else ``REDIS_URL``, else the embedded Redis of a ``loopsq up``
-    running on ``data_dir`` (``<data-dir>/redis.url``; ``data_dir`` defaults to ``resolve_data_dir()``), else
-    the local default.
-    """
-    configured = configured_redis_url(flag)
-    if configured:
+
+def resolve_redis(flag: str | None = None, data_dir: Path | None = None) -> RedisSetting | None:
+    """The Redis a command uses: ``configured_redis(flag)``, else the embedded Redis of a ``loopsq up`` running on
+    ``data_dir`` (``<data-dir>/redis.url``; ``data_dir`` defaults to ``resolve_data_dir()``), else None."""
+    configured = configured_redis(flag)
+    if configured is not None:
         return configured
-    return embedded_redis_url(data_dir if data_dir is not None else resolve_data_dir()) or DEFAULT_REDIS_URL
+    where = data_dir if data_dir is not None else resolve_data_dir()
+    embedded = embedded_redis_url(where)
+    return _setting(embedded, str(where / REDIS_URL_FILENAME)) if embedded else None
+
+
+def resolve_redis_url(flag: str | None = None, data_dir: Path | None = None) -> str:
+    """The URL of ``resolve_redis``.
+
+    Raises:
+        RedisNotConfiguredError: when nothing is configured and no ``loopsq up`` runs on the data dir.
+    """
+    setting = resolve_redis(flag, data_dir)
+    if setting is None:
+        raise RedisNotConfiguredError()
+    return setting.url
+
+
+def _setting(url: str, source: str) -> RedisSetting:
+    target = apply_cert_reqs_default(parse_redis_url(url, source), os.environ.get(CERT_REQS_ENV))
+    return RedisSetting(target, source)
 
 
 def embedded_redis_url(data_dir: Path) -> str | None:

@@ -12,6 +12,7 @@ from loopsq.domain.loop_spec import new_loop, show
 from loopsq.domain.models import LOOP_STATUSES
 from loopsq.domain.redaction import public_loop, public_run
 from loopsq.domain.run_rules import RUN_STATUSES
+from loopsq.engine.cancel import cancel_run
 from loopsq.engine.triggers import trigger_with
 from loopsq.errors import LoopsqError, NotFoundError, RedisUnavailableError, ValidationError
 from loopsq.mirror import queries
@@ -179,3 +180,13 @@ def show_run(ctx: Ctx, run_id: str, show_output: ShowOutput = False) -> JSONResp
     if run is None:
         raise NotFoundError(f"run not found: {run_id}")
     return JSONResponse(public_run(run, show_output))
+
+
+@router.post("/runs/{run_id}/cancel", tags=["runs"], summary="Cancel a running loop run", status_code=202,
+             responses=responses(202, schemas.RunOut, 400, 404, 409,
+                                 description="The worker executing the run was asked to stop it."))
+def cancel_loop_run(ctx: Ctx, run_id: str, body: Annotated[schemas.ReasonIn | None, Body()] = None) -> JSONResponse:
+    """Cancel a running loop run from any host: its process group is killed within a second, and the run is
+    recorded failed with ``cancelled by user[: reason]`` and not retried; 409 when it is not running."""
+    run = cancel_run(ctx.client, ctx.keys, run_id, ctx.now(), body.reason if body is not None else None)
+    return JSONResponse(public_run(run.to_dict(), False), status_code=202)

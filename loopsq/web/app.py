@@ -15,6 +15,10 @@ from fastapi.openapi.utils import get_openapi
 from starlette.types import ASGIApp
 
 from loopsq import __version__
+from loopsq.mcp.context import McpContext
+from loopsq.mcp.http import PATH as MCP_PATH
+from loopsq.mcp.http import HttpTransport
+from loopsq.state.connection import mask_url
 from loopsq.web import api, api_workflows, dashboard, errors, metrics
 from loopsq.web.auth import TokenAuth
 from loopsq.web.context import WebContext, WebSettings
@@ -30,20 +34,44 @@ Every error is `{"error": {"status", "code", "message"}}`: 400 bad input (the me
 """
 
 
-def rq_dashboard_app(redis_url: str) -> ASGIApp:
-    """rq-dashboard (a Flask blueprint) configured for ``redis_url``, as an ASGI app through a2wsgi.
+#: rq-dashboard's connections, by the (masked) URL it is configured with (see ``rq_dashboard_app``).
+_DASHBOARD_CLIENTS: dict[str, redis.Redis] = {}
 
-    Deleting jobs is disabled: loopsq's timers and runs own their jobs.
+
+def _dashboard_connect(url: str, *args: Any, **kwargs: Any) -> tuple[Any, Any]:
+    client = _DASHBOARD_CLIENTS.get(url)
+    if client is not None:
+        return None, client
+    connected: tuple[Any, Any] = _DASHBOARD_FROM_URL[0](url, *args, **kwargs)
+    return connected
+
+
+_DASHBOARD_FROM_URL: list[Any] = []
+
+
+def rq_dashboard_app(redis_url: str, raw: redis.Redis) -> ASGIApp:
+    """rq-dashboard (a Flask blueprint) on ``raw`` (the web app's bytes client), as an ASGI app through a2wsgi.
+
+    rq-dashboard connects from its configured URL on every request, with a parser of its own that knows none of
+    loopsq's URL options (Sentinel credentials, ``LOOPSQ_REDIS_SSL_CERT_REQS``) and shows the URL on its pages
+    with a ``password=`` query in clear. So it is configured with the masked URL, and its connect function answers
+    that URL with loopsq's own client. Deleting jobs is disabled: loopsq's timers and runs own their jobs.
     """
     import flask
     import rq_dashboard  # type: ignore[import-untyped]  # rq-dashboard ships no type information
+    import rq_dashboard.web  # type: ignore[import-untyped]
     from a2wsgi import WSGIMiddleware
-    from rq_dashboard.web import setup_rq_connection  # type: ignore[import-untyped]
+    from rq_dashboard.web import setup_rq_connection
 
+    if not _DASHBOARD_FROM_URL:
+        _DASHBOARD_FROM_URL.append(rq_dashboard.web.from_url)
+        rq_dashboard.web.from_url = _dashboard_connect
+    shown = mask_url(redis_url)
+    _DASHBOARD_CLIENTS[shown] = raw
     # rq-dashboard's templates link their assets through the app's own "static" endpoint.
     static = Path(rq_dashboard.__file__).parent / "static"
     flask_app = flask.Flask("loopsq.rq_dashboard", static_folder=str(static), static_url_path="/static")
-    flask_app.config.update(RQ_DASHBOARD_REDIS_URL=redis_url, RQ_DASHBOARD_DISABLE_DELETE=True)
+    flask_app.config.update(RQ_DASHBOARD_REDIS_URL=shown, RQ_DASHBOARD_DISABLE_DELETE=True)
     flask_app.register_blueprint(rq_dashboard.blueprint)
     setup_rq_connection(flask_app)
     # a2wsgi types WSGI apps and ASGI scopes more narrowly than Flask and Starlette do; the protocols match.
@@ -78,12 +106,15 @@ class LoopsqAPI(FastAPI):
 def create_app(settings: WebSettings, *, client: redis.Redis | None = None) -> FastAPI:
     """Build the app for ``settings`` (``client``: an existing Redis client to use instead of connecting)."""
     ctx = WebContext(settings, client)
+    # The MCP server's streamable-HTTP transport, behind the same token as the API (auth.check).
+    mcp = HttpTransport(McpContext(settings.redis_url, settings.data_dir, settings.keys, client=ctx.client))
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
         ctx.start()
         try:
-            yield
+            async with mcp.run():
+                yield
         finally:
             await run_in_threadpool(ctx.stop)
 
@@ -94,7 +125,9 @@ def create_app(settings: WebSettings, *, client: redis.Redis | None = None) -> F
     errors.install(app, settings.redis_url)
     for router in (api.router, api_workflows.router, metrics.router, dashboard.router):
         app.include_router(router)
+    # Starlette routes an endpoint that is not a function as an ASGI app; its type hint names functions only.
+    app.add_route(MCP_PATH, mcp, include_in_schema=False)  # type: ignore[arg-type]
     if settings.rq_dashboard:
-        app.mount("/rq", rq_dashboard_app(settings.redis_url))
+        app.mount("/rq", rq_dashboard_app(settings.redis_url, ctx.raw()))
     app.add_middleware(TokenAuth, token=settings.token)
     return app

@@ -1,6 +1,6 @@
 """Authentication: one API token (``LOOPSQ_API_TOKEN``), checked in constant time before any route runs.
 
-- The API (``/api/...``) takes ``Authorization: Bearer <token>`` only.
+- The API (``/api/...``) and the MCP endpoint (``/mcp``) take ``Authorization: Bearer <token>`` only.
 - Dashboard pages, ``/metrics`` and the queue view under ``/rq`` take the bearer header too, or the session
   cookie that ``POST /login`` sets after checking the token: HttpOnly, SameSite=Strict, Secure over https. Its
   value is an HMAC of the token, not the token itself. The API does not accept the cookie, so a page can never
@@ -28,6 +28,8 @@ from loopsq.web.errors import error_body
 COOKIE_NAME = "loopsq_session"
 SESSION_MAX_AGE_S = 12 * 3600
 PUBLIC_PATHS = frozenset({"/api/health", "/api/openapi.json", "/login", "/logout"})
+#: Paths that take the bearer token only, never the session cookie (so a page cannot be made to write).
+BEARER_ONLY = ("/api/", "/mcp")
 #: Shortest token ``loopsq web`` accepts.
 MIN_TOKEN_LENGTH = 16
 
@@ -55,7 +57,7 @@ def check(headers: Headers, path: str, token: str) -> str | None:
         if scheme.lower() != "bearer" or not presented.strip():
             return MALFORMED
         return None if same(presented.strip(), token) else WRONG
-    if not path.startswith("/api/"):
+    if not path.startswith(BEARER_ONLY):
         cookie = cookie_parser(headers.get("cookie", "")).get(COOKIE_NAME)
         if cookie is not None:
             return None if same(cookie, session_value(token)) else WRONG
@@ -93,7 +95,7 @@ class TokenAuth:
             await send({"type": "websocket.close", "code": 1008})  # policy violation
             return
         response: Response
-        is_page = not path.startswith(("/api/", "/metrics")) and path != "/api"
+        is_page = not path.startswith((*BEARER_ONLY, "/metrics")) and path != "/api"
         if (is_page and scope.get("method") in ("GET", "HEAD") and "text/html" in headers.get("accept", "")
                 and "authorization" not in headers):
             query = scope.get("query_string", b"").decode("latin-1")

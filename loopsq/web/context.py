@@ -21,16 +21,17 @@ import redis
 
 from loopsq.domain import timeutil
 from loopsq.engine import timers
+from loopsq.errors import RedisUnavailableError
 from loopsq.mirror.follow import catch_up, follow, mirror_id
 from loopsq.mirror.schema import open_db
-from loopsq.state.connection import connect, mask_url
+from loopsq.state.connection import connect, mask_url, unavailable
 from loopsq.state.keys import Keys
+from loopsq.state.outages import OutageLog, is_transient, wait_for_redis
 from loopsq.system import config
 
 log = logging.getLogger(__name__)
 
-#: Follower back-off after a Redis failure: first and longest wait, in seconds.
-RETRY_FIRST_S = 0.1
+#: The follower's wait after a failure that is not an outage (a file it cannot open, a refused password).
 RETRY_MAX_S = 5.0
 
 
@@ -122,12 +123,20 @@ class WebContext:
             self.client.close()
 
     def _follow(self) -> None:
-        """Follow the change stream into this mirror until stopped; Redis outages back off and retry."""
+        """Follow the change stream into this mirror until stopped. Redis outages are waited out with a capped
+        backoff (one log line when one starts, one when it ends); requests meanwhile get 503."""
         path = str(self.mirror_path)
         group = mirror_id(path)
         log.info("mirror follower: %s as %s into %s", mask_url(self.settings.redis_url), group, path)
-        delay = RETRY_FIRST_S
+        outage = OutageLog(self.settings.redis_url, log)
         while not self._stop.is_set():
+            try:
+                if not wait_for_redis(self.client, outage, self._stop):
+                    return
+            except RedisUnavailableError as exc:  # a configuration error: requests say so (503); keep trying
+                log.error("mirror follower: %s", exc.message)
+                self._stop.wait(RETRY_MAX_S)
+                continue
             try:
                 conn = open_db(path)
             except Exception:
@@ -136,14 +145,14 @@ class WebContext:
                 continue
             try:
                 follow(self.client, self.keys, conn, group, self._stop)
-            except (redis.RedisError, OSError) as exc:
-                log.warning("mirror follower: redis unavailable (%s); retrying in %.1fs", exc, delay)
-                self._stop.wait(delay)
-                delay = min(delay * 2, RETRY_MAX_S)
-                continue
+            except redis.RedisError as exc:
+                if is_transient(exc):
+                    outage.failed(exc)
+                else:
+                    log.error("mirror follower: %s", unavailable(self.settings.redis_url, exc).message)
+                    self._stop.wait(RETRY_MAX_S)
             except Exception:  # one bad iteration must not end the follower
                 log.exception("mirror follower iteration failed; continuing")
                 self._stop.wait(1.0)
             finally:
                 conn.close()
-            delay = RETRY_FIRST_S

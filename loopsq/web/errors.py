@@ -21,6 +21,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from loopsq.errors import ConflictError, LoopsqError, NotFoundError, RedisUnavailableError, ValidationError
 from loopsq.state.connection import unavailable
+from loopsq.state.outages import is_transient
 
 log = logging.getLogger(__name__)
 
@@ -136,7 +137,7 @@ def install(app: FastAPI, redis_url: str) -> None:
         return error_response(request, status, exc.message)
 
     async def on_redis(request: Request, exc: Exception) -> Response:
-        if isinstance(exc, redis.ConnectionError | redis.TimeoutError):
+        if is_transient(exc):  # unreachable, restarting (LOADING), failing over (READONLY)
             return error_response(request, 503, unavailable(redis_url, exc).message)
         log.error("%s %s: redis error", request.method, request.url.path, exc_info=exc)
         return error_response(request, 500, f"redis error: {unavailable(redis_url, exc).message}")

@@ -23,6 +23,7 @@ import redis
 
 from loopsq.domain.run_rules import LoopRun
 from loopsq.domain.timeutil import from_iso
+from loopsq.state.connection import client_for
 from loopsq.state.keys import Keys
 from loopsq.system.procs import is_process_alive
 
@@ -254,7 +255,7 @@ class Cluster:
         """Epoch seconds of the loop's armed (not yet fired) timer, None when it has none armed."""
         from loopsq.engine import timers
 
-        raw = redis.Redis.from_url(self.url)
+        raw = client_for(self.url, decode_responses=False)
         try:
             loop_id = self.loop(name)["id"]
             return timers.armed_state(raw, KEYS, [loop_id])[loop_id][0]
@@ -292,7 +293,7 @@ def gaps(slots: list[str], every_ms: int) -> list[tuple[str, str]]:
 def open_cluster(url: str, tmp: Path) -> Iterator[Cluster]:
     """A fresh cluster on a flushed private server; on teardown every process is stopped and, if anything went
     wrong, the logs are printed (pytest shows them with the failure)."""
-    client = redis.Redis.from_url(url, decode_responses=True)
+    client = client_for(url)  # any URL form loopsq takes, a redis+sentinel:// one included
     client.flushall()
     env = {**os.environ, "LOOPSQ_REDIS_URL": url, "LOOPSQ_DATA_DIR": str(tmp / "data"), "PYTHONUNBUFFERED": "1"}
     env.pop("LOOPSQ_FAULT", None)

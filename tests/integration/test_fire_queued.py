@@ -186,7 +186,7 @@ def test_dropping_a_taken_job_rides_out_a_short_redis_outage_and_gives_up_after_
         return runner.FireResult()
 
     monkeypatch.setattr(timers, "finish_taken", flaky)
-    monkeypatch.setattr(runner, "FINISH_RETRY_S", (0.01, 0.01, 0.01))
+    monkeypatch.setattr(runner, "FINISH_WAIT_S", 1.0)
     monkeypatch.setattr(runner, "fire", fire_then_stop)
     assert runner.fire_queued(rt).taken == 1
     assert failures["left"] == 0 and not rt.raw.exists(Job.key_for(first))

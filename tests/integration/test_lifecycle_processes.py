@@ -40,9 +40,18 @@ def test_a_failure_streak_pauses_the_loop_and_show_says_why(cluster: Cluster) ->
 
 @pytest.mark.timeout(60)
 def test_a_loop_past_its_expiry_is_expired_and_runs_no_more(cluster: Cluster) -> None:
-    expires = timeutil.to_iso(timeutil.now() + timedelta(seconds=3))
-    cluster.create("brief", cluster.ledger_cmd(), "--every", "1s", "--expires-at", expires)
+    from loopsq.sdk import LoopsClient
+
+    # The processes first, then the loop, its expiry computed right before it is stored (in this process, not a
+    # CLI one): the 3 s it may run are not eaten by the processes' start on a loaded machine.
     cluster.start_all(schedulers=1, workers=1)
+    client = LoopsClient(cluster.url)
+    try:
+        expires = timeutil.to_iso(timeutil.now() + timedelta(seconds=3))
+        client.create({"name": "brief", "schedule": {"type": "interval", "everyMs": 1000}, "expiresAt": expires,
+                       "target": {"type": "command", "command": cluster.ledger_cmd(), "shell": True}})
+    finally:
+        client.close()
     cluster.wait_until(lambda: cluster.loop("brief")["status"] == "expired", 20, "the loop to expire")
     assert "nextRunAt" not in cluster.loop("brief")
     assert cluster.timer_at("brief") is None

@@ -213,3 +213,37 @@ def test_catch_up_all_runs_every_missed_slot_in_order_after_downtime(downtime: D
     runs = downtime.runs["all"]
     by_start = [r.scheduled_for for r in sorted(runs, key=lambda r: str(r.started_at))]
     assert by_start == sorted(by_start)
+
+
+@pytest.mark.timeout(120)
+def test_catch_up_all_with_a_limit_runs_exactly_the_oldest_missed_slots_then_the_first_after_now(
+        cluster: Cluster) -> None:
+    """Issue 18 point 7: four (or more) 2 s slots missed while the only scheduler was down, a limit of 3: the
+    oldest 3 run, the rest are skipped, and the loop goes on from the first slot after the catch-up."""
+    every = 2000
+    cluster.create("cut", cluster.ledger_cmd(), "--every", "2s", "--catch-up", "all", "--catch-up-limit", "3")
+    scheduler = cluster.start_all(schedulers=1, workers=2)[0]
+    cluster.wait_until(lambda: len(cluster.ledger("cut")) >= 2, 20, "two slots before the downtime")
+    scheduler.terminate()
+    time.sleep(1.0)  # a fire job moved just before the stop finishes (its slot counts as before the stop)
+    last_before = max(slots_ms([e[0] for e in cluster.ledger("cut")]))
+    # The downtime is measured from the last slot that ran, so that at least four slots are missed.
+    while int(time.time() * 1000) < last_before + 4 * every + every // 2:
+        time.sleep(0.1)
+    restarted_at = int(time.time() * 1000)
+    cluster.start("scheduler")
+
+    def after_restart() -> list[int]:
+        return [s for s in slots_ms([e[0] for e in cluster.ledger("cut")]) if s > restarted_at]
+
+    cluster.wait_until(lambda: len(after_restart()) >= 2, 30, "two slots after the catch-up")
+    cluster.stop_all()
+    executed = slots_ms([e[0] for e in cluster.ledger("cut")])
+    missed = [s for s in executed if last_before < s <= restarted_at]
+    assert missed == [last_before + every * i for i in (1, 2, 3)], [to_iso_ms(s) for s in executed]
+    assert len(executed) == len(set(executed))
+    # No row at all for the missed slots past the limit: they were skipped by moving the loop, not run.
+    rows = slots_ms([r.scheduled_for for r in cluster.runs("cut")])
+    assert [s for s in rows if last_before + 3 * every < s <= restarted_at] == []
+    following = min(s for s in executed if s > last_before + 3 * every)
+    assert following > restarted_at and (following - last_before) % every == 0

@@ -12,7 +12,7 @@ from rq import get_current_job
 from rq.job import Job
 from rq.registry import FailedJobRegistry, StartedJobRegistry
 
-from loopsq.engine import timers
+from loopsq.engine import rq_worker, timers
 
 pytestmark = pytest.mark.integration
 
@@ -31,7 +31,7 @@ def beats_seen() -> list[str]:
 def test_the_running_job_heartbeat_is_renewed_and_stops_with_the_job(real_redis: redis.Redis) -> None:
     raw = timers.raw_from(real_redis)
     job_id = timers.enqueue(raw, f"{__name__}.beats_seen")
-    worker = timers.make_worker(raw, "beat-test")
+    worker = rq_worker.make_worker(raw, "beat-test")
     worker.job_monitoring_interval = 0.25
     worker.work(burst=True, logging_level="WARNING", with_scheduler=False)
 

@@ -553,7 +553,7 @@ def test_children_of_an_up_killed_with_sigkill_stop_and_the_next_up_starts_clean
         _, alive = psutil.wait_procs(children, timeout=20)
         assert alive == []
         assert (data / "redis.url").exists()  # left behind, but ignored: no up holds the lock
-        assert config.resolve_redis_url(None, data) == config.DEFAULT_REDIS_URL
+        assert config.resolve_redis(None, data) is None
         up = Up(env, tmp_path / "up2.log", "--workers", "1", "--no-web")
         up.wait_for(r"^up \| running;", 60)
         assert loopsq(env, "list").returncode == 0

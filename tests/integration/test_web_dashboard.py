@@ -27,6 +27,7 @@ from loopsq.state.workflows import WorkflowStore
 from loopsq.web import WebSettings, create_app
 from tests.integration.test_web_api import AUTH, PIPELINE, TOKEN, loop_body, put_run
 from tests.redis_server import RedisServer, free_port
+from tests.tools import needs_tool
 
 pytestmark = pytest.mark.integration
 
@@ -144,8 +145,7 @@ def served(settings: WebSettings) -> Iterator[str]:
         thread.join(timeout=10)
 
 
-@pytest.mark.skipif(not CHROMIUM.exists(), reason="needs Debian's chromium at /usr/bin/chromium "
-                    "(apt-get install chromium); Playwright cannot download browsers here")
+@needs_tool(str(CHROMIUM), "chromium")  # Debian's: Playwright cannot download browsers here
 def test_the_browser_draws_the_workflow_dag_with_each_steps_state(served: str, real_redis: redis.Redis) -> None:
     from playwright.sync_api import sync_playwright
 

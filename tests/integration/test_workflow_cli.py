@@ -265,3 +265,61 @@ def test_logs_of_an_unknown_run_or_step_says_which(cluster: Cluster) -> None:
     assert (missing.returncode, missing.stderr) == (1, "error: run not found: nope\n")
     no_step = cluster.cli("logs", run_id, "--step", "zz", check=False)
     assert (no_step.returncode, no_step.stderr) == (1, f"error: workflow step not found: {run_id}/zz\n")
+
+
+TWO_TALKING = [sh("first", "echo one; echo uno >&2; printf 'no newline'"), sh("second", "echo two", dependsOn=["first"])]
+
+
+def test_logs_of_a_workflow_run_prints_every_step_each_line_behind_its_step_id(cluster: Cluster) -> None:
+    run_id = run_here(cluster, stored(cluster, TWO_TALKING))
+    done = cluster.cli("logs", run_id)
+    assert done.stdout == "first | one\nfirst | no newline\nsecond | two\n"
+    assert done.stderr == "first | uno\n"
+    # One step alone is printed as it was written, without the prefix.
+    assert cluster.cli("logs", run_id, "--step", "first").stdout == "one\nno newline"
+
+
+def test_logs_json_prints_one_json_object_per_line(cluster: Cluster) -> None:
+    run_id = run_here(cluster, stored(cluster, TWO_TALKING))
+    rows = [json.loads(line) for line in cluster.cli("logs", run_id, "--json").stdout.splitlines()]
+    assert rows == [
+        {"runId": run_id, "stepId": "first", "stream": "stdout", "line": "one"},
+        {"runId": run_id, "stepId": "first", "stream": "stdout", "line": "no newline"},
+        {"runId": run_id, "stepId": "first", "stream": "stderr", "line": "uno"},
+        {"runId": run_id, "stepId": "second", "stream": "stdout", "line": "two"},
+    ]
+
+
+@pytest.mark.timeout(90)
+def test_logs_of_a_workflow_loops_run_prints_its_steps_and_follows_them(cluster: Cluster) -> None:
+    go = cluster.tmp / "go"
+    wait = f"while [ ! -e {go} ]; do sleep 0.02; done"
+    stored(cluster, [sh("prep", "echo ready"), sh("talk", f"{wait}; echo late1; sleep 0.3; echo late2",
+                                                   dependsOn=["prep"])], name="flow")
+    cluster.cli("create", "workflow", "wfloop", "--workflow", "flow", "--at", "2020-01-01T00:00:00Z")
+    cluster.start_all(schedulers=1, workers=1)
+    loop_run = cluster.wait_until(lambda: (runs := cluster.runs("wfloop")) and runs[0], 30, "the loop run")
+    cluster.wait_until(lambda: (s := store(cluster).load(run_ids(cluster)[0])) and s.steps["talk"]["status"]
+                       == "running", 30, "step talk to start")
+    follower = _start_logs(cluster, loop_run.id, "-f")
+    try:
+        cluster.wait_until(lambda: _blocked_readers(cluster), 20, "logs -f to wait for output", every=0.02)
+        go.touch()
+        out, err = follower.communicate(timeout=30)
+    finally:
+        follower.kill()
+    assert (follower.returncode, err) == (0, "")
+    assert out == "prep | ready\ntalk | late1\ntalk | late2\n"
+    cluster.wait_until(lambda: (r := cluster.run(loop_run.id)) and r.terminal, 30, "the loop run to end")
+    assert cluster.cli("logs", loop_run.id).stdout == "prep | ready\ntalk | late1\ntalk | late2\n"
+
+
+@pytest.mark.timeout(60)
+def test_logs_of_an_ended_run_is_its_stored_output_after_the_live_window_is_gone(cluster: Cluster) -> None:
+    cluster.create("talker", "echo stored-line; echo err-line >&2", "--at", "2020-01-01T00:00:00Z")
+    cluster.start_all(schedulers=1, workers=1)
+    run = cluster.wait_until(lambda: (runs := cluster.runs("talker")) and runs[0].terminal and runs[0], 30,
+                             "the run to end")
+    cluster.client.delete(KEYS.live(run.id))
+    done = cluster.cli("logs", run.id)
+    assert (done.stdout, done.stderr) == ("stored-line\n", "err-line\n")

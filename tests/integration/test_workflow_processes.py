@@ -134,7 +134,8 @@ def test_cancel_from_another_process_kills_the_step_within_a_second_and_fails_th
     assert (run["status"], run["error"]) == ("cancelled", "cancelled by user")
     assert step_states(cluster, run_id) == {"a": ("cancelled", "cancelled by user"),
                                             "b": ("cancelled", "cancelled by user")}
-    assert event_shape(cluster, run_id) == [("created", None), ("step_started", "a"), ("cancelled", None)]
+    assert event_shape(cluster, run_id) == [("created", None), ("step_started", "a"), ("step_cancelled", "a"),
+                                            ("step_cancelled", "b"), ("cancelled", None)]
     assert steps_ledger(cluster) == ["a"]
 
 
@@ -161,13 +162,15 @@ def test_a_worker_killed_mid_workflow_has_the_loop_run_retried_as_a_new_workflow
     assert time.monotonic() - killed_at <= 15
     assert not is_process_alive(pid), "the dead worker's step process was left running"
 
-    # The first workflow run failed with its parent (saying why): open steps skipped, one `failed` event.
+    # The first workflow run failed with its parent (saying why): open steps skipped (each with its event), then
+    # one `failed` event.
     parent_gone = f"parent loop run abandoned: worker {victim_id} died before completion"
     first = wf_store(cluster).require(first_id)
     assert (first.run["status"], first.run["error"]) == ("failed", parent_gone)
     assert step_states(cluster, first_id) == {"a": ("skipped", parent_gone), "b": ("skipped", parent_gone)}
-    assert event_shape(cluster, first_id) == [("created", None), ("step_started", "a"), ("failed", None)]
-    assert wf_store(cluster).events(first_id)[2]["payload"] == {"error": parent_gone, "loopRunId": loop_run_id}
+    assert event_shape(cluster, first_id) == [("created", None), ("step_started", "a"), ("step_skipped", "a"),
+                                              ("step_skipped", "b"), ("failed", None)]
+    assert wf_store(cluster).events(first_id)[4]["payload"] == {"error": parent_gone, "loopRunId": loop_run_id}
     abandoned = [c for c in cluster.changes() if c["type"] == "run_abandoned"]
     assert [row["error"] for c in abandoned for row in c["data"]["upsert"]["loop_runs"]] == [
         f"worker {victim_id} died before completion"

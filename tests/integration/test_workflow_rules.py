@@ -459,7 +459,7 @@ def test_a_workflow_timeout_during_a_continue_on_failure_step_ends_the_run_timed
 
 # -- cancel (§5.6) ------------------------------------------------------------------------------------------
 @pytest.mark.timeout(30)
-def test_cancel_kills_the_running_step_cancels_the_pending_ones_and_records_one_cancelled_event(
+def test_cancel_kills_the_running_step_and_ends_every_open_step_with_a_finish_time_and_its_event(
     rt: Runtime, ledger: Path
 ) -> None:
     spec = workflow(rt.client, [noted(ledger, "a", "sleep 30"), noted(ledger, "b")])
@@ -472,12 +472,18 @@ def test_cancel_kills_the_running_step_cancels_the_pending_ones_and_records_one_
     assert (outcome.status, outcome.exit_code, outcome.error) == ("failed", 1, "cancelled by user")
     assert steps_of(rt, run_id) == {"a": ("cancelled", "cancelled by user"), "b": ("cancelled", "cancelled by user")}
     listed = events(rt, run_id)
-    assert shape(listed) == [("created", None), ("step_started", "a"), ("cancelled", None)]
-    assert listed[2]["payload"] == {"reason": "cancelled by user"}
+    assert shape(listed) == [("created", None), ("step_started", "a"), ("step_cancelled", "a"),
+                             ("step_cancelled", "b"), ("cancelled", None)]
+    assert [e["sequence"] for e in listed] == [1, 2, 3, 4, 5]
+    assert [e["payload"] for e in listed[2:]] == [{"reason": "cancelled by user"}] * 3
+    steps = store(rt).require(run_id).steps
+    run_finished = store(rt).require(run_id).run["finishedAt"]
+    assert steps["a"]["finishedAt"] == steps["b"]["finishedAt"] == run_finished
+    assert steps["a"]["durationMs"] >= 0 and "durationMs" not in steps["b"]  # b never started
     assert ran(ledger) == ["a"]
     # A terminal run is returned unchanged by a second cancel.
     assert store(rt).cancel(run_id, timeutil.now(), "again").run["error"] == "cancelled by user"
-    assert len(events(rt, run_id)) == 3
+    assert len(events(rt, run_id)) == 5
 
 
 # -- maxParallel --------------------------------------------------------------------------------------------

@@ -15,6 +15,8 @@ from click.testing import CliRunner, Result
 from loopsq.cli import cli
 
 NOW = datetime(2026, 1, 1, 0, 0, 0, tzinfo=UTC)
+#: The URL the in-process CLI is given; nothing connects to it (fakeredis stands in).
+FAKE_URL = "redis://fake-redis.invalid:6379/0"
 
 
 @dataclass
@@ -65,6 +67,7 @@ def make_cli(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Cli:
     data_dir = tmp_path / "data"
     monkeypatch.setenv("LOOPSQ_DATA_DIR", str(data_dir))
     monkeypatch.setenv("TZ", "UTC")
-    monkeypatch.delenv("LOOPSQ_REDIS_URL", raising=False)
+    # An explicit URL (``connect`` is replaced by fakeredis above): with none, every command refuses.
+    monkeypatch.setenv("LOOPSQ_REDIS_URL", FAKE_URL)
     monkeypatch.delenv("REDIS_URL", raising=False)
     return Cli(CliRunner(), fakeredis.FakeRedis(server=server, decode_responses=True), data_dir)

@@ -137,10 +137,11 @@ def test_redis_unreachable_is_one_line_with_the_password_masked_and_exit_3(
     assert "s3cret" not in result.stderr + result.stdout
 
 
-def test_json_error_output_is_still_one_line_on_stderr(cli: Cli) -> None:
+def test_json_error_output_is_one_json_line_on_stderr(cli: Cli) -> None:
     result = cli.run("--json", "show", "nope")
-    assert (result.exit_code, result.stderr, result.stdout) == (1, "error: loop not found: nope\n", "")
-    assert json  # the module is used for parity with other CLI tests
+    assert (result.exit_code, result.stdout, result.stderr.count("\n")) == (1, "", 1)
+    assert json.loads(result.stderr) == {"error": {"code": "not_found", "exitCode": 1,
+                                                   "message": "loop not found: nope"}}
 
 
 def test_a_value_with_a_line_break_still_gives_one_error_line(cli: Cli) -> None:

@@ -115,7 +115,7 @@ def test_both_day_fields_restricted_match_either_day() -> None:
 
 @pytest.mark.parametrize(
     ("expression", "count"),
-    [("", 0), ("* * * *", 4), ("* * * * * *", 6), ("0 0 * * * * 2026", 7), ("@reboot", 1), ("@daily 5", 2)],
+    [("", 0), ("* * * *", 4), ("* * * * * *", 6), ("0 0 * * * * 2026", 7), ("@daily 5", 2)],
 )
 def test_a_wrong_number_of_fields_is_reported_with_the_count(expression: str, count: int) -> None:
     assert error_of(expression) == f'cron must have 5 fields, got {count}: "{expression}"'
@@ -283,3 +283,52 @@ def test_the_host_zone_falls_back_to_the_localtime_link_then_utc(monkeypatch: py
     monkeypatch.delenv("TZ")
     monkeypatch.setattr("os.path.realpath", lambda path: "/usr/share/zoneinfo/Nowhere/Land")
     assert host_timezone_name() == "UTC"
+
+
+def test_reboot_has_its_own_error() -> None:
+    assert error_of("@reboot") == "@reboot is not supported"
+    assert error_of("  @REBOOT ") == "@reboot is not supported"
+
+
+def test_an_unknown_macro_names_itself_and_the_known_ones() -> None:
+    assert error_of("@fortnightly") == (
+        'unknown cron macro: "@fortnightly" (use one of @yearly @annually @monthly @weekly @daily @midnight @hourly)')
+
+
+def test_a_huge_expression_is_quoted_by_a_short_escaped_prefix() -> None:
+    message = error_of("1 " * 500_000)
+    assert message.startswith('cron must have 5 fields, got 500000: "1 1 1 ')
+    assert message.endswith('… (999935 more characters)"') and len(message) < 200
+
+
+# The day rule (README "Cron day rule"): each example is (expression, the first six days after Sun 2026-02-01).
+DAY_RULE = [
+    ("0 0 15 * *", ["Sun 15", "Sun 15", "Wed 15", "Fri 15", "Mon 15", "Wed 15"]),  # day-of-month alone
+    ("0 0 * * MON", ["Mon 02", "Mon 09", "Mon 16", "Mon 23", "Mon 02", "Mon 09"]),  # day-of-week alone
+    ("0 0 1,15 * MON", ["Mon 02", "Mon 09", "Sun 15", "Mon 16", "Mon 23", "Sun 01"]),  # both: either matches
+    ("0 0 */2 * MON", ["Mon 02", "Tue 03", "Thu 05", "Sat 07", "Mon 09", "Wed 11"]),  # */2 restricts: OR
+    ("0 0 1-31 * MON", ["Mon 02", "Tue 03", "Wed 04", "Thu 05", "Fri 06", "Sat 07"]),  # 1-31 restricts: OR
+    ("0 0 15 * *,MON", ["Sun 15", "Sun 15", "Wed 15", "Fri 15", "Mon 15", "Wed 15"]),  # a bare * part: AND
+    ("0 0 *,15 * MON", ["Mon 02", "Mon 09", "Mon 16", "Mon 23", "Mon 02", "Mon 09"]),  # a bare * part: AND
+]
+
+
+@pytest.mark.parametrize(("expression", "days"), DAY_RULE)
+def test_the_documented_day_rule_holds(expression: str, days: list[str]) -> None:
+    from datetime import UTC, datetime
+
+    from loopsq.domain.cron import next_cron_run
+
+    at, out = datetime(2026, 2, 1, tzinfo=UTC), []
+    for _ in range(6):
+        at = next_cron_run(expression, at, "UTC")
+        out.append(at.strftime("%a %d"))
+    assert out == days
+
+
+def test_the_readme_states_the_day_rule_with_its_examples() -> None:
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    for expression, _ in DAY_RULE:
+        assert f"`{expression}`" in readme, expression

@@ -6,6 +6,7 @@ CI runs a few hundred examples; ``LOOPSQ_FUZZ_EXAMPLES=10000`` is the nightly-st
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -16,6 +17,7 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from loopsq.cli import cli
+from tests.unit.cli_helpers import FAKE_URL
 
 EXAMPLES = int(os.environ.get("LOOPSQ_FUZZ_EXAMPLES", "300"))
 
@@ -63,6 +65,7 @@ def test_any_create_arguments_succeed_or_fail_with_one_line_and_write_nothing(
         mp.setattr("loopsq.cli.app.connect", lambda *_a, **_k: fakeredis.FakeRedis(server=server,
                                                                                   decode_responses=True))
         mp.setenv("LOOPSQ_DATA_DIR", str(Path(data) / "d"))
+        mp.setenv("LOOPSQ_REDIS_URL", FAKE_URL)  # never connected to: fakeredis stands in
         mp.setenv("TZ", "UTC")
         before = _state(client)
         result = CliRunner().invoke(cli, args, catch_exceptions=True)
@@ -70,7 +73,9 @@ def test_any_create_arguments_succeed_or_fail_with_one_line_and_write_nothing(
         assert result.exit_code in (0, 2), (args, result.exit_code, result.stderr)
         event(f"exit {result.exit_code}")
         if result.exit_code == 2:
-            assert result.stderr.startswith("error: ") and result.stderr.count("\n") == 1, (args, result.stderr)
+            assert result.stderr.count("\n") == 1, (args, result.stderr)
+            # One ``error:`` line, or with -j/--json among the arguments one JSON error object.
+            assert result.stderr.startswith("error: ") or "message" in json.loads(result.stderr)["error"], args
             assert result.stdout == ""
             assert _state(client) == before, args
         else:

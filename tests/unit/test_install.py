@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
+import fcntl
 import os
 import plistlib
 import re
-import shutil
 import stat
 import subprocess
 import sys
@@ -16,7 +16,10 @@ from click.testing import CliRunner, Result
 
 from loopsq.cli import cli
 from loopsq.ops import install
+from tests.tools import needs_tool
 
+#: An explicit URL: install never connects, and no command falls back to a default Redis.
+URL = "redis://redis.example:6379/0"
 UNITS = ("loopsq-scheduler.service", "loopsq-worker.service", "loopsq-web.service")
 PLISTS = ("com.loopsq.scheduler.plist", "com.loopsq.worker.plist", "com.loopsq.web.plist")
 
@@ -95,7 +98,7 @@ def test_install_systemd_writes_three_private_units_and_prints_how_to_enable_the
 
 def test_the_web_env_file_carries_the_api_token_that_up_keeps_in_the_data_dir(tmp_path: Path) -> None:
     data = tmp_path / "data"
-    result = run("--data-dir", str(data), "install", "systemd", "--dir", str(tmp_path / "u"))
+    result = run("--redis-url", URL, "--data-dir", str(data), "install", "systemd", "--dir", str(tmp_path / "u"))
     assert result.exit_code == 0, result.stderr
     token = (data / "api.token").read_text().strip()
     assert len(token) >= 32
@@ -103,16 +106,17 @@ def test_the_web_env_file_carries_the_api_token_that_up_keeps_in_the_data_dir(tm
     web_env = tmp_path / "u" / "loopsq-web.env"
     assert f'LOOPSQ_API_TOKEN="{token}"\n' in web_env.read_text()
     assert token not in (tmp_path / "u" / "loopsq-web.service").read_text()
-    assert not (tmp_path / "u" / "loopsq-worker.env").exists()  # no Redis URL configured: no secret
-    assert "EnvironmentFile" not in (tmp_path / "u" / "loopsq-worker.service").read_text()
-    again = run("--data-dir", str(data), "install", "systemd", "--dir", str(tmp_path / "u"))
+    assert "LOOPSQ_API_TOKEN" not in (tmp_path / "u" / "loopsq-worker.env").read_text()
+    assert "LOOPSQ_API_TOKEN" not in (tmp_path / "u" / "loopsq-worker.service").read_text()
+    again = run("--redis-url", URL, "--data-dir", str(data), "install", "systemd", "--dir", str(tmp_path / "u"))
     assert again.exit_code == 0, again.stderr
     assert f'LOOPSQ_API_TOKEN="{token}"\n' in web_env.read_text()
 
 
 def test_a_token_in_the_environment_is_the_one_written(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("LOOPSQ_API_TOKEN", "from-the-environment-0123456789")
-    result = run("--data-dir", str(tmp_path / "data"), "install", "systemd", "--dir", str(tmp_path / "u"))
+    result = run("--redis-url", URL, "--data-dir", str(tmp_path / "data"), "install", "systemd", "--dir",
+                 str(tmp_path / "u"))
     assert result.exit_code == 0, result.stderr
     assert "web API token: LOOPSQ_API_TOKEN from the environment\n" in result.stdout
     assert 'LOOPSQ_API_TOKEN="from-the-environment-0123456789"\n' in (tmp_path / "u" / "loopsq-web.env").read_text()
@@ -120,7 +124,7 @@ def test_a_token_in_the_environment_is_the_one_written(tmp_path: Path, monkeypat
 
 
 def test_units_in_the_default_directory_are_enabled_by_name() -> None:
-    result = run("--redis-url", "redis://127.0.0.1:6379/0", "install", "systemd")
+    result = run("--redis-url", URL, "install", "systemd")
     assert result.exit_code == 0, result.stderr
     unit_dir = Path(os.environ["HOME"]) / ".config/systemd/user"
     env_files = ("loopsq-scheduler.env", "loopsq-worker.env", "loopsq-web.env")
@@ -147,21 +151,58 @@ def test_an_env_file_reads_back_in_sh_exactly_as_written(tmp_path: Path) -> None
         assert f"{key}={value}" in lines
 
 
-def test_a_secret_with_a_line_break_is_refused_and_nothing_is_written(tmp_path: Path) -> None:
-    result = run("--redis-url", "redis://:a\nb@h:1/0", "install", "systemd", "--dir", str(tmp_path / "u"))
+def test_a_secret_with_a_line_break_is_refused_unshown_and_nothing_is_written(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LOOPSQ_API_TOKEN", "first-half-of-it\nsecond-half-of-it")
+    result = run("--redis-url", URL, "--data-dir", str(tmp_path / "data"), "install", "systemd", "--dir",
+                 str(tmp_path / "u"))
     assert (result.exit_code, result.stdout) == (2, "")
-    assert result.stderr == "error: LOOPSQ_REDIS_URL must not contain a line break or NUL, got 'redis://:a\\nb@h:1/0'\n"
+    assert result.stderr == ("error: LOOPSQ_API_TOKEN must not contain a line break or NUL (its value is not "
+                             "shown: a secret)\n")
     assert not (tmp_path / "u").exists()
 
 
-def test_without_a_configured_redis_the_output_warns_and_no_url_is_written(tmp_path: Path) -> None:
-    result = run("install", "systemd", "--dir", str(tmp_path / "u"))
+def test_without_any_redis_install_refuses_and_writes_nothing(tmp_path: Path) -> None:
+    result = run("--data-dir", str(tmp_path / "data"), "install", "systemd", "--dir", str(tmp_path / "u"))
+    assert (result.exit_code, result.stdout, result.stderr) == (
+        3, "", "error: no Redis configured: start 'loopsq up' or set LOOPSQ_REDIS_URL\n")
+    assert not (tmp_path / "u").exists()
+    assert not (tmp_path / "data").exists()
+
+
+@pytest.mark.parametrize(("url", "reason"), [
+    ("redis://127.0.0.1:/0", "the port is empty in '127.0.0.1:'"),
+    ("http://:pw@db.example:6379", "unknown scheme 'http' (use redis://, rediss://, unix:// or redis+sentinel://)"),
+])
+def test_a_malformed_url_is_refused_before_anything_is_written(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                               url: str, reason: str) -> None:
+    monkeypatch.setenv("LOOPSQ_REDIS_URL", url)
+    result = run("--data-dir", str(tmp_path / "data"), "install", "systemd", "--dir", str(tmp_path / "u"))
+    shown = url.replace(":pw@", ":***@")
+    assert (result.exit_code, result.stdout, result.stderr) == (
+        2, "", f"error: invalid Redis URL '{shown}' (from LOOPSQ_REDIS_URL): {reason}\n")
+    assert not (tmp_path / "u").exists()
+    assert not (tmp_path / "data").exists()
+
+
+def test_with_only_a_running_up_the_services_find_its_redis_through_the_data_dir(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "redis.url").write_text("redis://:s3cret@127.0.0.1:40001/0\n")
+    fd = os.open(data / "up.lock", os.O_RDWR | os.O_CREAT, 0o600)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    try:
+        result = run("--data-dir", str(data), "install", "systemd", "--dir", str(tmp_path / "u"))
+    finally:
+        os.close(fd)
     assert result.exit_code == 0, result.stderr
-    assert ("warning: no Redis URL configured: the services will use redis://127.0.0.1:6379/0 (pass --redis-url "
-            "or set LOOPSQ_REDIS_URL, then install again)") in result.stdout.splitlines()
+    assert (f"warning: no Redis URL configured: the services will use the Redis of the loopsq up running on {data}, "
+            "and refuse to start while it does not run (pass --redis-url or set LOOPSQ_REDIS_URL, then install "
+            "again)") in result.stdout.splitlines()
     text = (tmp_path / "u" / UNITS[1]).read_text()
     assert "LOOPSQ_REDIS_URL" not in text
-    assert "LOOPSQ_DATA_DIR" not in text
+    assert "s3cret" not in text
+    assert f"Environment=LOOPSQ_DATA_DIR={data}\n" in text
 
 
 def test_exec_start_quotes_words_with_spaces_percents_dollars_and_quotes_as_systemd_unquotes_them() -> None:
@@ -171,11 +212,7 @@ def test_exec_start_quotes_words_with_spaces_percents_dollars_and_quotes_as_syst
     assert 'Environment="LOOPSQ_REDIS_URL=redis://:p%%40ss word@h:1/0"\n' in unit
 
 
-NEEDS_SYSTEMD = pytest.mark.skipif(shutil.which("systemd-analyze") is None,
-                                   reason="systemd-analyze not found: apt-get install systemd")
-
-
-@NEEDS_SYSTEMD
+@needs_tool("systemd-analyze", "systemd")
 def test_systemd_accepts_a_unit_whose_interpreter_path_has_a_space(tmp_path: Path) -> None:
     spaced = tmp_path / "my tools" / "python3"
     spaced.parent.mkdir()
@@ -198,7 +235,7 @@ def exposure(unit: Path) -> float:
     return float(found[1])
 
 
-@NEEDS_SYSTEMD
+@needs_tool("systemd-analyze", "systemd")
 @pytest.mark.parametrize("data_dir", ["/srv/loopsq data", "under tmp"])
 def test_systemd_verifies_the_units_and_rates_the_web_app_and_scheduler_ok(tmp_path: Path, data_dir: str) -> None:
     data = tmp_path / "data" if data_dir == "under tmp" else Path(data_dir)

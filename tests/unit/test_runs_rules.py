@@ -10,7 +10,7 @@ from loopsq.domain import run_rules as rules
 from loopsq.domain.loop_spec import new_loop
 from loopsq.domain.models import Loop
 from loopsq.domain.run_rules import LoopRun
-from loopsq.domain.timeutil import to_iso
+from loopsq.domain.timeutil import from_iso, to_iso
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 
@@ -124,15 +124,6 @@ def test_a_once_loop_stops_after_its_run() -> None:
     assert (advance.transition, advance.loop.status, advance.loop.next_run_at) == ("loop_stopped", "stopped", None)
 
 
-def test_exponential_backoff_doubles_caps_and_jitters_within_the_upper_half() -> None:
-    loop = loop_at(EVERY_MIN, retryDelayMs=1000, retryBackoff="exponential", retryMaxDelayMs=5000)
-    rng = random.Random(7)
-    for attempt, full in ((1, 1000), (2, 2000), (3, 4000), (4, 5000), (9, 5000)):
-        delays = {rules.retry_delay_ms(loop, attempt, rng) for _ in range(200)}
-        assert min(delays) >= full // 2 and max(delays) <= full
-        assert len(delays) > 1
-
-
 def test_fixed_backoff_is_exactly_the_retry_delay() -> None:
     assert rules.retry_delay_ms(loop_at(EVERY_MIN, retryDelayMs=1234), 5) == 1234
 
@@ -166,3 +157,53 @@ def test_the_attempt_history_keeps_each_ended_attempt_with_its_output_tail_and_o
         run = run.with_changes(attempt=attempt, previous_attempts=rules.attempt_history(run))
     history = rules.attempt_history(run)
     assert [a["attempt"] for a in history] == [4, 5, 6, 7, 8]
+
+
+def test_catch_up_all_cut_at_its_limit_moves_to_the_first_slot_after_now() -> None:
+    loop = loop_at(EVERY_MIN, catchUp="all", catchUpLimit=3).with_changes(next_run_at=to_iso(at(0)))
+    now = at(4.5)
+    slots = rules.due(loop, now)
+    assert slots == [at(0), at(1), at(2)]
+    assert rules.backlog_cut(loop, slots, now) == at(2)
+    first = rules.after_claim(loop, at(0), now, is_retry=False, ends_backlog=False)
+    assert first.next_run_at == to_iso(at(1))  # the backlog is worked through in order
+    last = rules.after_claim(loop, at(2), now, is_retry=False, ends_backlog=True)
+    assert last.next_run_at == to_iso(at(5))  # the missed 00:03 and 00:04 are skipped
+
+
+def test_catch_up_all_within_its_limit_cuts_nothing() -> None:
+    loop = loop_at(EVERY_MIN, catchUp="all", catchUpLimit=50).with_changes(next_run_at=to_iso(at(0)))
+    slots = rules.due(loop, at(4.5))
+    assert len(slots) == 5
+    assert rules.backlog_cut(loop, slots, at(4.5)) is None
+    assert rules.backlog_cut(loop_at(EVERY_MIN, catchUp="latest").with_changes(next_run_at=to_iso(at(0))),
+                             [at(4)], at(4.5)) is None
+
+
+def test_a_retry_delay_is_a_minimum_that_jitter_only_lengthens() -> None:
+    loop = loop_at(EVERY_MIN, retryDelayMs=4000, retryBackoff="exponential", retryMaxDelayMs=20_000,
+                   maxAttempts=9)
+    rng = random.Random(3)
+    for attempt, full in ((1, 4000), (2, 8000), (3, 16_000), (4, 20_000)):
+        delays = {rules.retry_delay_ms(loop, attempt, rng) for _ in range(300)}
+        assert min(delays) >= full, (attempt, min(delays))
+        assert max(delays) <= full + int(full * rules.RETRY_JITTER_FRACTION)
+        assert len(delays) > 1
+    failed = run_of(loop, at(1), "failed")
+    for seed in range(50):
+        advance = rules.after_finish(loop, failed, at(1), random.Random(seed))
+        assert advance.loop.retry_at is not None
+        assert (from_iso(advance.loop.retry_at) - at(1)).total_seconds() >= 4.0
+
+
+def test_a_max_delay_below_the_retry_delay_does_not_shorten_it() -> None:
+    loop = loop_at(EVERY_MIN, retryDelayMs=4000, retryBackoff="exponential", retryMaxDelayMs=1000)
+    assert all(rules.retry_delay_ms(loop, 1, random.Random(s)) >= 4000 for s in range(50))
+
+
+def test_a_lease_key_lives_one_renewal_period_longer_than_the_lease() -> None:
+    from loopsq.domain.run_rules import lease_renew_every_ms, lease_ttl_ms
+
+    # Renewed at a third of the lease, at most a minute apart: the key outlives any outage shorter than the lease.
+    assert [lease_renew_every_ms(ms) for ms in (15, 3_000, 10_000, 1_800_000)] == [10, 1_000, 3_333, 60_000]
+    assert [lease_ttl_ms(ms) for ms in (3_000, 10_000, 1_800_000)] == [4_000, 13_333, 1_860_000]

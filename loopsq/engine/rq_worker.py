@@ -1,0 +1,213 @@
+"""loopsq's RQ worker: RQ's ``SimpleWorker`` (no fork per job) on loopsq's queue, which renews RQ's heartbeats
+of the job it runs, tells loopsq when a warm shutdown starts, and rides out Redis outages.
+
+- ``_JobBeat`` renews RQ's heartbeats of the running job, which RQ's ``SimpleWorker`` does not do by itself.
+- RQ's bookkeeping around a job (its end, its failure) is retried until Redis is back, so a job that ran is
+  recorded as RQ would record it; writes RQ only displays (worker state, heartbeat) are skipped meanwhile.
+- RQ's own per-try "could not connect" lines go to the process's ``OutageLog`` instead (one line per outage).
+  When RQ's loop quits on a Redis failure anyway, ``work`` says so, and the caller waits for Redis, ``restart``s
+  and works again under the same name (the same worker id, so its runs stay its own).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import redis
+from rq import Queue, SimpleWorker
+from rq.exceptions import StopRequested
+from rq.job import Job
+
+from loopsq.engine.timers import queue
+from loopsq.state.outages import OutageLog, is_transient, ride
+
+log = logging.getLogger("loopsq.timers")
+
+
+class _JobBeat:
+    """Renews RQ's heartbeats of the job a ``SimpleWorker`` executes (its own, its execution's, the worker's),
+    as RQ's forking worker does from its parent process. Without it RQ keeps them for 420 s only: a longer run
+    (an agent, a workflow) has its job marked failed with ``AbandonedJobError`` by another worker's registry
+    cleanup while it still runs, and the worker drops out of RQ's worker list."""
+
+    def __init__(self, worker: SimpleWorker, job: Job, every_s: float) -> None:
+        self._worker, self._job, self._every_s = worker, job, every_s
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._thread = threading.Thread(target=self._run, name="loopsq-rq-job-beat", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._every_s):
+            with self._lock:
+                if self._stop.is_set():
+                    return
+                try:
+                    self._worker.maintain_heartbeats(self._job)
+                except redis.RedisError as exc:
+                    outage = getattr(self._worker, "outage", None)
+                    if outage is not None and is_transient(exc):
+                        outage.failed(exc)  # logged once per outage
+                    else:
+                        log.warning("could not renew RQ's heartbeat of job %s: %s", self._job.id, exc)
+
+    def stop(self) -> None:
+        """No heartbeat after this returns (RQ is about to record the job's end)."""
+        self._stop.set()
+        with self._lock:
+            pass
+
+
+class _Worker(SimpleWorker):
+    """SimpleWorker that tells loopsq when a (warm) shutdown is requested, so the grace period starts, keeps
+    RQ's heartbeats of the running job (``_JobBeat``), and rides out Redis outages around a job."""
+
+    on_stop: Callable[[], None] | None = None
+    outage: OutageLog | None = None
+    #: A stop was requested (RQ raises StopRequested inside its loop when idle, leaving no other trace).
+    stop_requested = False
+    _beat: _JobBeat | None = None
+
+    def request_stop(self, signum: Any, frame: Any) -> None:
+        self.stop_requested = True
+        if self.on_stop is not None:
+            self.on_stop()
+        super().request_stop(signum, frame)  # type: ignore[no-untyped-call]
+
+    def perform_job(self, job: Job, queue: Queue) -> bool:
+        self._beat = _JobBeat(self, job, self.job_monitoring_interval)
+        try:
+            return bool(super().perform_job(job, queue))
+        finally:
+            self._stop_beat()
+
+    def _stop_beat(self) -> None:
+        if self._beat is not None:
+            self._beat.stop()
+            self._beat = None
+
+    def _ride(self, fn: Callable[[], Any]) -> Any:
+        """RQ's bookkeeping of a job, retried until Redis takes it (each try starts from the same execution)."""
+        if self.outage is None:
+            return fn()
+        execution = self.execution
+
+        def attempt() -> Any:
+            self.execution = execution
+            return fn()
+
+        return ride(attempt, self.outage)
+
+    def handle_execution_ended(self, job: Job, queue: Queue, heartbeat_ttl: int) -> None:
+        self._ride(lambda: super(_Worker, self).handle_execution_ended(job, queue, heartbeat_ttl))
+
+    def handle_job_success(self, *args: Any, **kwargs: Any) -> None:
+        self._stop_beat()
+        self._ride(lambda: super(_Worker, self).handle_job_success(*args, **kwargs))
+
+    def handle_job_failure(self, *args: Any, **kwargs: Any) -> None:
+        self._stop_beat()
+        self._ride(lambda: super(_Worker, self).handle_job_failure(*args, **kwargs))
+
+    def _best_effort(self, fn: Callable[[], Any]) -> None:
+        """A write RQ only displays (worker state, heartbeat, shutdown date): skipped while Redis is away."""
+        try:
+            fn()
+        except redis.RedisError as exc:
+            if not is_transient(exc):
+                raise
+            if self.outage is not None:
+                self.outage.failed(exc)
+
+    def heartbeat(self, timeout: int | None = None, pipeline: Any = None) -> None:
+        if pipeline is not None:
+            super().heartbeat(timeout, pipeline)
+            return
+        self._best_effort(lambda: super(_Worker, self).heartbeat(timeout))
+
+    def set_state(self, state: str, pipeline: Any = None) -> None:
+        if pipeline is not None:
+            super().set_state(state, pipeline)
+            return
+        self._best_effort(lambda: super(_Worker, self).set_state(state))
+
+    def set_shutdown_requested_date(self) -> None:
+        # Called from the SIGTERM handler: an exception here would surface in whatever the job is doing.
+        self._best_effort(super().set_shutdown_requested_date)
+
+
+class _OutageFilter(logging.Filter):
+    """Drops RQ's per-try lines about an unreachable Redis, and reports the failure to the ``OutageLog``."""
+
+    PER_TRY = ("Worker %s: could not connect to Redis instance", "Worker %s: Redis connection timeout")
+    QUIT = "Worker %s: found an unhandled exception, quitting"
+
+    def __init__(self, outage: OutageLog) -> None:
+        super().__init__("rq.worker")
+        self.outage = outage
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        msg = str(record.msg)
+        if msg.startswith(self.PER_TRY):
+            exc = next((a for a in record.args or () if isinstance(a, BaseException)), None)
+            self.outage.failed(exc or redis.ConnectionError(msg % record.args if record.args else msg))
+            return False
+        if msg.startswith(self.QUIT) and record.exc_info and is_transient(record.exc_info[1] or Exception()):
+            self.outage.failed(record.exc_info[1] or Exception())
+            return False
+        return True
+
+
+def _install_filter(outage: OutageLog) -> None:
+    rq_log = logging.getLogger("rq.worker")
+    for old in [f for f in rq_log.filters if isinstance(f, _OutageFilter)]:
+        rq_log.removeFilter(old)
+    rq_log.addFilter(_OutageFilter(outage))
+
+
+def make_worker(raw: redis.Redis, name: str, exception_handler: Callable[..., Any] | None = None,
+                on_stop: Callable[[], None] | None = None, outage: OutageLog | None = None) -> SimpleWorker:
+    """An RQ worker on loopsq's queue that runs jobs in its own process (no fork per job).
+
+    loopsq's jobs start their targets as separate process groups already, and its leases, heartbeats and cancel
+    polling live in this process, so RQ's fork-per-job isolation would only add ~12 ms per job. On SIGTERM RQ
+    stops taking jobs and lets the current one finish (warm shutdown); ``on_stop`` is called first. With
+    ``outage``, RQ's bookkeeping around a job rides out Redis outages, reported there.
+    """
+    handlers = [exception_handler] if exception_handler else None
+    worker = _Worker([queue(raw)], connection=raw, name=name, exception_handlers=handlers)
+    worker.on_stop = on_stop
+    worker.outage = outage
+    # RQ waits up to 60 s between reconnection tries by default; a restarted Redis should be used at once.
+    worker.max_connection_wait_time = 2.0
+    if outage is not None:
+        _install_filter(outage)
+    return worker
+
+
+def work(worker: SimpleWorker, *, burst: bool = False) -> bool:
+    """Run RQ's work loop: True when it ended as asked (a stop request, or ``burst`` and the queue empty), False
+    when it quit on a failure (Redis going away); then wait for Redis and call ``restart`` and ``work`` again."""
+    try:
+        worker.work(burst=burst, logging_level="WARNING", with_scheduler=False)
+    except StopRequested:
+        return True
+    except redis.RedisError as exc:  # raised by RQ's teardown after its loop quit
+        if not is_transient(exc):
+            raise
+        outage = getattr(worker, "outage", None)
+        if outage is not None:
+            outage.failed(exc)
+        return bool(getattr(worker, "stop_requested", False))
+    return burst or bool(getattr(worker, "stop_requested", False))
+
+
+def restart(worker: Any) -> None:
+    """Clean up after a ``work`` that quit, so a new worker of the same name can register (Redis must answer)."""
+    with contextlib.suppress(Exception):
+        worker.unsubscribe()
+    worker.register_death()

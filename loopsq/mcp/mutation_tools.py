@@ -1,0 +1,230 @@
+"""The mutation tools that change definitions or request runs at once: pause, resume, the three creates,
+trigger, and cancel. Each is behind both gates (``Tool.confirm``); bad input is refused before anything is
+written, with the messages of loopsq's own validation (``new_loop``, the stores), as the API gives them.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+from typing import Any
+
+from loopsq.domain.durations import format_duration
+from loopsq.domain.loop_spec import new_loop, show
+from loopsq.domain.models import Loop
+from loopsq.domain.redaction import public_loop, public_run, public_workflow_run
+from loopsq.domain.run_rules import TERMINAL, LoopRun
+from loopsq.domain.targets import CONFIG_ISOLATIONS, PROMPT_VIAS, PROVIDERS
+from loopsq.engine.cancel import request_run_cancel
+from loopsq.errors import NotFoundError
+from loopsq.mcp import schemas as s
+from loopsq.mcp.context import McpContext
+from loopsq.mcp.registry import Call, Tool, in_thread
+from loopsq.mirror import queries
+from loopsq.state.loops import LoopStore
+from loopsq.state.runs import RunStore
+from loopsq.state.workflow_runs import WorkflowRunStore
+from loopsq.state.workflows import WorkflowStore
+
+#: How long ``run_cancel`` waits for a cancelled loop run to be recorded before it answers.
+CANCEL_WAIT_S = 10.0
+CANCEL_KEY_TTL_MS = 3_600_000
+DEFAULT_REASON = "cancelled by user"
+#: The loop body's optional fields a create tool passes through as given.
+_POLICY_KEYS = tuple(k for k in s.LOOP_POLICIES if k != "schedule")
+
+
+# -- lifecycle ---------------------------------------------------------------------------------------------------
+def loop_pause(call: Call) -> dict[str, Any]:
+    ctx = call.ctx
+    return public_loop(LoopStore(ctx.client, ctx.keys).pause(call.args["idOrName"], ctx.now()).to_dict())
+
+
+def loop_resume(call: Call) -> dict[str, Any]:
+    ctx = call.ctx
+    return public_loop(LoopStore(ctx.client, ctx.keys).resume(call.args["idOrName"], ctx.now()).to_dict())
+
+
+# -- creates -----------------------------------------------------------------------------------------------------
+def schedule_label(schedule: dict[str, Any], timezone: str) -> str:
+    """How a schedule reads in a default description (``every 5m``, ``cron 0 9 * * 1-5 (Europe/Paris)``)."""
+    kind = schedule["type"]
+    if kind == "once":
+        return f"once at {schedule['at']}"
+    if kind == "interval":
+        delay = " (fixed delay)" if schedule.get("anchor") == "fixed_delay" else ""
+        return f"every {format_duration(int(schedule['everyMs']))}{delay}"
+    if kind == "cron":
+        return f"cron {schedule['expression']} ({timezone})"
+    return f"dynamic, at least {format_duration(int(schedule['minIntervalMs']))} apart"
+
+
+def default_description(loop: Loop, target_label: str) -> str:
+    """The reference's default description of an MCP-created loop, naming loopsq."""
+    cadence = schedule_label(loop.schedule.to_dict(), loop.timezone)
+    return (f"Why: keep {loop.name} running as a loopsq scheduled automation. How: {target_label} on cadence "
+            f"{cadence}. Outcome: record each run, status, retries, and evidence in loopsq for operator review.")
+
+
+def _build(call: Call, target: dict[str, Any]) -> Loop:
+    """The new loop from the call (``new_loop``'s validation first, then the rest of the schema); nothing stored."""
+    args = call.args
+    body: dict[str, Any] = {"name": args.get("name"), "schedule": args.get("schedule"), "target": target}
+    body.update({key: args[key] for key in _POLICY_KEYS if key in args})
+    loop = new_loop(body, call.ctx.now())
+    call.check_all()
+    return loop
+
+
+def _store(call: Call, loop: Loop, target_label: str) -> dict[str, Any]:
+    if "description" not in call.args:
+        loop = replace(loop, description=default_description(loop, target_label))
+    return public_loop(LoopStore(call.ctx.client, call.ctx.keys).create(loop).to_dict())
+
+
+def _optional(args: Any, target: dict[str, Any], *names: str) -> dict[str, Any]:
+    target.update({name: args[name] for name in names if name in args})
+    return target
+
+
+def loop_create_command(call: Call) -> dict[str, Any]:
+    args = call.args
+    target = _optional(args, {"type": "command", "command": args.get("command"), "shell": args.get("shell", False)},
+                       "args", "cwd", "env", "timeoutMs", "idleTimeoutMs", "account")
+    loop = _build(call, target)
+    return _store(call, loop, f"command {show(loop.target['command'])}")
+
+
+def loop_create_agent(call: Call) -> dict[str, Any]:
+    args = call.args
+    target = _optional(args, {"type": "agent", "provider": args.get("provider"), "prompt": args.get("prompt")},
+                       "cwd", "model", "agent", "extraArgs", "timeoutMs", "idleTimeoutMs", "configIsolation",
+                       "promptVia", "account")
+    loop = _build(call, target)
+    return _store(call, loop, f"{loop.target['provider']} agent")
+
+
+def loop_create_workflow(call: Call) -> dict[str, Any]:
+    args = call.args
+    target: dict[str, Any] = {"type": "workflow", "workflowId": args.get("workflow")}
+    if "workflowInput" in args:
+        target["input"] = args["workflowInput"]
+    loop = _build(call, _optional(args, target, "timeoutMs"))
+    # An active name or any id (archived too), as `create workflow --workflow`; the loop keeps the id.
+    spec = WorkflowStore(call.ctx.client, call.ctx.keys).require(str(args["workflow"]))
+    loop = replace(loop, target={**loop.target, "workflowId": spec["id"]})
+    return _store(call, loop, f"workflow {spec['name']}")
+
+
+# -- runs --------------------------------------------------------------------------------------------------------
+def loop_trigger(call: Call) -> dict[str, Any]:
+    from loopsq.engine.triggers import trigger_with
+
+    ctx = call.ctx
+    run_id, created = trigger_with(ctx.client, ctx.keys, call.args["idOrName"], call.args.get("idempotencyKey"))
+    return {"runId": run_id, "created": created}
+
+
+def _await_end(ctx: McpContext, run: LoopRun) -> LoopRun:
+    store, deadline = RunStore(ctx.client, ctx.keys), time.monotonic() + CANCEL_WAIT_S
+    while run.status not in TERMINAL and time.monotonic() < deadline:
+        time.sleep(0.1)
+        run = store.get(run.id) or run
+    return run
+
+
+def run_cancel(call: Call) -> dict[str, Any]:
+    ctx, run_id = call.ctx, call.args["runId"]
+    reason = call.args.get("reason", DEFAULT_REASON)
+    workflow_runs = WorkflowRunStore(ctx.client, ctx.keys)
+    before = workflow_runs.load(run_id)
+    if before is not None:
+        state = workflow_runs.cancel(run_id, ctx.now(), reason)
+        return {"kind": "workflowRun", "cancelRequested": not before.terminal,
+                "workflowRun": public_workflow_run(state.run)}
+    found = request_run_cancel(ctx.client, ctx.keys, run_id, ctx.now(), reason)
+    if found is not None:
+        run, requested = found
+        return {"kind": "loopRun", "cancelRequested": requested,
+                "run": public_run((_await_end(ctx, run) if requested else run).to_dict())}
+    with ctx.mirror() as conn:  # past Redis's retention window: ended long ago, returned unchanged
+        archived = queries.get_workflow_run(conn, run_id)
+        if archived is not None:
+            return {"kind": "workflowRun", "cancelRequested": False, "workflowRun": public_workflow_run(archived)}
+        row = queries.get_run(conn, run_id)
+    if row is None:
+        raise NotFoundError(f"run not found: {run_id}")
+    return {"kind": "loopRun", "cancelRequested": False, "run": public_run(row)}
+
+
+# -- the tools ---------------------------------------------------------------------------------------------------
+_LOOP_FIELDS = frozenset({"name", *s.LOOP_POLICIES})
+_COMMAND = {
+    "name": s.string("The loop's name (unique)."),
+    "command": s.string("The executable (shell false) or a shell command line (shell true)."),
+    "args": {"type": "array", "items": {"type": "string"}, "description": "Arguments (shell false)."},
+    "cwd": s.string("Working directory."),
+    "shell": s.boolean("Run through /bin/sh -c (default false, as the reference's MCP tool)."),
+    "env": {**s.STRING_MAP, "description": "Extra environment (shown as '[redacted]')."},
+    "timeoutMs": s.TIMEOUT_MS,
+    "idleTimeoutMs": s.IDLE_TIMEOUT_MS,
+    "account": s.ACCOUNT,
+}
+_AGENT = {
+    "name": s.string("The loop's name (unique)."),
+    "provider": {"enum": list(PROVIDERS),
+                 "description": "The coding-agent CLI."},
+    "prompt": s.string("The prompt (shown as its first 80 characters)."),
+    "cwd": s.string("Working directory."),
+    "model": {"type": "string", "description": "Model name passed to the provider."},
+    "agent": {"type": "string", "description": "Agent name passed to the provider."},
+    "extraArgs": {"type": "array", "items": {"type": "string"}, "description": "Extra provider arguments."},
+    "timeoutMs": s.TIMEOUT_MS,
+    "idleTimeoutMs": s.IDLE_TIMEOUT_MS,
+    "configIsolation": {"enum": list(CONFIG_ISOLATIONS), "default": "safe", "description": "Provider config isolation."},
+    "promptVia": {"enum": list(PROMPT_VIAS), "default": "argv",
+                  "description": "stdin keeps the prompt out of the process table."},
+    "account": s.ACCOUNT,
+}
+_WORKFLOW = {
+    "name": s.string("The loop's name (unique)."),
+    "workflow": s.WORKFLOW_REF,
+    "workflowInput": {**s.STRING_MAP, "description": "Input handed to the workflow run."},
+    "timeoutMs": s.TIMEOUT_MS,
+}
+
+
+def _create_schema(fields: dict[str, s.Schema], literal: str, *required: str) -> s.Schema:
+    return s.obj({**fields, **s.LOOP_POLICIES, "confirm": s.confirm(literal)}, ("name", *required, "schedule",
+                                                                              "confirm"))
+
+
+TOOLS = (
+    Tool("loop_pause", "Pause a loop (its next run is kept).",
+         s.obj({"idOrName": s.LOOP_REF, "confirm": s.confirm("pause-loop")}, ("idOrName", "confirm")),
+         in_thread(loop_pause), confirm="pause-loop", idempotent=True),
+    Tool("loop_resume", "Resume a loop; a stopped one is scheduled again from now.",
+         s.obj({"idOrName": s.LOOP_REF, "confirm": s.confirm("resume-loop")}, ("idOrName", "confirm")),
+         in_thread(loop_resume), confirm="resume-loop", idempotent=True),
+    Tool("loop_create_command", "Create a loop that runs a command on a schedule.",
+         _create_schema(_COMMAND, "create-command-loop", "command"), in_thread(loop_create_command),
+         confirm="create-command-loop", domain=_LOOP_FIELDS | frozenset(_COMMAND)),
+    Tool("loop_create_agent", "Create a loop that runs a headless coding agent on a schedule.",
+         _create_schema(_AGENT, "create-agent-loop", "provider", "prompt"), in_thread(loop_create_agent),
+         confirm="create-agent-loop", domain=_LOOP_FIELDS | frozenset(_AGENT)),
+    Tool("loop_create_workflow", "Create a loop that runs a stored workflow on a schedule.",
+         _create_schema(_WORKFLOW, "create-workflow-loop", "workflow"), in_thread(loop_create_workflow),
+         confirm="create-workflow-loop", domain=_LOOP_FIELDS | frozenset(_WORKFLOW)),
+    Tool("loop_trigger", "Start a run of a loop on a worker now; the same idempotencyKey within 24 h returns the "
+         "same run and starts nothing new.",
+         s.obj({"idOrName": s.LOOP_REF,
+                "idempotencyKey": s.string("The same key within 24 h returns the same run.", maxLength=200),
+                "confirm": s.confirm("trigger-loop")}, ("idOrName", "confirm")),
+         in_thread(loop_trigger), confirm="trigger-loop"),
+    Tool("run_cancel", "Cancel a running workflow run or loop run from any host: its process group is killed "
+         "within a second; a loop run is recorded failed with the reason. An ended run is returned unchanged.",
+         s.obj({"runId": s.RUN_ID, "reason": s.string("Recorded on the run (default 'cancelled by user').",
+                                                      maxLength=500),
+                "confirm": s.confirm("cancel-run")}, ("runId", "confirm")),
+         in_thread(run_cancel), confirm="cancel-run", destructive=True),
+)
