@@ -29,6 +29,7 @@ def scheduler(poll_ms: int) -> None:
     # Bad retention settings are bad input (exit 2) at start, not an error on every maintenance pass.
     limits.keep_runs(), limits.keep_workflow_runs(), limits.mirror_idle_ms()
     app = get_app()  # no fail-fast ping: an unreachable Redis is waited for; a configuration error ends it (3)
+    url = app.redis_url  # before any log line
     _logging("scheduler")
     stop = threading.Event()
 
@@ -38,7 +39,7 @@ def scheduler(poll_ms: int) -> None:
 
     signal.signal(signal.SIGTERM, _stop)
     signal.signal(signal.SIGINT, _stop)
-    run_scheduler(app.redis_url, stop, poll_s=max(1, poll_ms) / 1000.0)
+    run_scheduler(url, stop, poll_s=max(1, poll_ms) / 1000.0)
 
 
 @click.command("worker")

@@ -103,6 +103,7 @@ def web(host: str | None, port: int | None, generate_token: bool, no_mirror: boo
     from loopsq.web.metrics import per_loop_from_env
 
     app_ctx = get_app()
+    url = app_ctx.redis_url  # a configuration error ends it here, before anything is bound or printed
     host, port = listen_address(host, port)
     per_loop = per_loop_from_env()
     ttl_ms = at_least("--session-ttl", session_ttl, duration_flag("--session-ttl", session_ttl) or 0,
@@ -115,10 +116,10 @@ def web(host: str | None, port: int | None, generate_token: bool, no_mirror: boo
     logging.basicConfig(level=logging.INFO, format="[loopsq-web] %(message)s")
     if host not in LOOPBACK:
         log.warning("binding %s: the API is reachable from other hosts; put TLS in front of it", host)
-    settings = WebSettings(redis_url=app_ctx.redis_url, data_dir=app_ctx.data_dir, token=token,
+    settings = WebSettings(redis_url=url, data_dir=app_ctx.data_dir, token=token,
                            keys=app_ctx.keys, follow_mirror=not no_mirror, rq_dashboard=not no_rq_dashboard,
                            metrics_per_loop=per_loop, session_ttl_s=ttl_ms // 1000)
-    log.info("serving http://%s:%d (redis %s, mirror %s)", host, port, mask_url(app_ctx.redis_url),
+    log.info("serving http://%s:%d (redis %s, mirror %s)", host, port, mask_url(url),
              app_ctx.data_dir / "loops.db")
     server = uvicorn.Server(uvicorn.Config(create_app(settings), log_level="info", access_log=False,
                                            proxy_headers=False, server_header=False))

@@ -178,7 +178,8 @@ def env_file_text(env: Mapping[str, str]) -> str:
     lines = ["# Written by `loopsq install`: secrets of one service (mode 0600)."]
     for key, value in env.items():
         if any(ch in value for ch in "\n\r\0"):
-            raise ValidationError(f"{key} must not contain a line break or NUL, got {value!r}")
+            # The value is a secret: named, never shown.
+            raise ValidationError(f"{key} must not contain a line break or NUL (its value is not shown: a secret)")
         escaped = "".join(f"\\{ch}" if ch in '\\"$`' else ch for ch in value)
         lines.append(f'{key}="{escaped}"')
     return "\n".join(lines) + "\n"

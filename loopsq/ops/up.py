@@ -108,14 +108,18 @@ def api_token(data_dir: Path) -> str:
 BASE_ENV_KEYS = frozenset({"PATH", "HOME", "USER", "LOGNAME", "SHELL", "LANG", "LANGUAGE", "TZ", "TMPDIR",
                            "PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV", "SYSTEMROOT"})
 #: loopsq's own variables a child may be given (each only to the children that use it), never inherited as such.
-PASSED_LOOPSQ_KEYS = {"all": ("LOOPSQ_HOST",), "web": ("LOOPSQ_METRICS_PER_LOOP",)}
+PASSED_LOOPSQ_KEYS = {
+    "all": ("LOOPSQ_HOST", "LOOPSQ_REDIS_SSL_CERT_REQS", "LOOPSQ_CLAIM_REPLICAS"),
+    "web": ("LOOPSQ_METRICS_PER_LOOP", "LOOPSQ_MCP_ALLOW_MUTATIONS"),
+}
 
 
 def child_env(role: str, url: str | None, data_dir: Path, environ: dict[str, str] | None = None) -> dict[str, str]:
     """The environment of one of up's children: only what it needs.
 
     Every child gets ``BASE_ENV_KEYS`` and ``LC_*``, the Redis URL and the data dir (the embedded Redis gets neither);
-    the web app its token (added by the caller) and ``LOOPSQ_METRICS_PER_LOOP``. A worker gets the whole
+    ``LOOPSQ_HOST`` and the Redis connection settings (``LOOPSQ_REDIS_SSL_CERT_REQS``, ``LOOPSQ_CLAIM_REPLICAS``);
+    the web app its token (added by the caller), ``LOOPSQ_METRICS_PER_LOOP`` and ``LOOPSQ_MCP_ALLOW_MUTATIONS``. A worker gets the whole
     environment instead, because the commands and agents it runs need the user's variables (API keys, an SSH
     agent), but without loopsq's own: no ``LOOPSQ_*`` but what is set here, no ``REDIS_URL``, no ``PORT`` and no
     fault injection (``LOOPSQ_FAULT``: a stray one would make every worker kill itself on every run).

@@ -114,6 +114,8 @@ def test_the_web_env_file_carries_the_api_token_that_up_keeps_in_the_data_dir(tm
     assert f'LOOPSQ_API_TOKEN="{token}"\n' in web_env.read_text()
     assert token not in (tmp_path / "u" / "loopsq-web.service").read_text()
     assert token not in (tmp_path / "u" / "loopsq-worker.env").read_text()  # the worker's secret is the URL only
+    assert "LOOPSQ_API_TOKEN" not in (tmp_path / "u" / "loopsq-worker.env").read_text()
+    assert "LOOPSQ_API_TOKEN" not in (tmp_path / "u" / "loopsq-worker.service").read_text()
     again = run("--redis-url", URL, "--data-dir", str(data), "install", "systemd", "--dir", str(tmp_path / "u"))
     assert again.exit_code == 0, again.stderr
     assert f'LOOPSQ_API_TOKEN="{token}"\n' in web_env.read_text()
@@ -162,6 +164,16 @@ def test_a_secret_with_a_line_break_is_refused_and_nothing_is_written(tmp_path: 
     assert (result.exit_code, result.stdout) == (2, "")
     assert result.stderr == ("error: invalid Redis URL 'redis://:***@h:1/0' (from --redis-url): it contains spaces or "
                              "control characters\n")
+
+
+def test_a_secret_with_a_line_break_is_refused_unshown_and_nothing_is_written(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LOOPSQ_API_TOKEN", "first-half-of-it\nsecond-half-of-it")
+    result = run("--redis-url", URL, "--data-dir", str(tmp_path / "data"), "install", "systemd", "--dir",
+                 str(tmp_path / "u"))
+    assert (result.exit_code, result.stdout) == (2, "")
+    assert result.stderr == ("error: LOOPSQ_API_TOKEN must not contain a line break or NUL (its value is not "
+                             "shown: a secret)\n")
     assert not (tmp_path / "u").exists()
 
 
@@ -241,7 +253,7 @@ def exposure(unit: Path) -> float:
     return float(found[1])
 
 
-@NEEDS_SYSTEMD
+@needs_tool("systemd-analyze", "systemd")
 @pytest.mark.parametrize("data_dir", ["/srv/loopsq data", "under tmp"])
 def test_systemd_verifies_the_units_and_rates_the_web_app_and_scheduler_ok(tmp_path: Path, data_dir: str) -> None:
     data = tmp_path / "data" if data_dir == "under tmp" else Path(data_dir)
