@@ -39,7 +39,8 @@ TRANSPORTS = ("stdio", "http")
 #: The longest a test's client session may take.
 SESSION_TIMEOUT_S = 90
 #: Keys that live processes rewrite every second (liveness, heartbeats): not part of "nothing changed".
-VOLATILE_PREFIXES = ("loopsq:worker:", "loopsq:hosts", "loopsq:scheduler")
+VOLATILE_PREFIXES = ("loopsq:worker:", "loopsq:hosts", "loopsq:scheduler", "loopsq:seen", "loopsq:recovery-grace",
+                     "loopsq:web-session:")
 
 
 @dataclass

@@ -19,7 +19,7 @@ from loopsq import __version__
 from loopsq.domain import timeutil
 from loopsq.sdk import LoopsClient
 from loopsq.state.workflows import WorkflowStore
-from loopsq.web.auth import COOKIE_NAME, session_value
+from loopsq.web.auth import COOKIE_NAME
 from tests.integration.mcp_harness import TOKEN, TRANSPORTS, Deployment, error, ok, open_deployment
 from tests.integration.processes import Cluster
 from tests.redis_server import RedisServer, free_port
@@ -186,6 +186,8 @@ def test_every_read_tool_answers_from_real_runs(deployment: Deployment, transpor
 def test_prompts_env_and_output_are_redacted_as_the_cli_redacts_them(deployment: Deployment, transport: str
                                                                      ) -> None:
     cli_show = json.loads(deployment.cluster.cli("show", "agent-loop", "--json").stdout)
+    for extra in ("historyWindow", "lastRun"):  # what `show` adds beside the loop itself
+        cli_show.pop(extra, None)
     cli_runs = json.loads(deployment.cluster.cli("runs", "echo-loop", "--json").stdout)
 
     async def scenario(client: Client) -> dict[str, Any]:
@@ -259,7 +261,12 @@ def test_the_http_transport_refuses_a_missing_or_wrong_token(deployment: Deploym
     assert (response.status_code, response.json()) == (
         401, {"error": {"status": 401, "code": "unauthorized", "message": message}})
     # The dashboard's session cookie opens pages, never the MCP endpoint.
-    cookie = {"Cookie": f"{COOKIE_NAME}={session_value(TOKEN)}"}
+    login = httpx.post(f"{deployment.web}/login", data={"token": TOKEN, "next": "/"}, timeout=10)
+    session = login.cookies.get(COOKIE_NAME) or login.history[0].cookies.get(COOKIE_NAME) if login.history else \
+        login.cookies.get(COOKIE_NAME)
+    assert session, (login.status_code, login.headers)
+    assert httpx.get(f"{deployment.web}/", cookies={COOKIE_NAME: session}, timeout=10).status_code == 200
+    cookie = {"Cookie": f"{COOKIE_NAME}={session}"}
     assert httpx.post(f"{deployment.web}/mcp", json=INITIALIZE, headers={**MCP_HEADERS, **cookie},
                       timeout=10).status_code == 401
     with pytest.raises(ExceptionGroup) as refused:  # the SDK's client: its task group fails on the 401
