@@ -43,11 +43,11 @@ def test_a_loop_past_its_expiry_is_expired_and_runs_no_more(cluster: Cluster) ->
     from loopsq.sdk import LoopsClient
 
     # The processes first, then the loop, its expiry computed right before it is stored (in this process, not a
-    # CLI one): the 3 s it may run are not eaten by the processes' start on a loaded machine.
+    # CLI one): the 8 s it may run are not eaten by the processes' start on a loaded machine.
     cluster.start_all(schedulers=1, workers=1)
     client = LoopsClient(cluster.url)
     try:
-        expires = timeutil.to_iso(timeutil.now() + timedelta(seconds=3))
+        expires = timeutil.to_iso(timeutil.now() + timedelta(seconds=8))
         client.create({"name": "brief", "schedule": {"type": "interval", "everyMs": 1000}, "expiresAt": expires,
                        "target": {"type": "command", "command": cluster.ledger_cmd(), "shell": True}})
     finally:
