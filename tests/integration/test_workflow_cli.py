@@ -299,7 +299,7 @@ def test_logs_of_a_workflow_loops_run_prints_its_steps_and_follows_them(cluster:
     cluster.cli("create", "workflow", "wfloop", "--workflow", "flow", "--at", "2020-01-01T00:00:00Z")
     cluster.start_all(schedulers=1, workers=1)
     loop_run = cluster.wait_until(lambda: (runs := cluster.runs("wfloop")) and runs[0], 30, "the loop run")
-    cluster.wait_until(lambda: (s := store(cluster).load(run_ids(cluster)[0])) and s.steps["talk"]["status"]
+    cluster.wait_until(lambda: (ids := run_ids(cluster)) and (s := store(cluster).load(ids[0])) and s.steps["talk"]["status"]
                        == "running", 30, "step talk to start")
     follower = _start_logs(cluster, loop_run.id, "-f")
     try:
