@@ -64,6 +64,5 @@ def worker(burst: bool, grace: str | None) -> None:
     app = get_app()  # as the scheduler: Redis is waited for, a configuration error ends it (exit status 3)
     url = app.redis_url  # resolved first: with no Redis configured, the one error line comes before anything
     _logging("worker")
-    logging.getLogger("loopsq.worker").info("on SIGTERM the current run gets %s to finish (%s)",
-                                            shutdown.describe_ms(grace_ms), why)
-    run_worker(url, burst=burst, grace_s=grace_ms / 1000.0)
+    run_worker(url, burst=burst, grace_s=grace_ms / 1000.0,
+               announce=f"on SIGTERM the current run gets {shutdown.describe_ms(grace_ms)} to finish ({why})")

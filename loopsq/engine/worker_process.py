@@ -49,7 +49,8 @@ def kill_orphans(rt: Runtime) -> int:
     return sum(kill_orphans_of(rt, run) for run in dead)
 
 
-def run_worker(url: str, *, burst: bool = False, stop: threading.Event | None = None, grace_s: float = 30.0) -> None:
+def run_worker(url: str, *, burst: bool = False, stop: threading.Event | None = None, grace_s: float = 30.0,
+               announce: str | None = None) -> None:
     """Run the worker until SIGTERM/SIGINT: it stops taking jobs, lets the current run finish within
     ``grace_s``, then cancels it so it is recorded and retried elsewhere (nothing is left running unowned).
 
@@ -69,6 +70,9 @@ def run_worker(url: str, *, burst: bool = False, stop: threading.Event | None = 
         try:
             rt.start()
             log.info("started id=%s", rt.owner.worker_id)
+            if announce:  # once connected: a configuration error ends the worker with its one line alone
+                log.info("%s", announce)
+                announce = None
             kill_orphans(rt)
         except redis.RedisError as exc:
             if stop.is_set() and is_transient(exc):

@@ -156,12 +156,12 @@ def test_an_outage_longer_than_the_lease_drops_the_late_result_and_the_run_is_re
     cluster: Cluster, aof_server: RedisServer
 ) -> None:
     cmd = f'echo "start $LOOPS_ATTEMPT" >> {cluster.ledger_dir}/ledger-long; sleep 2; echo attempt-$LOOPS_ATTEMPT'
-    cluster.create("long", cmd, "--at", timeutil.to_iso(timeutil.now()), "--attempts", "2", "--lease", "3s",
+    cluster.create("long", cmd, "--at", timeutil.to_iso(timeutil.now()), "--attempts", "2", "--lease", "5s",
                    "--retry-delay", "100ms")
     procs = cluster.start_all(schedulers=1, workers=1)
     run = cluster.wait_until(lambda: next((r for r in cluster.runs("long") if r.pid), None), 20,
                              "the run's process to start")
-    outage(aof_server, 8)  # the run ends while Redis is away, whose lease (3 s) expires meanwhile
+    outage(aof_server, 10)  # the run ends while Redis is away, whose lease (5 s, the minimum) expires meanwhile
 
     final = cluster.wait_until(lambda: (r := cluster.run(run.id)) and r.terminal and r.attempt == 2 and r, 60,
                                "attempt 2 to end")
