@@ -75,7 +75,7 @@ def test_runs_trimmed_from_redis_stay_in_the_mirror_and_a_rebuild_keeps_them(clu
     start_mirror(cluster)
     cluster.start_all(schedulers=1, workers=1)
     loop_id = cluster.create("often", 'echo "$LOOPS_RUN_ID" >> ' + str(cluster.ledger_dir / "ledger"),
-                             "--every", "300ms", "--keep-runs", "3")
+                             "--every", "1s", "--keep-runs", "3")
     cluster.wait_until(lambda: sum(1 for r in mirror_rows(cluster, "often").values() if r["archived_at"]) >= 8, 60,
                        "8 runs archived in the mirror")
     worker = next(p for p in cluster.procs if p.name.startswith("worker"))
@@ -111,11 +111,11 @@ def test_a_running_run_a_pending_retry_and_an_idempotency_keys_run_are_never_tri
     start_mirror(cluster)
     cluster.start_all(schedulers=1, workers=2)
     busy_marker, retry_marker = cluster.tmp / "busy-started", cluster.tmp / "retry-failed"
-    cluster.create("busy", f"if [ ! -e {busy_marker} ]; then touch {busy_marker}; sleep 25; fi", "--every", "300ms",
+    cluster.create("busy", f"if [ ! -e {busy_marker} ]; then touch {busy_marker}; sleep 25; fi", "--every", "1s",
                    "--overlap", "allow", "--keep-runs", "1")
     cluster.create("retry", f"if [ ! -e {retry_marker} ]; then touch {retry_marker}; exit 1; fi", "--every", "1s",
                    "--attempts", "2", "--retry-delay", "1h", "--keep-runs", "1")
-    cluster.create("keyed", "true", "--every", "300ms", "--keep-runs", "1")
+    cluster.create("keyed", "true", "--every", "1s", "--keep-runs", "1")
     keyed = cluster.cli("trigger", "keyed", "--key", "order-42").stdout.split()[0]
     cluster.wait_until(lambda: (r := cluster.run(keyed)) is not None and r.status == "succeeded", 20, "the trigger")
     failed = cluster.wait_until(lambda: next((r for r in cluster.runs("retry") if r.status == "failed"), None), 20,
