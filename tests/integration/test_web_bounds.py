@@ -169,14 +169,22 @@ def test_loopsq_web_takes_the_session_lifetime_from_a_flag_or_the_environment(
     from loopsq.cli import cli
 
     served: dict[str, Any] = {}
-    monkeypatch.setattr("uvicorn.run", lambda app, **kw: served.update(app=app))
+    from tests.redis_server import free_port
+
+    def fake_run(server: Any, sockets: Any = None) -> None:  # the app as `loopsq web` builds it, not served
+        served.update(app=server.config.app)
+        server.started = True
+
+    monkeypatch.setattr("uvicorn.Server.run", fake_run)
     monkeypatch.setenv("LOOPSQ_REDIS_URL", redis_server.url)
     monkeypatch.setenv("LOOPSQ_DATA_DIR", str(tmp_path / "data"))
     monkeypatch.setenv("LOOPSQ_API_TOKEN", TOKEN)
-    assert CliRunner().invoke(cli, ["web", "--session-ttl", "2h"]).exit_code == 0
+    port = str(free_port())
+    result = CliRunner().invoke(cli, ["web", "--port", port, "--session-ttl", "2h"])
+    assert result.exit_code == 0, result.output
     assert served["app"].state.ctx.settings.session_ttl_s == 7200
     monkeypatch.setenv("LOOPSQ_SESSION_TTL", "30m")
-    assert CliRunner().invoke(cli, ["web"]).exit_code == 0
+    assert CliRunner().invoke(cli, ["web", "--port", port]).exit_code == 0
     assert served["app"].state.ctx.settings.session_ttl_s == 1800
     result = CliRunner().invoke(cli, ["web", "--session-ttl", "30s"])
     assert (result.exit_code, result.stderr) == (2, "error: --session-ttl must be at least 1m, got '30s'\n")
