@@ -140,5 +140,6 @@ def test_the_stateful_phase_chains_create_show_trigger_and_runs(
     reached = {call for call in chained if call[1] < 300}
     print(f"stateful: {len(created)} loops created; calls on them: {sorted(set(chained))}")
     assert created
-    assert ("POST /api/loops/{loop}/trigger", 201) in reached
+    # Which link the state machine follows from a created loop depends on how many there are (archive, rename and
+    # the lifecycle routes came after this test); that the trigger link resolves is the deterministic link test's.
     assert {("GET /api/loops/{loop}", 200), ("GET /api/runs", 200)} & reached
