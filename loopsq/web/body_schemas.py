@@ -185,6 +185,14 @@ def _agent_target() -> dict[str, Any]:
             "promptVia": _enum(PROMPT_VIAS),
             "account": _account(),
         },
+        # Provider rules the server applies (0.3.60): opencode runs only with a model; codex and codewith take no
+        # agent name.
+        "allOf": [
+            {"if": {"required": ["provider"], "properties": {"provider": {"const": "opencode"}}},
+             "then": {"required": ["model"], "properties": {"model": _string(limits.MAX_WORD_LENGTH, "nonBlank")}}},
+            {"if": {"required": ["provider"], "properties": {"provider": {"enum": ["codex", "codewith"]}}},
+             "then": {"properties": {"agent": {"type": "null"}}}},
+        ],
     }
 
 
