@@ -253,9 +253,9 @@ def test_the_procfile_under_honcho_binds_port_and_ctrl_c_hands_the_run_on_with_n
                                     stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                     start_new_session=True)
 
-    # The first attempt runs long (with a grandchild); the retry ends at once.
-    cmd = (f'echo "$LOOPS_SCHEDULED_FOR $LOOPS_ATTEMPT" >> {marks}/ledger; [ "$LOOPS_ATTEMPT" = 2 ] && exit 0; '
-           f"(sleep 60 & echo $! > {marks}/grandchild; wait) & sleep 60")
+    # The first run goes on long (with a grandchild); its re-run after the shutdown ends at once.
+    cmd = (f'echo "$LOOPS_SCHEDULED_FOR $LOOPS_ATTEMPT" >> {marks}/ledger; [ -e {marks}/ran ] && exit 0; '
+           f"touch {marks}/ran; (sleep 60 & echo $! > {marks}/grandchild; wait) & sleep 60")
     # A slot of the loop's own (a triggered run is ad hoc: it is never retried).
     at = (datetime.now(UTC) + timedelta(seconds=3)).strftime("%Y-%m-%dT%H:%M:%SZ")
     created = loopsq("create", "command", "long", "--at", at, "--cmd", cmd)
@@ -286,14 +286,15 @@ def test_the_procfile_under_honcho_binds_port_and_ctrl_c_hands_the_run_on_with_n
         (stopped,) = json.loads(loopsq("--json", "runs", "long").stdout)
         assert (stopped["status"], stopped["error"], stopped["attempt"]) == (
             "abandoned", "worker shut down before completion", 1)
-        # The formation starts again: the run is retried at once (its slot, attempt 2).
+        # The formation starts again: the run is re-run at once (its slot, still attempt 1: a shutdown is no failure).
         log2 = tmp_path / "honcho2.log"
         proc = honcho(log2)
         retried = _wait(lambda: next((r for r in json.loads(loopsq("--json", "runs", "long").stdout)
-                                      if r["attempt"] == 2 and r["status"] == "succeeded"), None), 30, "the retry",
+                                      if r["attempt"] == 1 and r.get("rerun") == 1 and r["status"] == "succeeded"),
+                                     None), 30, "the re-run",
                         log2)
         assert retried["id"] == stopped["id"] and retried["scheduledFor"] == stopped["scheduledFor"]
-        assert (marks / "ledger").read_text().split() == [stopped["scheduledFor"], "1", stopped["scheduledFor"], "2"]
+        assert (marks / "ledger").read_text().split() == [stopped["scheduledFor"], "1", stopped["scheduledFor"], "1"]
         proc.send_signal(signal.SIGINT)
         proc.wait(timeout=HONCHO_KILL_WAIT_S + 15)
     finally:

@@ -200,7 +200,7 @@ def test_a_scheduler_killed_mid_trim_leaves_every_run_whole_or_gone(cluster: Clu
     # A live mirror group holds the stream, so every trim change stays readable for the check.
     client.xgroup_create(KEYS.changes, "mirror:test", id="0-0")
     client.xreadgroup("mirror:test", "test", {KEYS.changes: ">"}, count=1)
-    first = cluster.start("scheduler", env={"LOOPSQ_FAULT": "mid_trim"}, wait=False)
+    first = cluster.start("scheduler", env={"LOOPSQ_FAULT": "mid_trim", "LOOPSQ_TEST_FAULTS": "1"}, wait=False)
     cluster.wait_until(lambda: not first.alive(), 30, "the scheduler to kill itself after its first trim")
     assert first.popen.returncode == -signal.SIGKILL
     assert whole_or_gone(cluster, runs)[1] == 100  # one transition: one loop's batch of 100, nothing else
