@@ -21,7 +21,7 @@ from loopsq.domain.text import shown
 from loopsq.errors import NotFoundError, ValidationError
 from loopsq.mirror import queries
 from loopsq.state.workflow_run_state import TERMINAL_RUN
-from loopsq.web import auth, dag
+from loopsq.web import auth, csrf, dag
 from loopsq.web.context import WebContext
 from loopsq.web.deps import Ctx, ShowOutput
 from loopsq.web.templating import templates
@@ -44,7 +44,8 @@ def render(request: Request, ctx: WebContext | None, name: str, context: dict[st
            status: int = 200, refresh: bool = False) -> HTMLResponse:
     """A page with the security headers; ``refresh`` adds the auto-refresh."""
     refresh_s = ctx.settings.refresh_s if (ctx is not None and refresh) else None
-    return templates.TemplateResponse(request, name, {**context, "refresh_s": refresh_s}, status_code=status,
+    extra = {"refresh_s": refresh_s, "csrf_token": csrf.token_for(request) if ctx is not None else ""}
+    return templates.TemplateResponse(request, name, {**context, **extra}, status_code=status,
                                       headers=PAGE_HEADERS)
 
 
@@ -102,18 +103,6 @@ def logout(request: Request) -> Response:
 
 
 # -- pages -------------------------------------------------------------------------------------------------
-@router.get("/")
-def loops_page(request: Request, ctx: Ctx) -> HTMLResponse:
-    """Every loop: status, schedule, next run and its last runs as a coloured strip (oldest left)."""
-    rows = []
-    with ctx.mirror() as conn:
-        for loop in queries.list_loops(conn, limit=1000):
-            recent = queries.list_runs(conn, loop_id=loop["id"], limit=STRIP_RUNS)
-            rows.append({"loop": loop, "schedule": describe_schedule(loop.get("schedule") or {}, loop.get("timezone")),
-                         "runs": list(reversed(recent))})
-    return render(request, ctx, "loops.html", {"rows": rows}, refresh=True)
-
-
 @router.get("/runs/{run_id}")
 def run_page(request: Request, ctx: Ctx, run_id: str, show_output: ShowOutput = False) -> HTMLResponse:
     """One loop run; its output redacted as the CLI and the API do, unless ``?showOutput=true`` (then escaped)."""
