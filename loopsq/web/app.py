@@ -19,7 +19,18 @@ from loopsq.mcp.context import McpContext
 from loopsq.mcp.http import PATH as MCP_PATH
 from loopsq.mcp.http import HttpTransport
 from loopsq.state.connection import mask_url
-from loopsq.web import actions, api, api_workflows, dashboard, errors, metrics, openapi, pages_loops
+from loopsq.web import (
+    actions,
+    api,
+    api_workflows,
+    dashboard,
+    errors,
+    live,
+    metrics,
+    openapi,
+    pages_loops,
+    pages_runs,
+)
 from loopsq.web.auth import TokenAuth
 from loopsq.web.body_limit import BodyLimit
 from loopsq.web.context import WebContext, WebSettings
@@ -155,7 +166,7 @@ def create_app(settings: WebSettings, *, client: redis.Redis | None = None) -> F
     app.state.metrics_registry = metrics.registry_for(ctx, per_loop=settings.metrics_per_loop)
     errors.install(app, settings.redis_url)
     for router in (api.router, api_workflows.router, metrics.router, dashboard.router, pages_loops.router,
-                   actions.router):
+                   pages_runs.router, live.router, actions.router):
         app.include_router(router)
     # Starlette routes an endpoint that is not a function as an ASGI app; its type hint names functions only.
     app.add_route(MCP_PATH, mcp, include_in_schema=False)  # type: ignore[arg-type]
