@@ -30,6 +30,7 @@ from loopsq.web import (
     openapi,
     pages_loops,
     pages_runs,
+    rq_view,
 )
 from loopsq.web.auth import TokenAuth
 from loopsq.web.body_limit import BodyLimit
@@ -89,6 +90,8 @@ def rq_dashboard_app(redis_url: str, raw: redis.Redis) -> ASGIApp:
     flask_app.config.update(RQ_DASHBOARD_REDIS_URL=shown, RQ_DASHBOARD_DISABLE_DELETE=True)
     flask_app.register_blueprint(rq_dashboard.blueprint)
     flask_app.before_request(refuse_state_changes_by_get)
+    flask_app.before_request(rq_view.open_on_our_queue)
+    flask_app.after_request(rq_view.link_back)
     # A POST-only route's GET is refused by Flask's routing, before any hook: answer it the same way.
     flask_app.register_error_handler(405, lambda exc: _rq_405(sorted(getattr(exc, "valid_methods", None) or [])))
     setup_rq_connection(flask_app)

@@ -203,3 +203,20 @@ def test_a_refused_action_is_the_apis_status_and_message(cookie_client: TestClie
     missing = cookie_client.post("/runs/nope/cancel", data={"csrf": token}, headers={"Accept": "application/json"})
     assert missing.status_code == 404
     assert missing.json()["error"]["message"] == "run not found: nope"
+
+
+# -- rq-dashboard ---------------------------------------------------------------------------------------------
+def test_rq_dashboard_opens_on_loopsqs_queue_and_links_back(settings: WebSettings) -> None:
+    from dataclasses import replace
+
+    with TestClient(create_app(replace(settings, rq_dashboard=True)), headers={**AUTH, **BROWSER}) as client:
+        home = client.get("/rq/", follow_redirects=False)
+        assert home.status_code == 302
+        assert home.headers["location"] == "/rq/0/view/jobs/loopsq/queued/8/asc/1"
+        page = client.get(home.headers["location"])
+        assert page.status_code == 200 and "<title>RQ dashboard</title>" in page.text
+        assert '<a href="/" style="color:#fff;text-decoration:none">&larr; loopsq dashboard</a>' in page.text
+        assert 'id="select-queue" title="Queue name" value="loopsq"' in page.text
+        assert "all the queued jobs on queue <strong>loopsq</strong>" in page.text
+        overview = client.get("/rq/0/view/queues")
+        assert overview.status_code == 200 and 'id="loopsq-back"' in overview.text
