@@ -18,7 +18,7 @@ from typing import Any
 
 from loopsq.errors import ValidationError
 from loopsq.mirror.page_indexes import DDL, MIGRATION
-from loopsq.mirror.queries import Entity, _all
+from loopsq.mirror.queries import _ARCHIVED_SQL, Entity, _all
 
 __all__ = ["DDL", "MIGRATION", "Page", "decode_cursor", "encode_cursor", "loops_page", "runs_page"]
 
@@ -76,9 +76,10 @@ def runs_page(conn: sqlite3.Connection, *, loop_id: str | None = None, loop_name
 
 
 def loops_page(conn: sqlite3.Connection, *, name: str | None = None, status: str | None = None,
-               archived: bool = False, cursor: str | None = None, limit: int = 100) -> Page:
-    """Loops by name whose name contains ``name`` (case-insensitive), with ``status``, after ``cursor``."""
-    where = ["archived_at IS NOT NULL" if archived else "archived_at IS NULL"]
+               archived: str = "exclude", cursor: str | None = None, limit: int = 100) -> Page:
+    """Loops by name whose name contains ``name`` (case-insensitive), with ``status``, after ``cursor``;
+    archived ones only with ``archived="only"`` or ``"include"`` (as ``queries.list_loops``)."""
+    where = [_ARCHIVED_SQL[archived]]
     params: list[Any] = []
     if name:
         escaped = name.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")

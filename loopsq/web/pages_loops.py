@@ -14,16 +14,14 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import HTMLResponse
 
-from loopsq.domain import limits
 from loopsq.domain.models import LOOP_STATUSES
 from loopsq.domain.redaction import public_loop
 from loopsq.domain.run_rules import RUN_STATUSES
-from loopsq.domain.text import quoted, shown
-from loopsq.domain.timeutil import from_iso, to_iso
+from loopsq.domain.text import shown
 from loopsq.domain.upcoming import fire_times, policies_in_words, schedule_in_words
 from loopsq.errors import NotFoundError, ValidationError
 from loopsq.mirror import pages, queries
-from loopsq.web import run_chart
+from loopsq.web import filters, run_chart
 from loopsq.web.dashboard import STRIP_RUNS, describe_schedule, render
 from loopsq.web.deps import Ctx
 
@@ -42,43 +40,10 @@ DONE = {"pause": "Paused.", "resume": "Resumed.", "stop": "Stopped.", "trigger":
         "run-now-queued": "Run-now requested; no worker has taken it yet."}
 
 
-def _choice(name: str, value: str | None, allowed: tuple[str, ...]) -> str | None:
-    if value in (None, ""):
-        return None
-    if value not in allowed:
-        raise ValidationError(f"{name} must be one of {', '.join(allowed)}, got {quoted(value)}")
-    return value
-
-
-def _time(name: str, value: str | None) -> str | None:
-    if value in (None, ""):
-        return None
-    try:
-        return to_iso(from_iso(str(value)))
-    except (ValueError, TypeError):
-        raise ValidationError(f"{name} must be an ISO 8601 time (e.g. 2026-12-01T09:00:00Z), got {quoted(value)}") \
-            from None
-
-
-def _limit(value: str | None, default: int) -> int:
-    if value in (None, ""):
-        return default
-    try:
-        number = int(str(value))
-    except ValueError:
-        number = 0
-    if not 1 <= number <= limits.MAX_PAGE_LIMIT:
-        raise ValidationError(f"limit must be an integer from 1 to {limits.MAX_PAGE_LIMIT}, got {quoted(value)}")
-    return number
-
-
 def run_filters(status: str | None, since: str | None, until: str | None) -> dict[str, str | None]:
     """Validated run filters (``status``, ``since``, ``until``); 400 for the first bad one."""
-    found = {"status": _choice("status", status, RUN_STATUSES), "since": _time("since", since),
-             "until": _time("until", until)}
-    if found["since"] and found["until"] and found["since"] >= found["until"]:
-        raise ValidationError(f"since must be before until, got since={quoted(since)} until={quoted(until)}")
-    return found
+    start, end = filters.time_range(since, until)
+    return {"status": filters.choice("status", status, RUN_STATUSES), "since": start, "until": end}
 
 
 @router.get("/loops/{loop}")
@@ -86,12 +51,12 @@ def loop_page(request: Request, ctx: Ctx, loop: str, status: Text = None, since:
               cursor: Cursor = None, done: Text = None, run: Text = None) -> HTMLResponse:
     """One loop: its definition (redacted as ``show``), schedule, next fire times, policies, failure streak,
     a chart of its recent runs and its run history."""
-    filters = run_filters(status, since, until)
+    wanted = run_filters(status, since, until)
     with ctx.mirror() as conn:
         found = queries.find_loop(conn, loop)
         if found is None:
             raise NotFoundError(f"loop not found: {shown(loop)}")
-        history = pages.runs_page(conn, loop_id=str(found["id"]), cursor=cursor, limit=HISTORY_PAGE, **filters)
+        history = pages.runs_page(conn, loop_id=str(found["id"]), cursor=cursor, limit=HISTORY_PAGE, **wanted)
         recent = queries.list_runs(conn, loop_id=str(found["id"]), limit=CHART_RUNS)
     zone = str(found.get("timezone") or "UTC")
     notice = DONE.get(done or "")
@@ -101,8 +66,8 @@ def loop_page(request: Request, ctx: Ctx, loop: str, status: Text = None, since:
         "loop": found, "definition": json.dumps(public_loop(found), indent=2, ensure_ascii=False),
         "schedule_words": schedule_in_words(found.get("schedule") or {}, zone), "zone": zone,
         "fire_times": fire_times(found), "policies": policies_in_words(found), "history": history,
-        "chart": run_chart.layout(list(reversed(recent))), "filters": filters, "notice": notice,
-        "query": {k: v for k, v in filters.items() if v},
+        "chart": run_chart.layout(list(reversed(recent))), "filters": wanted, "notice": notice,
+        "query": {k: v for k, v in wanted.items() if v},
     }
     return render(request, ctx, "loop.html", context)
 
@@ -111,8 +76,8 @@ def loop_page(request: Request, ctx: Ctx, loop: str, status: Text = None, since:
 def runs_page(request: Request, ctx: Ctx, loop: Text = None, status: Text = None, since: Text = None,
               until: Text = None, cursor: Cursor = None, limit: Text = None) -> HTMLResponse:
     """Loop runs, newest first, by loop (id or name; a removed loop's too), status and creation time."""
-    filters = run_filters(status, since, until)
-    size = _limit(limit, HISTORY_PAGE * 2)
+    wanted = run_filters(status, since, until)
+    size = filters.page_size(limit, HISTORY_PAGE * 2)
     with ctx.mirror() as conn:
         owner: dict[str, str] = {}
         if loop:
@@ -120,9 +85,9 @@ def runs_page(request: Request, ctx: Ctx, loop: Text = None, status: Text = None
             if matched is None:
                 raise NotFoundError(f"loop not found: {shown(loop)}")
             owner = matched
-        page = pages.runs_page(conn, cursor=cursor, limit=size, **owner, **filters)
-    query = {k: v for k, v in {"loop": loop or None, **filters, "limit": limit or None}.items() if v}
-    return render(request, ctx, "runs.html", {"page": page, "filters": {**filters, "loop": loop or ""},
+        page = pages.runs_page(conn, cursor=cursor, limit=size, **owner, **wanted)
+    query = {k: v for k, v in {"loop": loop or None, **wanted, "limit": limit or None}.items() if v}
+    return render(request, ctx, "runs.html", {"page": page, "filters": {**wanted, "loop": loop or ""},
                                                "query": query, "statuses": RUN_STATUSES})
 
 
@@ -131,7 +96,7 @@ def loops_list(ctx: Ctx, name: str | None, status: str | None, cursor: str | Non
     wanted = (name or "").strip() or None
     if wanted and len(wanted) > 200:
         raise ValidationError(f"name must be at most 200 characters, got {len(wanted)}")
-    chosen = _choice("status", status, LOOP_STATUSES)
+    chosen = filters.choice("status", status, LOOP_STATUSES)
     with ctx.mirror() as conn:
         page = pages.loops_page(conn, name=wanted, status=chosen, cursor=cursor, limit=LIST_PAGE)
     return page, {"name": wanted, "status": chosen}
@@ -143,13 +108,13 @@ def loops_page(request: Request, ctx: Ctx, name: Annotated[str | None, Query()] 
                cursor: Annotated[str | None, Query(max_length=400)] = None) -> HTMLResponse:
     """Loops by name (filtered by name and status, a keyset page at a time): status, schedule, next run and
     their last runs as a coloured strip (oldest left)."""
-    page, filters = loops_list(ctx, name, status, cursor)
+    page, chosen = loops_list(ctx, name, status, cursor)
     rows = []
     with ctx.mirror(fresh=False) as conn:
         for loop in page.items:
             recent = queries.list_runs(conn, loop_id=loop["id"], limit=STRIP_RUNS)
             rows.append({"loop": loop, "schedule": describe_schedule(loop.get("schedule") or {}, loop.get("timezone")),
                          "runs": list(reversed(recent))})
-    query = {k: v for k, v in filters.items() if v}
-    return render(request, ctx, "loops.html", {"rows": rows, "page": page, "filters": filters, "query": query,
+    query = {k: v for k, v in chosen.items() if v}
+    return render(request, ctx, "loops.html", {"rows": rows, "page": page, "filters": chosen, "query": query,
                                                "statuses": LOOP_STATUSES}, refresh=not (query or cursor))

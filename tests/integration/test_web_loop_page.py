@@ -275,3 +275,36 @@ def test_the_live_stream_of_a_running_run_is_sent_as_events_redacted_unless_aske
     assert "hello" not in json.dumps(redacted_events)
     bad = client.get("/runs/r1/live?after=nope", headers={"Accept": "application/json"})
     assert bad.status_code == 400
+
+
+# -- the API's filters and keyset pages -----------------------------------------------------------------------
+def test_the_api_pages_runs_by_cursor_and_filters_them_by_time(client: TestClient, real_redis: redis.Redis) -> None:
+    loop_id = cron_loop(real_redis)
+    for i in range(7):
+        put_run(real_redis, f"r{i}", loop_id, f"2026-01-01T00:0{i}:00.000Z", loopName="nightly")
+    first = client.get("/api/runs", params={"limit": 3}).json()
+    assert [r["id"] for r in first["items"]] == ["r6", "r5", "r4"] and first["nextOffset"] == 3
+    second = client.get("/api/runs", params={"limit": 3, "cursor": first["nextCursor"]}).json()
+    assert [r["id"] for r in second["items"]] == ["r3", "r2", "r1"]
+    last = client.get("/api/runs", params={"limit": 3, "cursor": second["nextCursor"]}).json()
+    assert ([r["id"] for r in last["items"]], last["nextCursor"], last["nextOffset"]) == (["r0"], None, None)
+    ranged = client.get("/api/runs", params={"loop": "nightly", "since": "2026-01-01T00:02:00Z",
+                                             "until": "2026-01-01T00:04:00Z"}).json()
+    assert [r["id"] for r in ranged["items"]] == ["r3", "r2"]
+    assert [r["id"] for r in client.get("/api/runs", params={"limit": 2, "offset": 5}).json()["items"]] == ["r1", "r0"]
+    bad = client.get("/api/runs", params={"until": "soon"})
+    assert bad.status_code == 400
+    assert bad.json()["error"]["message"] == 'until must be an ISO 8601 time (e.g. 2026-12-01T09:00:00Z), got "soon"'
+    reversed_range = client.get("/api/runs", params={"since": "2026-01-02T00:00:00Z", "until": "2026-01-01T00:00:00Z"})
+    assert reversed_range.json()["error"]["message"] == (
+        'since must be before until, got since="2026-01-02T00:00:00Z" until="2026-01-01T00:00:00Z"')
+
+
+def test_the_api_lists_loops_by_part_of_their_name(client: TestClient, real_redis: redis.Redis) -> None:
+    for name in ("b-nightly", "a-nightly", "weekly"):
+        cron_loop(real_redis, name)
+    first = client.get("/api/loops", params={"name": "NIGHT", "limit": 1}).json()
+    assert [x["name"] for x in first["items"]] == ["a-nightly"]
+    rest = client.get("/api/loops", params={"name": "NIGHT", "limit": 1, "cursor": first["nextCursor"]}).json()
+    assert ([x["name"] for x in rest["items"]], rest["nextCursor"]) == (["b-nightly"], None)
+    assert "nextCursor" not in client.get("/api/loops").json()
