@@ -32,13 +32,14 @@ from rq_scheduler import Scheduler
 from loopsq.domain.timeutil import gen_id, to_ms
 from loopsq.state.connection import sibling
 from loopsq.state.keys import Keys
+from loopsq.state.loop_watch import TIMER_PREFIX, armed_score_ms
 
 log = logging.getLogger("loopsq.timers")
 
 QUEUE_NAME = "loopsq"
 FIRE = "worker.jobs.fire"
 #: Every timer's job id starts with this, then ``<loop id>-<due ms>-<random>``.
-FIRE_PREFIX = "loopsq-fire-"
+FIRE_PREFIX = TIMER_PREFIX
 #: Results of loopsq's one-off jobs (run-now, a workflow run) are of no use once the run is recorded; kept briefly
 #: for debugging.
 RESULT_TTL = 60
@@ -85,10 +86,14 @@ def queue(raw: redis.Redis) -> Queue:
     return Queue(QUEUE_NAME, connection=raw, default_timeout=-1)
 
 
-# Is the loop's timer already scheduled at this time? One round trip instead of creating a new entry.
+# Is the loop's timer already scheduled at this time? One round trip instead of creating a new entry. If so, the
+# loop's maintenance watch moves past the timer's time, as a new arm would move it.
 _ARMED_AT = """
 local id = redis.call('GET', KEYS[1])
-if id and string.sub(id, 1, #ARGV[1]) == ARGV[1] and redis.call('ZSCORE', KEYS[2], id) then return id end
+if id and string.sub(id, 1, #ARGV[1]) == ARGV[1] and redis.call('ZSCORE', KEYS[2], id) then
+  redis.call('ZADD', KEYS[3], ARGV[2], ARGV[3])
+  return id
+end
 return false
 """
 
@@ -118,11 +123,14 @@ return 1
 def arm(raw: redis.Redis, keys: Keys, loop_id: str, at: datetime) -> str:
     """Arm the loop's single timer at ``at``, replacing any previous entry. Returns the timer's job id.
 
-    When the entry already armed is for the same millisecond and still scheduled, nothing is written.
+    When the entry already armed is for the same millisecond and still scheduled, no timer is written. Either way
+    the loop's maintenance watch (``state.loop_watch``) moves to a grace after ``at``.
     """
     sched = scheduler(raw)
     prefix = f"{FIRE_PREFIX}{loop_id}-{to_ms(at)}-"
-    armed = raw.eval(_ARMED_AT, 2, keys.timer(loop_id), sched.scheduled_jobs_key, prefix)
+    watch = str(armed_score_ms(to_ms(at), int(time.time() * 1000)))
+    armed = raw.eval(_ARMED_AT, 3, keys.timer(loop_id), sched.scheduled_jobs_key, keys.loop_watch, prefix, watch,
+                     loop_id)
     if armed:
         return _text(armed)
     job_id = f"{prefix}{gen_id()[:6]}"
@@ -134,6 +142,7 @@ def arm(raw: redis.Redis, keys: Keys, loop_id: str, at: datetime) -> str:
     job.save(pipeline=pipe)
     pipe.eval(_SWAP, 2, sched.scheduled_jobs_key, keys.timer(loop_id), job_id, str(to_ms(at) / 1000.0),
               Job.key_for(""), keys.worker(""))
+    pipe.zadd(keys.loop_watch, {loop_id: int(watch)})
     pipe.execute()
     return job_id
 
