@@ -20,7 +20,12 @@ from loopsq.errors import ValidationError
 from loopsq.mirror.page_indexes import DDL, MIGRATION
 from loopsq.mirror.queries import _ARCHIVED_SQL, Entity, _all
 
-__all__ = ["DDL", "MIGRATION", "Page", "decode_cursor", "encode_cursor", "loops_page", "runs_page"]
+__all__ = ["DDL", "LOOP_KEYSET", "MIGRATION", "RUN_KEYSET", "Page", "decode_cursor", "encode_cursor", "loops_page", "runs_page"]
+
+#: After a cursor: a row value, so the index seeks to it (the equivalent OR of two comparisons scans from the top).
+RUN_KEYSET = "(created_at, id) < (?, ?)"
+LOOP_KEYSET = "(name, id) > (?, ?)"
+
 
 @dataclass(frozen=True)
 class Page:
@@ -65,8 +70,8 @@ def runs_page(conn: sqlite3.Connection, *, loop_id: str | None = None, loop_name
         params.append(until)
     if cursor is not None:
         created, run_id = decode_cursor(cursor)
-        where.append("(created_at < ? OR (created_at = ? AND id < ?))")
-        params += [created, created, run_id]
+        where.append(RUN_KEYSET)
+        params += [created, run_id]
     clause = f" WHERE {' AND '.join(where)}" if where else ""
     sql = f"SELECT * FROM loop_runs{clause} ORDER BY created_at DESC, id DESC LIMIT ?"
     rows = _all(conn, "loop_runs", sql, (*params, limit + 1))
@@ -90,8 +95,8 @@ def loops_page(conn: sqlite3.Connection, *, name: str | None = None, status: str
         params.append(status)
     if cursor is not None:
         after_name, after_id = decode_cursor(cursor)
-        where.append("(name > ? OR (name = ? AND id > ?))")
-        params += [after_name, after_name, after_id]
+        where.append(LOOP_KEYSET)
+        params += [after_name, after_id]
     sql = f"SELECT * FROM loops WHERE {' AND '.join(where)} ORDER BY name ASC, id ASC LIMIT ?"
     rows = _all(conn, "loops", sql, (*params, limit + 1))
     more = len(rows) > limit
