@@ -46,6 +46,7 @@ import redis  # noqa: E402
 from loopsq.domain import run_rules as rules  # noqa: E402
 from loopsq.domain import timeutil  # noqa: E402
 from loopsq.domain.loop_spec import new_loop  # noqa: E402
+from loopsq.domain.run_rules import LoopRun  # noqa: E402
 from loopsq.domain.workflow_spec import workflow_body_from_json  # noqa: E402
 from loopsq.engine import timers  # noqa: E402
 from loopsq.mirror.apply import row_to_entity  # noqa: E402
@@ -221,10 +222,9 @@ def _roundtrip(conn: sqlite3.Connection, table: str, entity: dict) -> dict:  # t
     return {k: params.get(k) for k in MIRRORED_COLUMNS[table]}
 
 
-def check_recorded(client: redis.Redis, ledger: Path, killed_pids: set[int]) -> list[str]:
+def check_recorded(client: redis.Redis, ledger: Path, killed_pids: set[int], db: Path) -> list[str]:
     """Every execution in the ledger has its attempt recorded terminal with its exit code; abandoned only when its
     worker was killed on purpose; no exit code only when it was replaced by a newer slot (its group killed)."""
-    from loopsq.domain.run_rules import LoopRun
     from loopsq.state.workflow_runs import WorkflowRunStore
 
     def died(worker_id: str | None) -> bool:
@@ -246,12 +246,14 @@ def check_recorded(client: redis.Redis, ledger: Path, killed_pids: set[int]) -> 
         return str(end.get("error") or "").startswith(rules.REPLACED_ERROR)
 
     store, wf_store = RunStore(client, KEYS), WorkflowRunStore(client, KEYS)
+    conn = open_db(db)
     bad = []
     for line in sorted({line.strip() for line in ledger.read_text().splitlines() if line.strip()}):
         parts = line.split()
         loop_id, slot, attempt, step = parts[0], parts[1], int(parts[2]), (parts[3] if len(parts) > 3 else None)
         run_id = client.hget(KEYS.slots(loop_id), slot)
         run = store.get(str(run_id)) if run_id else None
+        archived = run is None and (run := archived_run(conn, loop_id, slot)) is not None
         if run is None:
             bad.append(f"executed but no run recorded: {line}")
             continue
@@ -266,10 +268,30 @@ def check_recorded(client: redis.Redis, ledger: Path, killed_pids: set[int]) -> 
         wf_run_id = wf_store.by_idempotency(str(spec_id), f"{loop_id}:{slot}:attempt:{attempt}")
         state = wf_store.load(wf_run_id) if wf_run_id else None
         step_run = state.steps.get(step) if state else None
+        if step_run is None and (archived or state is None):  # its workflow run left Redis with its window
+            step_run = archived_step(conn, f"{loop_id}:{slot}:attempt:{attempt}", step)
         if step_run is None or step_run.get("status") in ("pending", "running") or (
                 step_run.get("exitCode") is None and step_run.get("status") != "cancelled"):
             bad.append(f"step executed but not recorded with its exit code: {line} -> {step_run}")
+    conn.close()
     return bad
+
+
+def archived_run(conn: sqlite3.Connection, loop_id: str, slot: str) -> LoopRun | None:
+    """The mirror's row of a slot whose run was trimmed from Redis (``--keep-runs``), as a ``LoopRun``."""
+    from loopsq.mirror import queries
+
+    row = conn.execute("SELECT id FROM loop_runs WHERE loop_id = ? AND scheduled_for = ?", (loop_id, slot)).fetchone()
+    entity = queries.get_run(conn, str(row[0])) if row else None
+    return LoopRun.from_dict(dict(entity)) if entity else None
+
+
+def archived_step(conn: sqlite3.Connection, idempotency_key: str, step: str) -> dict[str, object] | None:
+    """The mirror's row of a step whose workflow run was trimmed from Redis: its status and exit code."""
+    row = conn.execute(
+        "SELECT s.status, s.exit_code FROM workflow_step_runs s JOIN workflow_runs w ON s.workflow_run_id = w.id "
+        "WHERE w.idempotency_key = ? AND s.step_id = ?", (idempotency_key, step)).fetchone()
+    return {"status": row[0], "exitCode": row[1]} if row else None
 
 
 def check_alive(fleet: Fleet) -> list[str]:
@@ -364,7 +386,7 @@ def main() -> int:
         executed, dupes = check_ledger(ledger)
         violations += dupes
         if args.redis_faults:
-            violations += check_recorded(client, ledger, killed_pids)
+            violations += check_recorded(client, ledger, killed_pids, db)
         all_runs = runs.get_many([i.decode() if isinstance(i, bytes) else i for i in client.zrange(KEYS.runs, 0, -1)])
         by_status = Counter(r.status for r in all_runs)
         recoveries = []

@@ -49,6 +49,8 @@ from pathlib import Path
 import _harness as hx
 import redis
 
+from loopsq.engine.scheduler_process import MAINTENANCE_S
+
 GOAL_P99_MS = 250.0
 EVERY_S = 60.0
 GRACE_S = 3.0
@@ -381,8 +383,8 @@ def run_loopsq(h: hx.Harness, n_loops: int, n_workers: int, duration: float, mai
 def time_maintenance(url: str, passes: int = 5) -> list[float]:
     """Milliseconds of ``maintain()`` passes over the phase's final state, in this process (processes stopped).
 
-    The leading scheduler runs this pass every second in the thread that moves due timers, so its duration is
-    added to the lag of every slot that falls due during it.
+    The leading scheduler runs this pass every ``MAINTENANCE_S`` on a thread of its own, next to the one that moves
+    due timers; they share the process's CPU and its GIL, so a long pass delays the moving of due timers.
     """
     from loopsq.engine.maintenance import maintain
     from loopsq.engine.runtime import Runtime
@@ -413,7 +415,7 @@ def report(phase: Phase) -> None:
     if phase.maintenance_ms:
         m = sorted(phase.maintenance_ms)
         print(f"  one maintenance pass over this state (in-process, after the processes stopped): median {m[len(m) // 2]:.0f} ms, "
-              f"max {m[-1]:.0f} ms; the scheduler runs one every 1 s in its timer-moving thread")
+              f"max {m[-1]:.0f} ms; the scheduler runs one every {MAINTENANCE_S:g} s")
     for note in phase.notes:
         print(f"  note: {note}")
 
