@@ -37,7 +37,19 @@ def under_ci() -> bool:
 REDIS_URL_VARS = ("LOOPSQ_REDIS_URL", "REDIS_URL")
 HAS_XDIST = importlib.util.find_spec("xdist") is not None
 #: Test files that must not run at the same time as each other: each group runs on one worker, file after file.
-TOGETHER: dict[str, set[str]] = {}
+#: "cpu-bound": the generators (Hypothesis, schemathesis) keep a core busy for minutes; one at a time leaves the
+#: other workers' real-process tests (slots due every second, kill -9 within seconds) the CPU they wait on.
+TOGETHER: dict[str, set[str]] = {
+    "cpu-bound": {
+        "tests/integration/test_web_schemathesis.py",
+        "tests/integration/test_fuzz_api.py",
+        "tests/unit/test_fuzz_cli.py",
+        "tests/unit/test_body_schemas.py",
+        "tests/unit/test_domain_properties.py",
+        "tests/unit/test_workflow_spec_properties.py",
+        "tests/unit/test_fuzz_specs.py",
+    },
+}
 LONG_FIRST = "tests/integration/"
 
 
