@@ -19,6 +19,7 @@ from redis.client import Pipeline
 from loopsq.domain.timeutil import gen_id
 from loopsq.state.durability import pipelined
 from loopsq.state.keys import Keys
+from loopsq.state.loop_watch import index_ops
 
 #: Approximate cap on the change stream (an entry is ~1 KB, a run makes ~3: about 200 MB and, at 1,000 runs a
 #: minute, an hour of history). A mirror that falls further behind than this rebuilds itself from Redis.
@@ -62,6 +63,17 @@ for i = 0, nops - 1 do
   elseif op == 'zadd' then redis.call('ZADD', key, a, b)
   elseif op == 'zrem' then redis.call('ZREM', key, a)
   elseif op == 'rpush' then redis.call('RPUSH', key, a)
+  elseif op == 'watch' then
+    -- a loop's maintenance watch (state.loop_watch): b = write score, armed score, timer key, timer id prefix,
+    -- scheduled-timers key; the armed score when the loop's timer is already scheduled at its wanted time.
+    local p = {}
+    for part in string.gmatch(b, '[^\\n]+') do p[#p + 1] = part end
+    local score = p[1]
+    if p[3] then
+      local id = redis.call('GET', p[3])
+      if id and string.sub(id, 1, #p[4]) == p[4] and redis.call('ZSCORE', p[5], id) then score = p[2] end
+    end
+    redis.call('ZADD', key, score, a)
   end
 end
 local id = redis.call('XADD', KEYS[1], 'MAXLEN', '~', ARGV[2], '*',
@@ -83,7 +95,8 @@ class Tx:
 
     type: str
     at: str
-    ops: list[tuple[str, str, str, str]] = field(default_factory=list)
+    #: ``(op, key, a, b)``; a value may be bytes (a compressed run row, ``run_codec``).
+    ops: list[tuple[str, str, str | bytes, str]] = field(default_factory=list)
     upsert: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     delete: dict[str, list[str]] = field(default_factory=dict)
     trimmed: dict[str, list[str]] = field(default_factory=dict)
@@ -91,7 +104,7 @@ class Tx:
     also: list[str] = field(default_factory=list)
 
     # -- guards ---------------------------------------------------------------------------------------------
-    def expect(self, key: str, value: str | None) -> Tx:
+    def expect(self, key: str, value: str | bytes | None) -> Tx:
         """Guard: the string at ``key`` is exactly ``value`` (``None``: the key does not exist)."""
         self.ops.append(("eq", key, value or "", ""))
         return self
@@ -112,7 +125,7 @@ class Tx:
         return self
 
     # -- writes ----------------------------------------------------------------------------------------------
-    def set(self, key: str, value: str, px: int | None = None) -> Tx:
+    def set(self, key: str, value: str | bytes, px: int | None = None) -> Tx:
         """Write: SET ``key`` (with a millisecond TTL when ``px`` is given)."""
         self.ops.append(("setpx", key, value, str(px)) if px else ("set", key, value, ""))
         return self
@@ -235,8 +248,10 @@ class Committer:
         keys: list[str] = [self.keys.changes]
         # Every transition also stamps the dataset's instance id (first writer wins), which mirrors compare to
         # notice a flushed or replaced Redis.
-        ops = [*tx.ops, ("setnx", self.keys.instance, gen_id() + gen_id(), "")]
-        args: list[str] = [str(len(ops)), str(STREAM_MAXLEN)]
+        # ... and keeps maintenance's loop indexes (``loop_watch``) in step with every loop it writes or drops.
+        ops = [*tx.ops, *index_ops(tx.upsert, tx.delete, tx.at, self.keys),
+               ("setnx", self.keys.instance, gen_id() + gen_id(), "")]
+        args: list[str | bytes] = [str(len(ops)), str(STREAM_MAXLEN)]
         for op, key, a, b in ops:
             if key not in key_index:
                 keys.append(key)
@@ -253,7 +268,7 @@ class Committer:
             return CommitResult(ok=True, change_id=_text(value), replicated=replicated, server=server)
         return CommitResult(ok=False, failed_guard=int(value), replicated=replicated, server=server)
 
-    def _commit_and_wait(self, keys: list[str], args: list[str], replicas: int,
+    def _commit_and_wait(self, keys: list[str], args: list[str | bytes], replicas: int,
                          wait_ms: int) -> tuple[Any, int, tuple[Any, Any]]:
         def build(pipe: Pipeline) -> None:
             pipe.evalsha(self._script.sha, len(keys), *keys, *args)

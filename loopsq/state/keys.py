@@ -81,9 +81,10 @@ class Keys:
         """Sorted set: a loop's run ids by creation time (ms)."""
         return self._k("loop", loop_id, "runs")
 
-    def slot(self, loop_id: str, scheduled_for: str) -> str:
-        """String: the run id holding slot ``(loop, scheduledFor)`` (one row per slot, as the reference)."""
-        return self._k("slot", loop_id, scheduled_for)
+    def slots(self, loop_id: str) -> str:
+        """Hash: scheduledFor -> the run id holding that slot of the loop (one row per slot, as the reference).
+        One hash per loop rather than a key per slot: a small hash is a listpack, ~3x leaner per slot."""
+        return self._k("loop", loop_id, "slots")
 
     def claim(self, loop_id: str, scheduled_for: str, attempt: int, rerun: int | None = None) -> str:
         """String (SET NX): the one claim of ``(loop, slot, attempt)``, or of its ``rerun``-th re-run after a worker
@@ -180,6 +181,24 @@ class Keys:
     def timer(self, loop_id: str) -> str:
         """String: the rq-scheduler job id armed for a loop."""
         return self._k("timer", loop_id)
+
+    # -- maintenance indexes -----------------------------------------------------------------------------------
+    @property
+    def loop_watch(self) -> str:
+        """Sorted set: active loop id -> when maintenance must look at it if nothing else happens (ms): shortly
+        after each write of the loop, then, once its timer is armed, a grace after the timer's time
+        (``state.loop_watch``)."""
+        return self._k("maint", "watch")
+
+    @property
+    def loop_expiry(self) -> str:
+        """Sorted set: active loop id -> its ``expiresAt`` (ms), written with the loop."""
+        return self._k("maint", "expiry")
+
+    @property
+    def reconcile(self) -> str:
+        """Hash: the rare full reconciliation's ``cursor`` (an SSCAN cursor over ``loops``) and ``nextAt`` (ms)."""
+        return self._k("maint", "reconcile")
 
     # -- web sessions ----------------------------------------------------------------------------------------
     def web_session(self, session_id: str) -> str:
