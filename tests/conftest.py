@@ -41,7 +41,6 @@ HAS_XDIST = importlib.util.find_spec("xdist") is not None
 #: other workers' real-process tests (slots due every second, kill -9 within seconds) the CPU they wait on.
 TOGETHER: dict[str, set[str]] = {
     "cpu-bound": {
-        "tests/integration/test_web_schemathesis.py",
         "tests/integration/test_fuzz_api.py",
         "tests/unit/test_fuzz_cli.py",
         "tests/unit/test_body_schemas.py",
@@ -50,6 +49,9 @@ TOGETHER: dict[str, set[str]] = {
         "tests/unit/test_fuzz_specs.py",
     },
 }
+#: Handed out first, longest first (schemathesis is the longest file: it keeps a worker of its own for most of the
+#: run, so it is not in "cpu-bound"); then the rest of the integration tier, then the unit tier.
+FIRST = ("tests/integration/test_web_schemathesis.py", "cpu-bound")
 LONG_FIRST = "tests/integration/"
 
 
@@ -80,8 +82,8 @@ if HAS_XDIST:
     from xdist.scheduler import LoadScopeScheduling
 
     class FileScheduling(LoadScopeScheduling):
-        """``--dist loadfile``, with the integration tier's files handed out first (they are few and long; the
-        unit tier's many short ones fill in behind them), and the files of ``TOGETHER`` as one unit.
+        """``--dist loadfile``, with ``FIRST`` then the integration tier's files handed out first (they are few and
+        long; the unit tier's many short ones fill in behind them), and the files of ``TOGETHER`` as one unit.
 
         By node id alone: ``--dist loadgroup`` cannot be used, as pytest 9.2's structured node ids silently undo
         xdist 3.8's ``@group`` suffix (pytest-xdist issue #1386).
@@ -94,7 +96,8 @@ if HAS_XDIST:
         def _assign_work_unit(self, node: Any) -> None:
             if not getattr(self, "_ordered", False):  # once, before the first unit goes out
                 self._ordered = True
-                first = [scope for scope in self.workqueue if scope in TOGETHER or scope.startswith(LONG_FIRST)]
+                first = [scope for scope in FIRST if scope in self.workqueue]
+                first += [scope for scope in self.workqueue if scope not in first and scope.startswith(LONG_FIRST)]
                 for scope in reversed(first):
                     self.workqueue.move_to_end(scope, last=False)
             super()._assign_work_unit(node)
