@@ -10,6 +10,7 @@ same binary run with ``--sentinel``.
 from __future__ import annotations
 
 import os
+import random
 import shutil
 import socket
 import subprocess
@@ -25,11 +26,41 @@ import redis
 SERVICE = "loopsq-test"
 
 
+#: Where ``free_port`` picks: below Linux's ephemeral range (32768-60999), which ``bind(0)`` and every outgoing
+#: connection draw from, so a port handed out here is not taken meanwhile as some client's source port.
+PORT_RANGE = (10_000, 32_000)
+_handed_out: set[int] = set()
+_random = random.SystemRandom()  # not the global generator, which a test (or Hypothesis) may seed
+
+
+def port_slice() -> range:
+    """This process's share of ``PORT_RANGE``: under pytest-xdist, worker ``gwN`` of ``M`` gets the N-th of M
+    disjoint slices, so two workers of one run never pick the same port (each starts its own Redis servers)."""
+    low, high = PORT_RANGE
+    count = max(int(os.environ.get("PYTEST_XDIST_WORKER_COUNT") or 1), 1)
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    index = int(worker[2:]) % count if worker[:2] == "gw" and worker[2:].isdigit() else 0
+    span = (high - low) // count
+    return range(low + index * span, low + (index + 1) * span)
+
+
 def free_port() -> int:
-    """A TCP port that was free a moment ago."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    """A TCP port of this process's slice that was free a moment ago and was never handed out before in this
+    process (a stopped server's port is not reused, so a process left over from an earlier test that reconnects
+    cannot reach a later test's server). Random within the slice: another run on the machine seldom picks it."""
+    ports = port_slice()
+    for _ in range(1000):
+        port = _random.choice(ports)
+        if port in _handed_out or port == 6379:
+            continue
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _handed_out.add(port)
+        return port
+    raise RuntimeError(f"no free port in {ports.start}-{ports.stop - 1}")
 
 
 @cache
@@ -97,8 +128,12 @@ class RedisServer:
         self.tls = tls
         self.password = password
         self.proc: subprocess.Popen[bytes] | None = None
-        auth = f":{password}@" if password else ""
-        self.url = f"{'rediss' if tls else 'redis'}://{auth}127.0.0.1:{self.port}/0"
+        self.started = False
+
+    @property
+    def url(self) -> str:
+        auth = f":{self.password}@" if self.password else ""
+        return f"{'rediss' if self.tls else 'redis'}://{auth}127.0.0.1:{self.port}/0"
 
     def argv(self) -> list[str]:
         args = [
@@ -120,19 +155,29 @@ class RedisServer:
         return args
 
     def start(self) -> RedisServer:
-        self.proc = subprocess.Popen(self.argv(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        client = self.direct(socket_connect_timeout=0.2)
-        deadline = time.monotonic() + 10
-        while True:
+        """Start the server and wait until it answers. On its first start only, a port that another process took
+        since ``free_port`` picked it is replaced by a new one (a restart keeps its port, or fails)."""
+        for _ in range(5):
+            self.proc = subprocess.Popen(self.argv(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            client = self.direct(socket_connect_timeout=0.2)
+            deadline = time.monotonic() + 10
             try:
-                client.ping()
-                break
-            except redis.ConnectionError:
-                if self.proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"redis-server did not start on port {self.port}: {self.log_tail()}") from None
-                time.sleep(0.02)
-        client.close()
-        return self
+                while True:
+                    try:
+                        client.ping()
+                        self.started = True
+                        return self
+                    except redis.ConnectionError:
+                        if self.proc.poll() is not None or time.monotonic() > deadline:
+                            break
+                        time.sleep(0.02)
+            finally:
+                client.close()
+            log = self.log_tail()
+            if self.started or self.proc.poll() is None or "Address already in use" not in log:
+                raise RuntimeError(f"redis-server did not start on port {self.port}: {log}")
+            self.port = free_port()
+        raise RuntimeError(f"redis-server found no free port (last {self.port}): {self.log_tail()}")
 
     def stop(self, sig: int | None = None) -> None:
         if self.proc is None:
@@ -169,9 +214,15 @@ class SentinelProcess:
     def __init__(self, master_port: int, *, binary: str | None = None, quorum: int = 2) -> None:
         self.binary = binary or find_redis_server()
         self.port = free_port()
+        self.master_port = master_port
+        self.quorum = quorum
         self.dir = Path(tempfile.mkdtemp(prefix="loopsq-sentinel-"))
         self.conf = self.dir / "sentinel.conf"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def write_conf(self) -> None:
         # Sentinel rewrites its config file as it learns the topology: it must be writable and its own.
+        master_port, quorum = self.master_port, self.quorum
         self.conf.write_text(
             f"port {self.port}\nbind 127.0.0.1\nprotected-mode no\ndir {self.dir}\n"
             f"logfile {self.dir / 'sentinel.log'}\n"
@@ -180,7 +231,6 @@ class SentinelProcess:
             f"sentinel failover-timeout {SERVICE} 10000\n"
             f"sentinel parallel-syncs {SERVICE} 1\n"
         )
-        self.proc: subprocess.Popen[bytes] | None = None
 
     def argv(self) -> list[str]:
         """Debian's ``redis-sentinel`` beside a system ``redis-server``; else the server binary in sentinel mode
@@ -191,9 +241,21 @@ class SentinelProcess:
         return [self.binary, str(self.conf), "--sentinel"]
 
     def start(self) -> SentinelProcess:
-        self.proc = subprocess.Popen(self.argv(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        wait_until(lambda: bool(self.client().ping()), f"sentinel on port {self.port}", timeout=10)
-        return self
+        """Start the sentinel and wait until it answers; a port taken since ``free_port`` picked it is replaced."""
+        for _ in range(5):
+            self.write_conf()
+            self.proc = subprocess.Popen(self.argv(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            proc = self.proc
+            wait_until(lambda proc=proc: proc.poll() is not None or bool(self.client().ping()),  # type: ignore[misc]
+                       f"sentinel on port {self.port}", timeout=10)
+            if proc.poll() is None:
+                return self
+            log = self.dir / "sentinel.log"
+            text = log.read_text(errors="replace")[-2000:] if log.exists() else ""
+            if "Address already in use" not in text:
+                raise RuntimeError(f"sentinel did not start on port {self.port}: {text}")
+            self.port = free_port()
+        raise RuntimeError(f"sentinel found no free port (last {self.port})")
 
     def client(self) -> redis.Redis:
         return redis.Redis(host="127.0.0.1", port=self.port, decode_responses=True, socket_timeout=2)
@@ -230,6 +292,7 @@ class SentinelGroup:
     def start(self) -> SentinelGroup:
         master, replica = self.servers
         master.start()
+        replica.replica_of = master.port  # in case the master's first start had to take another port
         replica.start()
         wait_until(lambda: replica.client().info("replication")["master_link_status"] == "up",
                    "the replica to sync", timeout=20)

@@ -115,6 +115,19 @@ def start_helper(tmp: Path, mode: str, *commands: str) -> subprocess.Popen[str]:
                             stdout=subprocess.PIPE, text=True)
 
 
+def wait_dead(pid: int, timeout: float = 10) -> None:
+    """Until ``pid`` has exited (a zombie not yet reaped counts)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
+                return
+        except psutil.NoSuchProcess:
+            return
+        assert time.monotonic() < deadline, f"pid {pid} still running {timeout}s after SIGKILL"
+        time.sleep(0.01)
+
+
 def wait_file(path: Path, timeout: float = 20) -> int:
     deadline = time.monotonic() + timeout
     while not (path.exists() and path.read_text().strip()):
@@ -146,6 +159,9 @@ def test_a_killed_watchdog_is_replaced_and_the_new_one_covers_the_groups_already
         watchdog_pid = int(helper.stdout.readline())
         one = wait_file(tmp_path / "one")
         os.kill(watchdog_pid, signal.SIGKILL)
+        # The next run is to find the watchdog dead (a zombie of the helper's), not dying: on a loaded machine the
+        # helper could otherwise start it before the kernel has ended the watchdog, and hand it to the dying one.
+        wait_dead(watchdog_pid)
         helper.stdin.write("go\n")
         helper.stdin.flush()
         two = wait_file(tmp_path / "two")

@@ -372,7 +372,9 @@ def test_other_commands_find_the_embedded_redis_and_see_demo_runs_within_15_seco
     runs = wait_for_runs(env, "demo-hello", timeout=10, status="succeeded")
     assert {r["loopName"] for r in runs} == {"demo-hello"}
     listed = loopsq(env, "list").stdout
-    assert [line.split()[-1] for line in listed.splitlines()] == ["demo-hello", "demo-workflow-loop"]
+    # Sorted: `list` orders by next run, and demo-hello's (every 10s) passes demo-workflow-loop's (every 30s) when
+    # this runs 20-30s after `up` started (a loaded machine, a parallel run).
+    assert sorted(line.split()[-1] for line in listed.splitlines()) == ["demo-hello", "demo-workflow-loop"]
     workflows = loopsq(env, "workflows", "list").stdout
     assert workflows.split()[1:] == ["active", "steps=3", "demo-workflow"]
 
