@@ -176,7 +176,7 @@ def remove_loop(ctx: Ctx, loop: LoopRef) -> JSONResponse:
 
 
 @router.post("/loops/{loop}/trigger", tags=["loops"], summary="Trigger a run now",
-             responses={**responses(201, schemas.Triggered, 400, 404, description="A new run was reserved."),
+             responses={**responses(201, schemas.Triggered, 400, 404, 409, description="A new run was reserved."),
                         200: {"model": schemas.Triggered,
                               "description": "The idempotency key already stood for this run; nothing new."}})
 def trigger_loop(
@@ -188,7 +188,7 @@ def trigger_loop(
     body: Annotated[Any, Body()] = None,
 ) -> JSONResponse:
     """Start a run on a worker now. 201 with a new run id; 200 with the same run id for a repeated key. An optional
-    body ``{"retry": false}`` keeps the loop's retry policy from applying to this run."""
+    body ``{"retry": false}`` keeps the loop's retry policy from applying to this run. 409: the loop is archived."""
     retry = _trigger_retry(body)
     run_id, created = trigger_with(ctx.client, ctx.keys, loop, idempotency_key, retry=retry)
     return JSONResponse({"runId": run_id, "created": created}, status_code=201 if created else 200)
