@@ -16,6 +16,7 @@ from loopsq.domain.agent_options import with_creation_defaults
 from loopsq.domain.checks import check_length, check_visible, whole
 from loopsq.domain.cron import host_timezone_name, validate_timezone
 from loopsq.domain.durations import format_duration
+from loopsq.domain.loop_features import feature_fields
 from loopsq.domain.models import Loop
 from loopsq.domain.schedules import CATCH_UP_POLICIES, Schedule, initial_next_run, parse_time
 from loopsq.domain.targets import validate_target
@@ -121,6 +122,7 @@ def new_loop(body: Mapping[str, Any], now: datetime) -> Loop:
         expires_at=expires_at,
         pause_after_failures=_positive_int(body, "pauseAfterFailures", None),
         keep_runs=_positive_int(body, "keepRuns", None),
+        **feature_fields(body),
     )
     return loop
 

@@ -51,6 +51,10 @@ _FIELDS: tuple[tuple[str, str], ...] = (
     ("archived_at", "archivedAt"),
     ("archived_from_status", "archivedFromStatus"),
     ("retry_queue", "retryQueue"),
+    ("steerable", "steerable"),
+    ("min_interval_ms", "minIntervalMs"),
+    ("max_interval_ms", "maxIntervalMs"),
+    ("gate", "gate"),
     ("created_at", "createdAt"),
     ("updated_at", "updatedAt"),
 )
@@ -91,6 +95,12 @@ class Loop:
     archived_from_status: str | None = None
     #: Retries waiting behind the pending one (``retryScheduledFor``), oldest first: ``{"slot", "at"}`` each.
     retry_queue: list[dict[str, str]] | None = None
+    #: The run's control file may move the next slot (``nextIn``), within these bounds (``domain.steering``).
+    steerable: bool | None = None
+    min_interval_ms: int | None = None
+    max_interval_ms: int | None = None
+    #: A probe run before each scheduled slot: ``{"command", "timeoutMs"?}`` (``executor.gate``).
+    gate: dict[str, Any] | None = None
     extra: dict[str, Any] = field(default_factory=dict, compare=False)
 
     def to_dict(self) -> dict[str, Any]:

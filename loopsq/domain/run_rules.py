@@ -77,6 +77,11 @@ class LoopRun:
     rerun: int | None = None
     #: The caller asked for no retry (``--no-retry``, ``retry: false``): a failure settles the slot at once.
     no_retry: bool | None = None
+    #: What the run's control file said (``domain.control``): its outcome, also on its own for filtering, and
+    #: the warning when the file was malformed (then nothing of it applied).
+    outcome: str | None = None
+    control: dict[str, Any] | None = None
+    control_warning: str | None = None
     extra: dict[str, Any] = field(default_factory=dict, compare=False)
 
     def to_dict(self) -> dict[str, Any]:
@@ -163,6 +168,7 @@ def next_attempt(ended: LoopRun, stamp: str) -> LoopRun:
         attempt=ended.attempt if rerun else ended.attempt + 1, rerun=(ended.rerun or 0) + 1 if rerun else None,
         status="running", finished_at=None, pid=None, exit_code=None, duration_ms=None, stdout=None, stderr=None,
         error=None, host=None, pid_start_time=None, updated_at=stamp, previous_attempts=attempt_history(ended),
+        outcome=None, control=None, control_warning=None,
     )
 
 

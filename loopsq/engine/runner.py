@@ -27,10 +27,12 @@ from loopsq.domain.run_rules import LoopRun
 from loopsq.domain.timeutil import from_iso, gen_id, to_iso
 from loopsq.engine import timers
 from loopsq.engine.faults import crash_point
+from loopsq.engine.gating import gate_slot
 from loopsq.engine.live import LiveWriter
 from loopsq.engine.runtime import LEASE_LOST, SHUTTING_DOWN, Runtime
+from loopsq.engine.steering import execute_with_control
 from loopsq.engine.workflow_runner import execute_workflow
-from loopsq.executor import RunMetadata, SpawnInfo, execute_target
+from loopsq.executor import RunMetadata, SpawnInfo
 from loopsq.state.outages import is_transient
 from loopsq.state.runs import Claim, Refusal, RunStore
 
@@ -111,6 +113,7 @@ def _execute(rt: Runtime, claim: Claim, *, rearm: bool = True) -> tuple[LoopRun,
             crash_point("after_spawn")
 
         error: str | None
+        control: dict[str, object] = {}
         if loop.target.get("type") == "workflow":
             status, exit_code, stdout, stderr, error, pid, duration = _run_workflow_target(rt, loop, run, held.cancel,
                                                                                           on_spawn)
@@ -120,7 +123,8 @@ def _execute(rt: Runtime, claim: Claim, *, rearm: bool = True) -> tuple[LoopRun,
             metadata = RunMetadata(loop_id=loop.id, loop_name=loop.name, run_id=run.id,
                                    scheduled_for=run.scheduled_for, attempt=run.attempt)
             output = LiveWriter(rt.direct, rt.keys, run.id)
-            result = execute_target(loop.target, metadata, cancel=held.cancel, on_spawn=on_spawn, on_output=output)
+            result, control = execute_with_control(loop.target, metadata, cancel=held.cancel, on_spawn=on_spawn,
+                                                   on_output=output)
             output.close(result.status)
             status, exit_code, stdout, stderr, error, pid, duration = (
                 result.status, result.exit_code, result.stdout, result.stderr, result.error, result.pid,
@@ -139,7 +143,7 @@ def _execute(rt: Runtime, claim: Claim, *, rearm: bool = True) -> tuple[LoopRun,
         ended_at = timeutil.now()
         finished = rt.runs.finalize(
             run.id, claim.token, ended_at, status=status, exit_code=exit_code, duration_ms=duration,
-            stdout=stdout, stderr=stderr, error=error, pid=pid, known=(known["run"], loop.to_json()),
+            stdout=stdout, stderr=stderr, error=error, pid=pid, known=(known["run"], loop.to_json()), fields=control,
         ) or rt.runs.recorded_end(run.id, attempt=run.attempt, worker_id=rt.owner.worker_id, status=status,
                                   finished_at=ended_at)
     finally:
@@ -215,6 +219,13 @@ def fire(rt: Runtime, loop_id: str) -> FireResult:
             if skipped is not None:
                 out.runs.append(skipped)
             continue
+        if not is_retry and current.gate is not None:
+            closed, gated = gate_slot(rt, current, slot, now, ends_backlog=slot == cut)
+            if closed:
+                reread = True
+                out.skipped += 1
+                out.runs.extend([gated] if gated is not None else [])
+                continue
         if active and current.overlap == "replace":
             for run_id in active:
                 rt.runs.request_cancel(run_id, f"{rules.REPLACED_ERROR}{slot_iso}")

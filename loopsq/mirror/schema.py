@@ -182,6 +182,14 @@ LOOPSQ_COLUMNS: tuple[tuple[str, str, str], ...] = (
     ("loop_runs", "rerun", "INTEGER"),
     ("loop_runs", "no_retry", "INTEGER"),
     ("workflow_specs", "max_parallel", "INTEGER"),
+    # Beyond the reference (issue 19): steering, gates, outcomes.
+    ("loops", "steerable", "INTEGER"),
+    ("loops", "min_interval_ms", "INTEGER"),
+    ("loops", "max_interval_ms", "INTEGER"),
+    ("loops", "gate_json", "TEXT"),
+    ("loop_runs", "outcome", "TEXT"),
+    ("loop_runs", "control_json", "TEXT"),
+    ("loop_runs", "control_warning", "TEXT"),
 )
 
 _MIRRORED_TABLES = (
@@ -212,10 +220,11 @@ MIRRORED_COLUMNS: dict[str, tuple[str, ...]] = {
 }
 
 # Columns holding a boolean (stored 0/1; read back as false/true).
-BOOLEAN_COLUMNS = frozenset({"no_retry"})
+BOOLEAN_COLUMNS = frozenset({"no_retry", "steerable"})
 
 # Columns holding JSON text; the entity key drops the ``_json`` suffix.
-JSON_COLUMNS = frozenset({"schedule_json", "target_json", "steps_json", "payload_json", "previous_attempts_json"})
+JSON_COLUMNS = frozenset({"schedule_json", "target_json", "steps_json", "payload_json", "previous_attempts_json",
+                          "gate_json", "control_json"})
 
 
 @contextlib.contextmanager

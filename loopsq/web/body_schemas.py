@@ -236,6 +236,22 @@ def _schedules() -> dict[str, dict[str, Any]]:
     }
 
 
+def feature_properties() -> dict[str, Any]:
+    """The loop create body's steering and gate fields (``domain.loop_features``)."""
+    interval = _int(limits.MIN_EVERY_MS, limits.MAX_MS, nullable=True)
+    gate = {"type": "object", "required": ["command"], "additionalProperties": False, "properties": {
+        "command": _string(limits.MAX_COMMAND_LENGTH, "nonBlank", minLength=1,
+                           description="Run through /bin/sh -c before each scheduled slot; exit 0 opens the gate."),
+        "timeoutMs": _int(1, limits.MAX_MS, nullable=True, description="Default 60000.")}}
+    return {
+        "steerable": {"type": ["boolean", "null"],
+                      "description": "The run's control file may move the next slot (nextIn)."},
+        "minIntervalMs": {**interval, "description": "Shortest nextIn (default 1000); needs steerable true."},
+        "maxIntervalMs": {**interval, "description": "Longest nextIn, at least minIntervalMs; needs steerable."},
+        "gate": _nullable(gate),
+    }
+
+
 @functools.cache
 def components() -> dict[str, dict[str, Any]]:
     """Every create-body schema, as components of the OpenAPI document."""
@@ -265,7 +281,12 @@ def components() -> dict[str, dict[str, Any]]:
             "leaseMs": _int(limits.MIN_LEASE_MS, limits.MAX_MS, nullable=True),
             "expiresAt": _nullable(_string(limits.MAX_TIME_LENGTH, format="date-time")),
             "pauseAfterFailures": count,
+            **feature_properties(),
         },
+        # ``minIntervalMs``/``maxIntervalMs`` only with ``steerable: true`` (``domain.loop_features``).
+        "allOf": [{"if": {"anyOf": [{"required": [key], "properties": {key: {"type": "integer"}}}
+                                    for key in ("minIntervalMs", "maxIntervalMs")]},
+                   "then": {"required": ["steerable"], "properties": {"steerable": {"const": True}}}}],
     }
     step = {
         "type": "object",

@@ -46,6 +46,10 @@ EXPECTED_COLUMNS: dict[str, list[tuple[str, str, bool, bool]]] = {
         ("keep_runs", "INTEGER", False, False),
         ("archived_at", "TEXT", False, False),
         ("archived_from_status", "TEXT", False, False),
+        ("steerable", "INTEGER", False, False),
+        ("min_interval_ms", "INTEGER", False, False),
+        ("max_interval_ms", "INTEGER", False, False),
+        ("gate_json", "TEXT", False, False),
     ],
     "loop_runs": [
         ("id", "TEXT", False, True),
@@ -75,6 +79,9 @@ EXPECTED_COLUMNS: dict[str, list[tuple[str, str, bool, bool]]] = {
         ("archived_at", "TEXT", False, False),
         ("rerun", "INTEGER", False, False),
         ("no_retry", "INTEGER", False, False),
+        ("outcome", "TEXT", False, False),
+        ("control_json", "TEXT", False, False),
+        ("control_warning", "TEXT", False, False),
     ],
     "daemon_lease": [
         ("id", "TEXT", False, True),

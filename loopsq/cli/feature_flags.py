@@ -1,0 +1,77 @@
+"""``create`` flags for the beyond-the-reference features: steering (``--steerable``, ``--min-interval``,
+``--max-interval``) and the change gate (``--gate``, ``--gate-timeout``).
+
+Each flag is checked here with a message naming it and quoting its value, before anything touches Redis.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import click
+
+from loopsq.cli.options import at_least, bounded_flag, duration_flag, quote
+from loopsq.domain import limits
+from loopsq.errors import ValidationError
+
+
+def feature_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """The steering and gate option group."""
+    opts = [
+        click.option(
+            "--steerable", is_flag=True, help="Let the run's $LOOPS_CONTROL_FILE move the next slot (nextIn)."
+        ),
+        click.option(
+            "--min-interval", metavar="DURATION", help="Shortest nextIn a steerable loop takes [1s]."
+        ),
+        click.option(
+            "--max-interval", metavar="DURATION", help="Longest nextIn a steerable loop takes [none]."
+        ),
+        click.option(
+            "--gate",
+            metavar="CMD",
+            help="Shell probe before each scheduled slot: the target runs only when it exits 0.",
+        ),
+        click.option("--gate-timeout", metavar="DURATION", help="Kill the gate after DURATION [60s]."),
+    ]
+    for opt in reversed(opts):
+        fn = opt(fn)
+    return fn
+
+
+def _interval(flag: str, text: str) -> int:
+    return at_least(flag, text, duration_flag(flag, text) or 0, limits.MIN_EVERY_MS)
+
+
+def feature_body(opts: dict[str, Any]) -> dict[str, Any]:
+    """The create body's ``steerable``, ``minIntervalMs``, ``maxIntervalMs`` and ``gate`` from the flags."""
+    body: dict[str, Any] = {}
+    steerable = bool(opts.get("steerable"))
+    for flag, key, name in (
+        ("--min-interval", "minIntervalMs", "min_interval"),
+        ("--max-interval", "maxIntervalMs", "max_interval"),
+    ):
+        text = opts.get(name)
+        if text is None:
+            continue
+        if not steerable:
+            raise ValidationError(f"{flag} requires --steerable, got {quote(text)}")
+        body[key] = _interval(flag, text)
+    if steerable:
+        body["steerable"] = True
+    low, high = body.get("minIntervalMs"), body.get("maxIntervalMs")
+    if low is not None and high is not None and high < low:
+        raise ValidationError(
+            f"--max-interval must be at least --min-interval, got {quote(opts['max_interval'])}"
+        )
+    gate, timeout = opts.get("gate"), opts.get("gate_timeout")
+    if timeout is not None and gate is None:
+        raise ValidationError(f"--gate-timeout requires --gate, got {quote(timeout)}")
+    if gate is not None:
+        if not gate.strip():
+            raise ValidationError(f"--gate must be a non-empty command, got {quote(gate)}")
+        body["gate"] = {"command": bounded_flag("--gate", gate, limits.MAX_COMMAND_LENGTH)}
+        if timeout is not None:
+            body["gate"]["timeoutMs"] = duration_flag("--gate-timeout", timeout)
+    return body

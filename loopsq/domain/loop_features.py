@@ -1,0 +1,85 @@
+"""Validation of a create request's beyond-the-reference fields: steering bounds (``steerable``,
+``minIntervalMs``, ``maxIntervalMs``) and the change gate (``gate``).
+
+Each problem raises ``ValidationError`` naming the field and quoting the value; ``loop_spec.new_loop`` calls
+``feature_fields`` and stores what it returns on the loop.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from loopsq.domain import limits
+from loopsq.domain.checks import whole
+from loopsq.domain.durations import format_duration
+from loopsq.domain.text import quoted
+from loopsq.errors import ValidationError
+
+#: A gate's own timeout when it names none.
+DEFAULT_GATE_TIMEOUT_MS = 60_000
+
+
+def _ms(body: Mapping[str, Any], key: str, minimum: int, label: str | None = None) -> int | None:
+    value = whole(body.get(key))
+    key = label or key
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ValidationError(f"{key} must be a positive integer, got {quoted(value)}")
+    if value < minimum:
+        raise ValidationError(f"{key} must be at least {minimum} ({format_duration(minimum)}), got {quoted(value)}")
+    if value > limits.MAX_MS:
+        raise ValidationError(f"{key} must be at most {limits.MAX_MS}, got {quoted(value)}")
+    return value
+
+
+def steering_fields(body: Mapping[str, Any]) -> dict[str, Any]:
+    """``steerable``, ``min_interval_ms`` and ``max_interval_ms`` of a create request (absent ones left out)."""
+    steerable = body.get("steerable")
+    if steerable is not None and not isinstance(steerable, bool):
+        raise ValidationError(f"steerable must be true or false, got {quoted(steerable)}")
+    low = _ms(body, "minIntervalMs", limits.MIN_EVERY_MS)
+    high = _ms(body, "maxIntervalMs", limits.MIN_EVERY_MS)
+    for key, value in (("minIntervalMs", low), ("maxIntervalMs", high)):
+        if value is not None and steerable is not True:
+            raise ValidationError(f"{key} requires steerable: true, got {quoted(value)}")
+    if low is not None and high is not None and high < low:
+        raise ValidationError(f"maxIntervalMs must be at least minIntervalMs ({low}), got {quoted(high)}")
+    out: dict[str, Any] = {}
+    if steerable:
+        out.update(steerable=True, min_interval_ms=low, max_interval_ms=high)
+    return out
+
+
+def validate_gate(value: Any, field: str = "gate") -> dict[str, Any] | None:
+    """A gate: ``{"command": <shell command>, "timeoutMs"?: <ms>}`` or None."""
+    if value is None:
+        return None
+    if not isinstance(value, Mapping):
+        raise ValidationError(f"{field} must be an object with a command, got {quoted(value)}")
+    unknown = [key for key in value if key not in ("command", "timeoutMs")]
+    if unknown:
+        raise ValidationError(f"{field} has an unknown field {quoted(unknown[0])} (expected command, timeoutMs)")
+    command = value.get("command")
+    if not isinstance(command, str) or not command.strip():
+        raise ValidationError(f"{field}.command must be a non-empty command, got {quoted(command)}")
+    if len(command) > limits.MAX_COMMAND_LENGTH:
+        raise ValidationError(f"{field}.command must be at most {limits.MAX_COMMAND_LENGTH} characters, "
+                              f"got {len(command)}")
+    if "\0" in command:
+        raise ValidationError(f"{field}.command must not contain NUL, got {quoted(command)}")
+    gate: dict[str, Any] = {"command": command}
+    timeout = _ms(value, "timeoutMs", 1, f"{field}.timeoutMs") if value.get("timeoutMs") is not None else None
+    if timeout is not None:
+        gate["timeoutMs"] = timeout
+    return gate
+
+
+def feature_fields(body: Mapping[str, Any]) -> dict[str, Any]:
+    """Every beyond-the-reference field of a create request, as ``Loop`` keyword arguments."""
+    out = steering_fields(body)
+    gate = validate_gate(body.get("gate"))
+    if gate is not None:
+        out["gate"] = gate
+    return out
