@@ -299,6 +299,7 @@ def components() -> dict[str, dict[str, Any]]:
             "continueOnFailure": {"type": ["boolean", "null"]},
             "timeoutMs": _timeouts()["timeoutMs"],
             "account": _account(),
+            "gate": feature_properties()["gate"],
         },
     }
     workflow_create = {

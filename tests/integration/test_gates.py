@@ -67,3 +67,26 @@ def test_run_now_is_not_gated(cluster: Cluster) -> None:
     out = cluster.cli("run-now", "manual").stdout
     assert " succeeded " in out
     assert len(cluster.ledger("manual")) == 1
+
+
+@pytest.mark.timeout(60)
+def test_a_workflow_step_with_a_closed_gate_is_skipped_with_its_dependents_and_the_run_still_succeeds(
+        cluster: Cluster) -> None:
+    from tests.integration.test_workflow_processes import create_workflow, create_workflow_loop, noted, \
+        step_states, steps_ledger, wf_runs
+
+    create_workflow(cluster, [
+        noted(cluster, "fetch"),
+        noted(cluster, "agent", dependsOn=["fetch"], gate={"command": "exit 1"}),
+        noted(cluster, "report", dependsOn=["agent"]),
+        noted(cluster, "always", dependsOn=["fetch"], gate={"command": "true"}),
+    ])
+    create_workflow_loop(cluster)
+    cluster.start_all(schedulers=1, workers=1)
+    cluster.wait_until(lambda: [s for s in wf_runs(cluster) if s.terminal], 30, "the workflow run to end")
+    state = wf_runs(cluster)[0]
+    assert state.run["status"] == "succeeded", state.run
+    assert step_states(cluster, state.run_id) == {
+        "fetch": ("succeeded", None), "agent": ("skipped", "gate closed (exit 1)"),
+        "report": ("skipped", "dependency gate closed: agent"), "always": ("succeeded", None)}
+    assert sorted(steps_ledger(cluster)) == ["always", "fetch"]
