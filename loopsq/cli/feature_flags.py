@@ -13,6 +13,7 @@ import click
 
 from loopsq.cli.options import at_least, bounded_flag, duration_flag, quote
 from loopsq.domain import limits
+from loopsq.domain.jitter import MAX_JITTER_MS
 from loopsq.errors import ValidationError
 
 
@@ -34,6 +35,8 @@ def feature_options(fn: Callable[..., Any]) -> Callable[..., Any]:
             help="Shell probe before each scheduled slot: the target runs only when it exits 0.",
         ),
         click.option("--gate-timeout", metavar="DURATION", help="Kill the gate after DURATION [60s]."),
+        click.option("--jitter", metavar="DURATION",
+                     help="Spread the slots by a deterministic per-loop offset below DURATION (--every, --cron)."),
     ]
     for opt in reversed(opts):
         fn = opt(fn)
@@ -74,4 +77,12 @@ def feature_body(opts: dict[str, Any]) -> dict[str, Any]:
         body["gate"] = {"command": bounded_flag("--gate", gate, limits.MAX_COMMAND_LENGTH)}
         if timeout is not None:
             body["gate"]["timeoutMs"] = duration_flag("--gate-timeout", timeout)
+    jitter = opts.get("jitter")
+    if jitter is not None:
+        ms = duration_flag("--jitter", jitter) or 0
+        if ms > MAX_JITTER_MS:
+            raise ValidationError(f"--jitter must be at most 7d, got {quote(jitter)}")
+        if opts.get("every") is None and opts.get("cron") is None:
+            raise ValidationError(f"--jitter needs --every or --cron, got {quote(jitter)}")
+        body["jitterMs"] = ms
     return body

@@ -44,8 +44,8 @@ def steering_fields(body: Mapping[str, Any]) -> dict[str, Any]:
     for key, value in (("minIntervalMs", low), ("maxIntervalMs", high)):
         if value is not None and steerable is not True:
             raise ValidationError(f"{key} requires steerable: true, got {quoted(value)}")
-    if low is not None and high is not None and high < low:
-        raise ValidationError(f"maxIntervalMs must be at least minIntervalMs ({low}), got {quoted(high)}")
+    # A maxIntervalMs below minIntervalMs is taken as minIntervalMs (``steering.bounds_ms``): JSON Schema cannot
+    # compare two fields, and the API's document must call valid exactly what is accepted. The CLI refuses it.
     out: dict[str, Any] = {}
     if steerable:
         out.update(steerable=True, min_interval_ms=low, max_interval_ms=high)

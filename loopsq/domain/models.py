@@ -55,6 +55,7 @@ _FIELDS: tuple[tuple[str, str], ...] = (
     ("min_interval_ms", "minIntervalMs"),
     ("max_interval_ms", "maxIntervalMs"),
     ("gate", "gate"),
+    ("jitter_ms", "jitterMs"),
     ("created_at", "createdAt"),
     ("updated_at", "updatedAt"),
 )
@@ -101,6 +102,8 @@ class Loop:
     max_interval_ms: int | None = None
     #: A probe run before each scheduled slot: ``{"command", "timeoutMs"?}`` (``executor.gate``).
     gate: dict[str, Any] | None = None
+    #: The spread of this loop's slots (``domain.jitter``); its offset is in ``schedule.offset_ms``.
+    jitter_ms: int | None = None
     extra: dict[str, Any] = field(default_factory=dict, compare=False)
 
     def to_dict(self) -> dict[str, Any]:

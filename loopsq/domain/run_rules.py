@@ -14,17 +14,17 @@ from dataclasses import dataclass, field, fields, replace
 from datetime import datetime, timedelta
 from typing import Any
 
-from loopsq.domain.cron import next_cron_run
 from loopsq.domain.models import Loop
-from loopsq.domain.schedules import compute_next_after, due_slots
+from loopsq.domain.schedules import compute_next_after, cron_next, due_slots
 from loopsq.domain.timeutil import from_iso, to_iso
 
 RUN_STATUSES = ("running", "succeeded", "failed", "timed_out", "abandoned", "skipped")
 TERMINAL = frozenset({"succeeded", "failed", "timed_out", "abandoned", "skipped"})
 RETRYABLE = frozenset({"failed", "timed_out", "abandoned"})
-SOURCES = ("scheduled", "ad_hoc", "due_slot", "retry_slot", "trigger")
+SOURCES = ("scheduled", "ad_hoc", "due_slot", "retry_slot", "trigger", "backfill")
 #: Runs that are not a slot of the schedule: they never move the loop, though the retry rule applies to them too.
-MANUAL_SOURCES = ("ad_hoc", "trigger")
+#: (A backfill run has a past slot of the schedule, run on request: ``engine.backfill``.)
+MANUAL_SOURCES = ("ad_hoc", "trigger", "backfill")
 #: Retries waiting behind the loop's pending one (``Loop.retry_queue``) at most; beyond it the oldest is dropped.
 RETRY_QUEUE_MAX = 100
 SKIP_ERROR = "previous run still active"
@@ -270,7 +270,7 @@ def _next_regular(loop: Loop, slot: datetime, now: datetime, *, ends_backlog: bo
         if schedule.type == "interval" and schedule.every_ms:
             return slot + timedelta(milliseconds=schedule.every_ms)
         if schedule.type == "cron" and schedule.expression:
-            return next_cron_run(schedule.expression, slot, loop.timezone)
+            return cron_next(schedule, slot, loop.timezone)
     return compute_next_after(schedule, slot, now, loop.timezone)
 
 

@@ -3,7 +3,8 @@
 Applied by the run's finalize on top of ``run_rules.after_finish``, in the same transition, so the run's
 outcome and the loop's new state are one step and one change entry. The rules, in order:
 
-- nothing moves a loop that is no longer active (a pause or stop during the run wins);
+- nothing moves a loop that is no longer active (a pause or stop during the run wins), nor does a backfill run
+  (it replays the past: ``engine.backfill``);
 - ``outcome: needs_human`` pauses the loop, its reason ``needs_human: <note>``;
 - ``stop: true`` or ``outcome: done`` stops it (``stopped by run <id> (done): <note>``);
 - ``nextIn`` on a steerable loop moves its next slot to the end of the run plus ``nextIn``, clamped to the
@@ -47,7 +48,7 @@ def steer(advance: Advance, run: LoopRun, finished_at: datetime) -> Advance:
     """The loop after ``advance`` (``after_finish``'s result for ``run``) once ``run``'s control is applied."""
     control = run.control
     loop = advance.loop
-    if not control or loop.status != "active" or run.status == "abandoned":
+    if not control or loop.status != "active" or run.status == "abandoned" or run.source == "backfill":
         return advance
     stamp = to_iso(finished_at)
     note = control.get("note")

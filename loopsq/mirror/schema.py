@@ -187,6 +187,7 @@ LOOPSQ_COLUMNS: tuple[tuple[str, str, str], ...] = (
     ("loops", "min_interval_ms", "INTEGER"),
     ("loops", "max_interval_ms", "INTEGER"),
     ("loops", "gate_json", "TEXT"),
+    ("loops", "jitter_ms", "INTEGER"),
     ("loop_runs", "outcome", "TEXT"),
     ("loop_runs", "control_json", "TEXT"),
     ("loop_runs", "control_warning", "TEXT"),

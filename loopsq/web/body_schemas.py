@@ -22,6 +22,7 @@ from typing import Any
 from loopsq.domain import limits
 from loopsq.domain.checks import INVISIBLE_CATEGORIES
 from loopsq.domain.cron import MACROS
+from loopsq.domain.jitter import JITTERED_TYPES, MAX_JITTER_MS
 from loopsq.domain.models import OVERLAP_POLICIES, RETRY_BACKOFFS
 from loopsq.domain.schedules import ANCHORS, CATCH_UP_POLICIES
 from loopsq.domain.targets import CONFIG_ISOLATIONS, PROMPT_VIAS, PROVIDERS, is_js_whitespace
@@ -247,8 +248,11 @@ def feature_properties() -> dict[str, Any]:
         "steerable": {"type": ["boolean", "null"],
                       "description": "The run's control file may move the next slot (nextIn)."},
         "minIntervalMs": {**interval, "description": "Shortest nextIn (default 1000); needs steerable true."},
-        "maxIntervalMs": {**interval, "description": "Longest nextIn, at least minIntervalMs; needs steerable."},
+        "maxIntervalMs": {**interval, "description": "Longest nextIn (below minIntervalMs: minIntervalMs); needs steerable."},
         "gate": _nullable(gate),
+        "jitterMs": _int(1, MAX_JITTER_MS, nullable=True,
+                         description="Spread the slots by a deterministic per-loop offset below this (interval and "
+                                     "cron schedules)."),
     }
 
 
@@ -284,7 +288,9 @@ def components() -> dict[str, dict[str, Any]]:
             **feature_properties(),
         },
         # ``minIntervalMs``/``maxIntervalMs`` only with ``steerable: true`` (``domain.loop_features``).
-        "allOf": [{"if": {"anyOf": [{"required": [key], "properties": {key: {"type": "integer"}}}
+        "allOf": [{"if": {"required": ["jitterMs"], "properties": {"jitterMs": {"type": "integer"}}},
+                   "then": {"properties": {"schedule": {"properties": {"type": {"enum": list(JITTERED_TYPES)}}}}}},
+                  {"if": {"anyOf": [{"required": [key], "properties": {key: {"type": "integer"}}}
                                     for key in ("minIntervalMs", "maxIntervalMs")]},
                    "then": {"required": ["steerable"], "properties": {"steerable": {"const": True}}}}],
     }

@@ -56,6 +56,7 @@ class LoopOut(Entity):
     minIntervalMs: int | None = None
     maxIntervalMs: int | None = None
     gate: dict[str, Any] | None = Field(None, description="The probe before each scheduled slot.")
+    jitterMs: int | None = Field(None, description="The spread of the slots; the offset is schedule.offsetMs.")
     createdAt: str
     updatedAt: str
 

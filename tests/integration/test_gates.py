@@ -53,11 +53,10 @@ def test_a_gate_that_outlives_its_timeout_is_killed_with_its_group_and_the_slot_
     run = cluster.wait_until(lambda: [r for r in cluster.runs("slowgate") if r.status == "skipped"], 20, "a skip")[0]
     assert run.error == "gate closed (timed out after 1s)"
     assert cluster.ledger("slowgate") == []
-    import os
-
     pid = int(pidfile.read_text())
-    cluster.wait_until(lambda: not os.path.exists(f"/proc/{pid}") or
-                       open(f"/proc/{pid}/stat").read().split()[2] == "Z", 5, "the gate's child to be killed")
+    stat = Path(f"/proc/{pid}/stat")
+    cluster.wait_until(lambda: not stat.exists() or stat.read_text().split()[2] == "Z", 5,
+                       "the gate's child to be killed")
 
 
 @pytest.mark.timeout(60)
@@ -72,8 +71,14 @@ def test_run_now_is_not_gated(cluster: Cluster) -> None:
 @pytest.mark.timeout(60)
 def test_a_workflow_step_with_a_closed_gate_is_skipped_with_its_dependents_and_the_run_still_succeeds(
         cluster: Cluster) -> None:
-    from tests.integration.test_workflow_processes import create_workflow, create_workflow_loop, noted, \
-        step_states, steps_ledger, wf_runs
+    from tests.integration.test_workflow_processes import (
+        create_workflow,
+        create_workflow_loop,
+        noted,
+        step_states,
+        steps_ledger,
+        wf_runs,
+    )
 
     create_workflow(cluster, [
         noted(cluster, "fetch"),

@@ -34,6 +34,11 @@ CASES = [
     ((*BASE, "--gate-timeout", "5s"), "--gate-timeout requires --gate, got '5s'"),
     ((*BASE, "--gate", "true", "--gate-timeout", "0"), "--gate-timeout must be greater than zero, got '0'"),
     ((*BASE, "--gate", "true", "--gate-timeout", "later"), "--gate-timeout: invalid duration: later"),
+    ((*BASE, "--jitter", "0"), "--jitter must be greater than zero, got '0'"),
+    ((*BASE, "--jitter", "a bit"), "--jitter: invalid duration: a bit"),
+    ((*BASE, "--jitter", "8d"), "--jitter must be at most 7d, got '8d'"),
+    (("create", "command", "hello", "--cmd", "true", "--dynamic", "--jitter", "5m"),
+     "--jitter needs --every or --cron, got '5m'"),
     (("runs", "--outcome", "maybe"), "--outcome must be one of progress, no_op, done, needs_human, got 'maybe'"),
 ]
 
@@ -52,12 +57,15 @@ def _body(**extra: Any) -> dict[str, Any]:
             "target": {"type": "command", "command": "true"}, **extra}
 
 
+
 BODY_CASES = [
     ({"steerable": "yes"}, 'steerable must be true or false, got "yes"'),
     ({"minIntervalMs": 5000}, "minIntervalMs requires steerable: true, got 5000"),
     ({"steerable": True, "minIntervalMs": 10}, "minIntervalMs must be at least 1000 (1s), got 10"),
-    ({"steerable": True, "minIntervalMs": 60_000, "maxIntervalMs": 5000},
-     "maxIntervalMs must be at least minIntervalMs (60000), got 5000"),
+    ({"jitterMs": 0}, "jitterMs must be a positive integer, got 0"),
+    ({"jitterMs": 700_000_000}, "jitterMs must be at most 604800000 (7d), got 700000000"),
+    ({"jitterMs": 1000, "schedule": {"type": "dynamic"}},
+     "jitterMs applies to interval and cron schedules, got a dynamic schedule"),
     ({"gate": "true"}, 'gate must be an object with a command, got "true"'),
     ({"gate": {"command": ""}}, 'gate.command must be a non-empty command, got ""'),
     ({"gate": {"command": "true", "every": 1}}, 'gate has an unknown field "every" (expected command, timeoutMs)'),
@@ -107,3 +115,42 @@ def test_a_control_file_past_its_size_bound_is_a_warning() -> None:
 def test_a_good_control_file_parses_every_field() -> None:
     control = parse_control('{"outcome": "progress", "nextIn": "10m", "stop": false, "note": "3 files"}')
     assert control.to_dict() == {"outcome": "progress", "nextInMs": 600_000, "note": "3 files"}
+
+
+BACKFILL = ("backfill", "hourly")
+BACKFILL_CASES = [
+    ((*BACKFILL, "--from", "yesterday", "--to", "2025-01-02T00:00:00Z"), "invalid --from: yesterday"),
+    ((*BACKFILL, "--from", "2025-01-01T00:00:00Z", "--to", "soon"), "invalid --to: soon"),
+    ((*BACKFILL, "--from", "2025-01-02T00:00:00Z", "--to", "2025-01-01T00:00:00Z"),
+     "--to must be after --from, got 2025-01-01T00:00:00.000Z (from 2025-01-02T00:00:00.000Z)"),
+    ((*BACKFILL, "--from", "2025-01-01T00:00:00Z", "--to", "2999-01-01T00:00:00Z"),
+     "--to must not be in the future, got 2999-01-01T00:00:00.000Z"),
+    ((*BACKFILL, "--from", "2000-01-01T00:00:00Z", "--to", "2025-01-01T00:00:00Z"),
+     "--from/--to span more than 10000 slots; backfill a shorter range"),
+    ((*BACKFILL, "--from", "2025-01-01T00:00:00Z", "--to", "2025-01-02T00:00:00Z", "--overlap", "replace"),
+     "--overlap must be skip or allow, got 'replace'"),
+    ((*BACKFILL, "--from", "2025-01-01T00:00:00Z", "--to", "2025-01-02T00:00:00Z", "--max-parallel", "2"),
+     "--max-parallel requires --overlap allow, got '2'"),
+    ((*BACKFILL, "--from", "2025-01-01T00:00:00Z", "--to", "2025-01-02T00:00:00Z", "--max-parallel", "0"),
+     "--max-parallel must be a positive integer, got '0'"),
+    (("backfill", "dyn", "--from", "2025-01-01T00:00:00Z", "--to", "2025-01-02T00:00:00Z"),
+     "backfill needs an interval or cron loop; dyn has a dynamic schedule"),
+    (("backfill", "hourly", "--to", "2025-01-02T00:00:00Z"), "Missing option '--from'."),
+]
+
+
+@pytest.fixture
+def loops_cli(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Cli:
+    cli = make_cli(tmp_path, monkeypatch)
+    cli.ok("create", "command", "hourly", "--every", "1h", "--cmd", "true", "--timezone", "UTC")
+    cli.ok("create", "command", "dyn", "--dynamic", "--cmd", "true")
+    return cli
+
+
+@pytest.mark.parametrize(("args", "message"), BACKFILL_CASES, ids=[m[:50] for _, m in BACKFILL_CASES])
+def test_bad_backfill_input_gets_one_line_exit_2_and_runs_nothing(loops_cli: Cli, args: tuple[str, ...],
+                                                                  message: str) -> None:
+    before = loops_cli.state()
+    result = loops_cli.run(*args)
+    assert (result.exit_code, result.stderr, result.stdout) == (2, f"error: {message}\n", "")
+    assert loops_cli.state() == before

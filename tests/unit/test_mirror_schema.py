@@ -50,6 +50,7 @@ EXPECTED_COLUMNS: dict[str, list[tuple[str, str, bool, bool]]] = {
         ("min_interval_ms", "INTEGER", False, False),
         ("max_interval_ms", "INTEGER", False, False),
         ("gate_json", "TEXT", False, False),
+        ("jitter_ms", "INTEGER", False, False),
     ],
     "loop_runs": [
         ("id", "TEXT", False, True),
