@@ -13,6 +13,7 @@ import click
 
 from loopsq.cli.options import at_least, bounded_flag, duration_flag, quote
 from loopsq.domain import limits
+from loopsq.domain.checks import check_visible
 from loopsq.domain.jitter import MAX_JITTER_MS
 from loopsq.errors import ValidationError
 
@@ -35,6 +36,10 @@ def feature_options(fn: Callable[..., Any]) -> Callable[..., Any]:
             help="Shell probe before each scheduled slot: the target runs only when it exits 0.",
         ),
         click.option("--gate-timeout", metavar="DURATION", help="Kill the gate after DURATION [60s]."),
+        click.option("--workspace", metavar="KEY",
+                     help="Never run at once with another loop (or step) of this workspace key, on any host."),
+        click.option("--workspace-wait", metavar="DURATION",
+                     help="With --overlap allow: wait this long for a busy workspace [10m]."),
         click.option("--jitter", metavar="DURATION",
                      help="Spread the slots by a deterministic per-loop offset below DURATION (--every, --cron)."),
     ]
@@ -77,6 +82,18 @@ def feature_body(opts: dict[str, Any]) -> dict[str, Any]:
         body["gate"] = {"command": bounded_flag("--gate", gate, limits.MAX_COMMAND_LENGTH)}
         if timeout is not None:
             body["gate"]["timeoutMs"] = duration_flag("--gate-timeout", timeout)
+    workspace, wait = opts.get("workspace"), opts.get("workspace_wait")
+    if wait is not None and workspace is None:
+        raise ValidationError(f"--workspace-wait requires --workspace, got {quote(wait)}")
+    if workspace is not None:
+        if not workspace.strip():
+            raise ValidationError(f"--workspace must not be empty, got {quote(workspace)}")
+        body["workspace"] = check_visible(bounded_flag("--workspace", workspace, limits.MAX_WORD_LENGTH).strip(),
+                                          "--workspace", quote)
+        if wait is not None:
+            if opts.get("overlap") != "allow":
+                raise ValidationError(f"--workspace-wait requires --overlap allow, got {quote(wait)}")
+            body["workspaceWaitMs"] = duration_flag("--workspace-wait", wait)
     jitter = opts.get("jitter")
     if jitter is not None:
         ms = duration_flag("--jitter", jitter) or 0

@@ -11,13 +11,15 @@ from collections.abc import Mapping
 from typing import Any
 
 from loopsq.domain import limits
-from loopsq.domain.checks import whole
+from loopsq.domain.checks import check_length, check_visible, whole
 from loopsq.domain.durations import format_duration
 from loopsq.domain.text import quoted
 from loopsq.errors import ValidationError
 
 #: A gate's own timeout when it names none.
 DEFAULT_GATE_TIMEOUT_MS = 60_000
+#: How long a run of an overlap-allow loop waits for its busy workspace when the loop names no wait.
+DEFAULT_WORKSPACE_WAIT_MS = 600_000
 
 
 def _ms(body: Mapping[str, Any], key: str, minimum: int, label: str | None = None) -> int | None:
@@ -76,9 +78,28 @@ def validate_gate(value: Any, field: str = "gate") -> dict[str, Any] | None:
     return gate
 
 
+def workspace_fields(body: Mapping[str, Any]) -> dict[str, Any]:
+    """``workspace`` (a key of at most ``MAX_WORD_LENGTH`` visible characters) and ``workspaceWaitMs`` (with a
+    workspace only)."""
+    key = body.get("workspace")
+    wait = _ms(body, "workspaceWaitMs", 1)
+    if key is None:
+        if wait is not None:
+            raise ValidationError(f"workspaceWaitMs requires a workspace, got {quoted(wait)}")
+        return {}
+    if not isinstance(key, str) or not key.strip():
+        raise ValidationError(f"workspace must be a non-empty string, got {quoted(key)}")
+    check_length(key, "workspace", limits.MAX_WORD_LENGTH)
+    out: dict[str, Any] = {"workspace": check_visible(key.strip(), "workspace")}
+    if wait is not None:
+        out["workspace_wait_ms"] = wait
+    return out
+
+
 def feature_fields(body: Mapping[str, Any]) -> dict[str, Any]:
     """Every beyond-the-reference field of a create request, as ``Loop`` keyword arguments."""
     out = steering_fields(body)
+    out.update(workspace_fields(body))
     gate = validate_gate(body.get("gate"))
     if gate is not None:
         out["gate"] = gate

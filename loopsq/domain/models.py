@@ -56,6 +56,8 @@ _FIELDS: tuple[tuple[str, str], ...] = (
     ("max_interval_ms", "maxIntervalMs"),
     ("gate", "gate"),
     ("jitter_ms", "jitterMs"),
+    ("workspace", "workspace"),
+    ("workspace_wait_ms", "workspaceWaitMs"),
     ("created_at", "createdAt"),
     ("updated_at", "updatedAt"),
 )
@@ -104,6 +106,10 @@ class Loop:
     gate: dict[str, Any] | None = None
     #: The spread of this loop's slots (``domain.jitter``); its offset is in ``schedule.offset_ms``.
     jitter_ms: int | None = None
+    #: Loops sharing a workspace key never run at once, across hosts (``state.workspaces``); a run that finds it
+    #: busy follows the overlap policy (``allow``: waits up to ``workspace_wait_ms`` in a fair queue).
+    workspace: str | None = None
+    workspace_wait_ms: int | None = None
     extra: dict[str, Any] = field(default_factory=dict, compare=False)
 
     def to_dict(self) -> dict[str, Any]:

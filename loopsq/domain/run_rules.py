@@ -82,6 +82,9 @@ class LoopRun:
     outcome: str | None = None
     control: dict[str, Any] | None = None
     control_warning: str | None = None
+    #: The workspace lease this run held (``--workspace``) and its fencing number (``state.workspaces``).
+    workspace: str | None = None
+    workspace_fence: int | None = None
     extra: dict[str, Any] = field(default_factory=dict, compare=False)
 
     def to_dict(self) -> dict[str, Any]:
@@ -168,7 +171,7 @@ def next_attempt(ended: LoopRun, stamp: str) -> LoopRun:
         attempt=ended.attempt if rerun else ended.attempt + 1, rerun=(ended.rerun or 0) + 1 if rerun else None,
         status="running", finished_at=None, pid=None, exit_code=None, duration_ms=None, stdout=None, stderr=None,
         error=None, host=None, pid_start_time=None, updated_at=stamp, previous_attempts=attempt_history(ended),
-        outcome=None, control=None, control_warning=None,
+        outcome=None, control=None, control_warning=None, workspace=None, workspace_fence=None,
     )
 
 

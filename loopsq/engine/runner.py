@@ -27,11 +27,12 @@ from loopsq.domain.run_rules import LoopRun
 from loopsq.domain.timeutil import from_iso, gen_id, to_iso
 from loopsq.engine import timers
 from loopsq.engine.faults import crash_point
-from loopsq.engine.gating import gate_slot
 from loopsq.engine.live import LiveWriter
+from loopsq.engine.prechecks import precheck_slot
 from loopsq.engine.runtime import LEASE_LOST, SHUTTING_DOWN, Runtime
 from loopsq.engine.steering import execute_with_control
 from loopsq.engine.workflow_runner import execute_workflow
+from loopsq.engine.workspaces import hold_workspace, release_workspace
 from loopsq.executor import RunMetadata, SpawnInfo
 from loopsq.state.outages import is_transient
 from loopsq.state.runs import Claim, Refusal, RunStore
@@ -92,6 +93,10 @@ def _execute(rt: Runtime, claim: Claim, *, rearm: bool = True) -> tuple[LoopRun,
              run.attempt, f" rerun={run.rerun} (re-run after shutdown)" if run.rerun else "", run.source)
     held = rt.hold(run.id, claim.token, loop.lease_ms)
     crash_point("after_claim")
+    blocked = hold_workspace(rt, claim, held)  # None: no workspace, or its lease is ours
+    if blocked is not None:
+        rt.release(run.id)
+        return blocked, None
     # The run's JSON as this process last wrote it: transitions try it first instead of reading it back. (The
     # beat's lease renewal may change it meanwhile; a stale guess only costs a retry.)
     known = {"run": run.to_json()}
@@ -148,6 +153,7 @@ def _execute(rt: Runtime, claim: Claim, *, rearm: bool = True) -> tuple[LoopRun,
                                   finished_at=ended_at)
     finally:
         rt.release(run.id)
+        release_workspace(rt, claim)
     if finished is None:
         log.warning("run %s lease lost before finalize; nothing written", run.id)
         return rt.runs.get(run.id) or run, None
@@ -219,12 +225,12 @@ def fire(rt: Runtime, loop_id: str) -> FireResult:
             if skipped is not None:
                 out.runs.append(skipped)
             continue
-        if not is_retry and current.gate is not None:
-            closed, gated = gate_slot(rt, current, slot, now, ends_backlog=slot == cut)
-            if closed:
+        if current.gate is not None or current.workspace is not None:
+            stopped, row = precheck_slot(rt, current, slot, now, is_retry=is_retry, ends_backlog=slot == cut)
+            if stopped:
                 reread = True
-                out.skipped += 1
-                out.runs.extend([gated] if gated is not None else [])
+                out.skipped += 1 if row is not None else 0
+                out.runs.extend([row] if row is not None else [])
                 continue
         if active and current.overlap == "replace":
             for run_id in active:

@@ -182,15 +182,19 @@ LOOPSQ_COLUMNS: tuple[tuple[str, str, str], ...] = (
     ("loop_runs", "rerun", "INTEGER"),
     ("loop_runs", "no_retry", "INTEGER"),
     ("workflow_specs", "max_parallel", "INTEGER"),
-    # Beyond the reference (issue 19): steering, gates, outcomes.
+    # Beyond the reference (issue 19): steering, gates, jitter, workspaces, outcomes.
     ("loops", "steerable", "INTEGER"),
     ("loops", "min_interval_ms", "INTEGER"),
     ("loops", "max_interval_ms", "INTEGER"),
     ("loops", "gate_json", "TEXT"),
     ("loops", "jitter_ms", "INTEGER"),
+    ("loops", "workspace", "TEXT"),
+    ("loops", "workspace_wait_ms", "INTEGER"),
     ("loop_runs", "outcome", "TEXT"),
     ("loop_runs", "control_json", "TEXT"),
     ("loop_runs", "control_warning", "TEXT"),
+    ("loop_runs", "workspace", "TEXT"),
+    ("loop_runs", "workspace_fence", "INTEGER"),
 )
 
 _MIRRORED_TABLES = (

@@ -14,7 +14,7 @@ from loopsq.domain import run_rules as rules
 from loopsq.domain.models import Loop
 from loopsq.domain.run_rules import LoopRun
 from loopsq.domain.schedules import compute_next_after
-from loopsq.domain.timeutil import gen_id, to_iso, to_ms
+from loopsq.domain.timeutil import from_iso, gen_id, to_iso, to_ms
 from loopsq.state.commit import Tx
 from loopsq.state.run_moves import _s
 from loopsq.state.runs import RunStore
@@ -69,4 +69,51 @@ def skip_slot(store: RunStore, loop_id: str, slot: datetime, now: datetime, *, e
             tx.note("loop_advanced")
         if store.committer.commit(tx).ok:
             return run
+    return None
+
+
+def end_skipped(store: RunStore, run_id: str, token: str, now: datetime, *, error: str,
+                note: str) -> tuple[LoopRun, Loop | None] | None:
+    """End a claimed run that could not start (its workspace stayed busy) as ``skipped`` with ``error``, fenced by
+    its lease: neither a failure nor a retry; a loop that schedules from the end of a run gets its next slot from
+    now. None when the lease was lost."""
+    stamp = to_iso(now)
+    for _ in range(MAX_RETRIES):
+        raw = _s(store.client.get(store.keys.run(run_id)))
+        if raw is None:
+            return None
+        run = LoopRun.from_json(raw)
+        if run.status != "running":
+            return None
+        final = run.with_changes(status="skipped", finished_at=stamp, error=error, lease_expires_at=None,
+                                 duration_ms=0, updated_at=stamp)
+        loop_raw = _s(store.client.get(store.keys.loop(run.loop_id)))
+        tx = Tx("run_skipped", stamp).expect(store.keys.lease(run_id), token).expect(store.keys.run(run_id), raw)
+        tx.expect(store.keys.loop(run.loop_id), loop_raw)
+        new_loop: Loop | None = None
+        if loop_raw is not None:
+            loop = Loop.from_json(loop_raw)
+            if (loop.status == "active" and rules.advances_at_finish(loop) and loop.next_run_at is None
+                    and loop.retry_scheduled_for is None and run.source not in rules.MANUAL_SOURCES):
+                new_loop = moved_past(loop, from_iso(run.scheduled_for), now, False).with_changes(updated_at=stamp)
+                tx.set(store.keys.loop(run.loop_id), new_loop.to_json()).put("loops", new_loop.to_dict())
+                tx.note("loop_advanced")
+        tx.note(note)
+        (
+            tx.set(store.keys.run(run_id), final.to_json())
+            .delete_key(store.keys.lease(run_id))
+            .delete_key(store.keys.cancel(run_id))
+            .srem(store.keys.running, run_id)
+            .srem(store.keys.loop_active(run.loop_id), run_id)
+            .delete_key(store.keys.claim(run.loop_id, run.scheduled_for, run.attempt, run.rerun))
+            .zadd(store.keys.retention_due, to_ms(now), f"loop:{run.loop_id}")
+            .put("loop_runs", final.to_dict())
+        )
+        if run.host:
+            tx.srem(store.keys.host_runs(run.host), run_id)
+        result = store.committer.commit(tx)
+        if result.ok:
+            return final, new_loop
+        if result.failed_guard == 0:
+            return None
     return None

@@ -250,6 +250,10 @@ def feature_properties() -> dict[str, Any]:
         "minIntervalMs": {**interval, "description": "Shortest nextIn (default 1000); needs steerable true."},
         "maxIntervalMs": {**interval, "description": "Longest nextIn (below minIntervalMs: minIntervalMs); needs steerable."},
         "gate": _nullable(gate),
+        "workspace": _nullable(_string(limits.MAX_WORD_LENGTH, "loopName", minLength=1,
+                                       description="Loops and steps sharing this key never run at once.")),
+        "workspaceWaitMs": _int(1, limits.MAX_MS, nullable=True,
+                                description="How long an overlap-allow run waits for its busy workspace (600000)."),
         "jitterMs": _int(1, MAX_JITTER_MS, nullable=True,
                          description="Spread the slots by a deterministic per-loop offset below this (interval and "
                                      "cron schedules)."),
@@ -288,7 +292,9 @@ def components() -> dict[str, dict[str, Any]]:
             **feature_properties(),
         },
         # ``minIntervalMs``/``maxIntervalMs`` only with ``steerable: true`` (``domain.loop_features``).
-        "allOf": [{"if": {"required": ["jitterMs"], "properties": {"jitterMs": {"type": "integer"}}},
+        "allOf": [{"if": {"required": ["workspaceWaitMs"], "properties": {"workspaceWaitMs": {"type": "integer"}}},
+                   "then": {"required": ["workspace"], "properties": {"workspace": {"type": "string"}}}},
+                  {"if": {"required": ["jitterMs"], "properties": {"jitterMs": {"type": "integer"}}},
                    "then": {"properties": {"schedule": {"properties": {"type": {"enum": list(JITTERED_TYPES)}}}}}},
                   {"if": {"anyOf": [{"required": [key], "properties": {key: {"type": "integer"}}}
                                     for key in ("minIntervalMs", "maxIntervalMs")]},

@@ -57,6 +57,8 @@ class LoopOut(Entity):
     maxIntervalMs: int | None = None
     gate: dict[str, Any] | None = Field(None, description="The probe before each scheduled slot.")
     jitterMs: int | None = Field(None, description="The spread of the slots; the offset is schedule.offsetMs.")
+    workspace: str | None = Field(None, description="Loops sharing this key never run at once.")
+    workspaceWaitMs: int | None = None
     createdAt: str
     updatedAt: str
 
@@ -90,6 +92,8 @@ class RunOut(Entity):
                                 json_schema_extra={"enum": [*OUTCOMES, None]})
     control: dict[str, Any] | None = Field(None, description="The run's control file: outcome, nextInMs, stop, note.")
     controlWarning: str | None = Field(None, description="Why the run's control file was ignored (malformed).")
+    workspace: str | None = Field(None, description="The workspace lease the run held.")
+    workspaceFence: int | None = Field(None, description="The workspace lease's fencing number.")
 
 
 class Page(BaseModel):

@@ -39,6 +39,15 @@ CASES = [
     ((*BASE, "--jitter", "8d"), "--jitter must be at most 7d, got '8d'"),
     (("create", "command", "hello", "--cmd", "true", "--dynamic", "--jitter", "5m"),
      "--jitter needs --every or --cron, got '5m'"),
+    ((*BASE, "--workspace", " "), "--workspace must not be empty, got ' '"),
+    ((*BASE, "--workspace", "a\tb"),
+     "--workspace must not contain control, format, bidi or zero-width characters (U+0009 at position 2), "
+     "got 'a\\x09b'"),
+    ((*BASE, "--workspace-wait", "1m"), "--workspace-wait requires --workspace, got '1m'"),
+    ((*BASE, "--workspace", "repo", "--workspace-wait", "1m"), "--workspace-wait requires --overlap allow, got '1m'"),
+    ((*BASE, "--workspace", "repo", "--overlap", "allow", "--workspace-wait", "0"),
+     "--workspace-wait must be greater than zero, got '0'"),
+    ((*BASE, "--workspace", "x" * 201), f"--workspace must be at most 200 characters, got '{'x' * 64}… (137 more characters)'"),
     (("runs", "--outcome", "maybe"), "--outcome must be one of progress, no_op, done, needs_human, got 'maybe'"),
 ]
 
@@ -66,6 +75,9 @@ BODY_CASES = [
     ({"jitterMs": 700_000_000}, "jitterMs must be at most 604800000 (7d), got 700000000"),
     ({"jitterMs": 1000, "schedule": {"type": "dynamic"}},
      "jitterMs applies to interval and cron schedules, got a dynamic schedule"),
+    ({"workspace": ""}, 'workspace must be a non-empty string, got ""'),
+    ({"workspace": 5}, "workspace must be a non-empty string, got 5"),
+    ({"workspaceWaitMs": 1000}, "workspaceWaitMs requires a workspace, got 1000"),
     ({"gate": "true"}, 'gate must be an object with a command, got "true"'),
     ({"gate": {"command": ""}}, 'gate.command must be a non-empty command, got ""'),
     ({"gate": {"command": "true", "every": 1}}, 'gate has an unknown field "every" (expected command, timeoutMs)'),

@@ -51,6 +51,8 @@ EXPECTED_COLUMNS: dict[str, list[tuple[str, str, bool, bool]]] = {
         ("max_interval_ms", "INTEGER", False, False),
         ("gate_json", "TEXT", False, False),
         ("jitter_ms", "INTEGER", False, False),
+        ("workspace", "TEXT", False, False),
+        ("workspace_wait_ms", "INTEGER", False, False),
     ],
     "loop_runs": [
         ("id", "TEXT", False, True),
@@ -83,6 +85,8 @@ EXPECTED_COLUMNS: dict[str, list[tuple[str, str, bool, bool]]] = {
         ("outcome", "TEXT", False, False),
         ("control_json", "TEXT", False, False),
         ("control_warning", "TEXT", False, False),
+        ("workspace", "TEXT", False, False),
+        ("workspace_fence", "INTEGER", False, False),
     ],
     "daemon_lease": [
         ("id", "TEXT", False, True),
