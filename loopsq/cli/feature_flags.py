@@ -13,6 +13,7 @@ import click
 
 from loopsq.cli.options import at_least, bounded_flag, duration_flag, quote
 from loopsq.domain import limits
+from loopsq.domain.budget import parse_budget_flag
 from loopsq.domain.checks import check_visible
 from loopsq.domain.jitter import MAX_JITTER_MS
 from loopsq.errors import ValidationError
@@ -40,6 +41,10 @@ def feature_options(fn: Callable[..., Any]) -> Callable[..., Any]:
                      help="Never run at once with another loop (or step) of this workspace key, on any host."),
         click.option("--workspace-wait", metavar="DURATION",
                      help="With --overlap allow: wait this long for a busy workspace [10m]."),
+        click.option("--budget-runs", metavar="N/day|week",
+                     help="Pause the loop once N runs have run in the current UTC day (or ISO week)."),
+        click.option("--budget-cost", metavar="AMOUNT/day|week",
+                     help="Pause the loop once its agent runs have cost AMOUNT USD this day (or week)."),
         click.option("--jitter", metavar="DURATION",
                      help="Spread the slots by a deterministic per-loop offset below DURATION (--every, --cron)."),
     ]
@@ -94,6 +99,10 @@ def feature_body(opts: dict[str, Any]) -> dict[str, Any]:
             if opts.get("overlap") != "allow":
                 raise ValidationError(f"--workspace-wait requires --overlap allow, got {quote(wait)}")
             body["workspaceWaitMs"] = duration_flag("--workspace-wait", wait)
+    for flag, key, name, cost in (("--budget-runs", "budgetRuns", "budget_runs", False),
+                                  ("--budget-cost", "budgetCost", "budget_cost", True)):
+        if opts.get(name) is not None:
+            body[key] = parse_budget_flag(flag, opts[name], cost=cost)
     jitter = opts.get("jitter")
     if jitter is not None:
         ms = duration_flag("--jitter", jitter) or 0

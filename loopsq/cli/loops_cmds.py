@@ -42,7 +42,7 @@ def list_loops(status: str | None, archived: bool, all_: bool) -> None:
 
 #: The newest run's fields ``show`` adds under ``lastRun``: enough to see why it failed.
 LAST_RUN_FIELDS = ("id", "status", "attempt", "scheduledFor", "finishedAt", "exitCode", "error", "outcome",
-                   "control", "controlWarning")
+                   "control", "controlWarning", "workspace", "inputTokens", "outputTokens", "costUsd")
 
 
 @click.command("show")

@@ -9,7 +9,7 @@ import click
 
 from loopsq.cli.app import App, echo_err, get_app, json_flag
 from loopsq.cli.options import bounded_flag, limit_flag, quote
-from loopsq.cli.run_lines import feature_lines
+from loopsq.cli.run_lines import feature_lines, usage_total
 from loopsq.domain import limits, timeutil
 from loopsq.domain.checks import check_visible
 from loopsq.domain.control import OUTCOMES
@@ -184,6 +184,9 @@ def runs(id_or_name: str | None, limit: int, status: str | None, outcome: str | 
                              f"  {a.get('error') or ''}".rstrip())
                 if show_output:
                     lines.append(_indent(_print_output(a)))
+        total = usage_total(rows)
+        if total is not None:
+            lines.append(total)
         return "\n".join(lines)
 
     app.emit([public_run(r, show_output) for r in rows], human)

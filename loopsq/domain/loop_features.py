@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from loopsq.domain import limits
+from loopsq.domain.budget import validate_budget
 from loopsq.domain.checks import check_length, check_visible, whole
 from loopsq.domain.durations import format_duration
 from loopsq.domain.text import quoted
@@ -100,6 +101,10 @@ def feature_fields(body: Mapping[str, Any]) -> dict[str, Any]:
     """Every beyond-the-reference field of a create request, as ``Loop`` keyword arguments."""
     out = steering_fields(body)
     out.update(workspace_fields(body))
+    for key, attr, cost in (("budgetRuns", "budget_runs", False), ("budgetCost", "budget_cost", True)):
+        budget = validate_budget(body.get(key), key, cost=cost)
+        if budget is not None:
+            out[attr] = budget
     gate = validate_gate(body.get("gate"))
     if gate is not None:
         out["gate"] = gate

@@ -58,6 +58,9 @@ _FIELDS: tuple[tuple[str, str], ...] = (
     ("jitter_ms", "jitterMs"),
     ("workspace", "workspace"),
     ("workspace_wait_ms", "workspaceWaitMs"),
+    ("budget_runs", "budgetRuns"),
+    ("budget_cost", "budgetCost"),
+    ("usage", "usage"),
     ("created_at", "createdAt"),
     ("updated_at", "updatedAt"),
 )
@@ -110,6 +113,10 @@ class Loop:
     #: busy follows the overlap policy (``allow``: waits up to ``workspace_wait_ms`` in a fair queue).
     workspace: str | None = None
     workspace_wait_ms: int | None = None
+    #: Budgets ``{"limit", "per": "day"|"week"}`` and the usage of the current windows (``domain.budget``).
+    budget_runs: dict[str, Any] | None = None
+    budget_cost: dict[str, Any] | None = None
+    usage: dict[str, Any] | None = None
     extra: dict[str, Any] = field(default_factory=dict, compare=False)
 
     def to_dict(self) -> dict[str, Any]:

@@ -85,6 +85,10 @@ class LoopRun:
     #: The workspace lease this run held (``--workspace``) and its fencing number (``state.workspaces``).
     workspace: str | None = None
     workspace_fence: int | None = None
+    #: What an agent run used, as its provider CLI reported it (``domain.usage``).
+    input_tokens: int | None = None
+    output_tokens: int | None = None
+    cost_usd: float | None = None
     extra: dict[str, Any] = field(default_factory=dict, compare=False)
 
     def to_dict(self) -> dict[str, Any]:
@@ -172,6 +176,7 @@ def next_attempt(ended: LoopRun, stamp: str) -> LoopRun:
         status="running", finished_at=None, pid=None, exit_code=None, duration_ms=None, stdout=None, stderr=None,
         error=None, host=None, pid_start_time=None, updated_at=stamp, previous_attempts=attempt_history(ended),
         outcome=None, control=None, control_warning=None, workspace=None, workspace_fence=None,
+        input_tokens=None, output_tokens=None, cost_usd=None,
     )
 
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from loopsq.domain.control import MAX_CONTROL_BYTES, Control, parse_control
+from loopsq.domain.usage import parse_usage
 from loopsq.executor import ExecutorResult, RunMetadata, execute_target
 
 log = logging.getLogger(__name__)
@@ -78,4 +79,9 @@ def execute_with_control(target: Mapping[str, Any], metadata: RunMetadata,
         control_file.remove()
     if control.warning:
         log.warning("run %s: %s", metadata.run_id, control.warning)
-    return result, run_fields(control)
+    fields = run_fields(control)
+    if target.get("type") == "agent":
+        usage = parse_usage(str(target.get("provider")), result.stdout)
+        if usage is not None:
+            fields.update(usage.to_fields())
+    return result, fields

@@ -49,7 +49,8 @@ def claim_backfill(store: RunStore, loop_id: str, slot: datetime, owner: Owner, 
                 attempt=existing.attempt + 1, rerun=None, status="running", finished_at=None, pid=None,
                 exit_code=None, duration_ms=None, stdout=None, stderr=None, error=None, host=None, pid_start_time=None,
                 updated_at=stamp, previous_attempts=rules.attempt_history(existing), outcome=None, control=None,
-                control_warning=None, no_retry=None, workspace=None, workspace_fence=None)
+                control_warning=None, no_retry=None, workspace=None, workspace_fence=None,
+                input_tokens=None, output_tokens=None, cost_usd=None)
         token = f"{owner.worker_id}:{run.id}:{run.attempt}:{nonce or gen_id()}"
         run = run.with_changes(
             started_at=stamp, claimed_by=owner.worker_id, worker_id=owner.worker_id, host=owner.host,

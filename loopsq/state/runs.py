@@ -15,6 +15,7 @@ from datetime import datetime, timedelta
 import redis
 
 from loopsq.domain import run_rules as rules
+from loopsq.domain.budget import account
 from loopsq.domain.models import Loop
 from loopsq.domain.run_rules import LoopRun
 from loopsq.domain.steering import steer
@@ -374,7 +375,7 @@ class RunStore(LoopMoves):
             new_loop: Loop | None = None
             if loop_raw is not None:
                 loop = Loop.from_json(loop_raw)
-                advance = steer(rules.after_finish(loop, final, now, rng), final, now)
+                advance = account(steer(rules.after_finish(loop, final, now, rng), final, now), final, now)
                 tx.expect(self.keys.loop(run.loop_id), loop_raw)
                 if advance.loop != loop:
                     new_loop = advance.loop

@@ -20,6 +20,7 @@ import zoneinfo
 from typing import Any
 
 from loopsq.domain import limits
+from loopsq.domain.budget import MAX_COST_USD, PERIODS
 from loopsq.domain.checks import INVISIBLE_CATEGORIES
 from loopsq.domain.cron import MACROS
 from loopsq.domain.jitter import JITTERED_TYPES, MAX_JITTER_MS
@@ -254,6 +255,14 @@ def feature_properties() -> dict[str, Any]:
                                        description="Loops and steps sharing this key never run at once.")),
         "workspaceWaitMs": _int(1, limits.MAX_MS, nullable=True,
                                 description="How long an overlap-allow run waits for its busy workspace (600000)."),
+        "budgetRuns": _nullable({"type": "object", "required": ["limit", "per"], "additionalProperties": False,
+                                 "properties": {"limit": _int(1, limits.MAX_COUNT), "per": _enum(PERIODS, nullable=False)},
+                                 "description": "Pause the loop once this many runs ran in the UTC day or ISO week."}),
+        "budgetCost": _nullable({"type": "object", "required": ["limit", "per"], "additionalProperties": False,
+                                 "properties": {"limit": {"type": "number", "exclusiveMinimum": 0,
+                                                          "maximum": MAX_COST_USD},
+                                                "per": _enum(PERIODS, nullable=False)},
+                                 "description": "Pause the loop once its runs cost this much USD in the window."}),
         "jitterMs": _int(1, MAX_JITTER_MS, nullable=True,
                          description="Spread the slots by a deterministic per-loop offset below this (interval and "
                                      "cron schedules)."),

@@ -59,6 +59,9 @@ class LoopOut(Entity):
     jitterMs: int | None = Field(None, description="The spread of the slots; the offset is schedule.offsetMs.")
     workspace: str | None = Field(None, description="Loops sharing this key never run at once.")
     workspaceWaitMs: int | None = None
+    budgetRuns: dict[str, Any] | None = Field(None, description="{limit, per: day|week}: runs per window.")
+    budgetCost: dict[str, Any] | None = Field(None, description="{limit (USD), per: day|week}: cost per window.")
+    usage: dict[str, Any] | None = Field(None, description="Runs, tokens and cost of the current day and week.")
     createdAt: str
     updatedAt: str
 
@@ -94,6 +97,9 @@ class RunOut(Entity):
     controlWarning: str | None = Field(None, description="Why the run's control file was ignored (malformed).")
     workspace: str | None = Field(None, description="The workspace lease the run held.")
     workspaceFence: int | None = Field(None, description="The workspace lease's fencing number.")
+    inputTokens: int | None = Field(None, description="Input tokens the agent reported (cached input included).")
+    outputTokens: int | None = Field(None, description="Output tokens the agent reported.")
+    costUsd: float | None = Field(None, description="Cost in USD the agent reported.")
 
 
 class Page(BaseModel):

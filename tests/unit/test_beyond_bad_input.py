@@ -48,6 +48,8 @@ CASES = [
     ((*BASE, "--workspace", "repo", "--overlap", "allow", "--workspace-wait", "0"),
      "--workspace-wait must be greater than zero, got '0'"),
     ((*BASE, "--workspace", "x" * 201), f"--workspace must be at most 200 characters, got '{'x' * 64}… (137 more characters)'"),
+    ((*BASE, "--budget-runs", "ten/day"), "--budget-runs must be N/day or N/week, got 'ten/day'"),
+    ((*BASE, "--budget-cost", "5/month"), "--budget-cost must be AMOUNT/day or AMOUNT/week, got '5/month'"),
     (("runs", "--outcome", "maybe"), "--outcome must be one of progress, no_op, done, needs_human, got 'maybe'"),
 ]
 
@@ -78,6 +80,10 @@ BODY_CASES = [
     ({"workspace": ""}, 'workspace must be a non-empty string, got ""'),
     ({"workspace": 5}, "workspace must be a non-empty string, got 5"),
     ({"workspaceWaitMs": 1000}, "workspaceWaitMs requires a workspace, got 1000"),
+    ({"budgetRuns": {"limit": 5}}, "budgetRuns.per must be day or week, got null"),
+    ({"budgetRuns": {"limit": 1.5, "per": "day"}}, "budgetRuns.limit must be a positive integer, got 1.5"),
+    ({"budgetCost": {"limit": -1, "per": "week"}}, "budgetCost.limit must be a positive number (USD), got -1"),
+    ({"budgetCost": "5/day"}, 'budgetCost must be an object with limit and per, got "5/day"'),
     ({"gate": "true"}, 'gate must be an object with a command, got "true"'),
     ({"gate": {"command": ""}}, 'gate.command must be a non-empty command, got ""'),
     ({"gate": {"command": "true", "every": 1}}, 'gate has an unknown field "every" (expected command, timeoutMs)'),

@@ -53,6 +53,9 @@ EXPECTED_COLUMNS: dict[str, list[tuple[str, str, bool, bool]]] = {
         ("jitter_ms", "INTEGER", False, False),
         ("workspace", "TEXT", False, False),
         ("workspace_wait_ms", "INTEGER", False, False),
+        ("budget_runs_json", "TEXT", False, False),
+        ("budget_cost_json", "TEXT", False, False),
+        ("usage_json", "TEXT", False, False),
     ],
     "loop_runs": [
         ("id", "TEXT", False, True),
@@ -87,6 +90,9 @@ EXPECTED_COLUMNS: dict[str, list[tuple[str, str, bool, bool]]] = {
         ("control_warning", "TEXT", False, False),
         ("workspace", "TEXT", False, False),
         ("workspace_fence", "INTEGER", False, False),
+        ("input_tokens", "INTEGER", False, False),
+        ("output_tokens", "INTEGER", False, False),
+        ("cost_usd", "REAL", False, False),
     ],
     "daemon_lease": [
         ("id", "TEXT", False, True),
