@@ -94,6 +94,8 @@ def patterns() -> dict[str, str]:
         "workflowName": _name_pattern(js_ws),
         "noNul": f"^{no_nul}*$",
         "nonBlank": f"^{no_nul}*{solid}{no_nul}*$",
+        # Blank as Python's str.strip sees it (the server's own checks of an opencode model and of a gate).
+        "pyNonBlank": f"^{no_nul}*{char_class(sets['py_ws'] | {0}, negate=True)}{no_nul}*$",
         "noWhitespace": f"^{solid}+$",
         "cron": f"^(?:@(?:{macros})|{' '.join(field(v) for v in (minute, hour, dom, month, dow))})$",
         "stepId": f"^{limits.STEP_ID_PATTERN}$",
@@ -191,9 +193,12 @@ def _agent_target() -> dict[str, Any]:
         # agent name.
         "allOf": [
             {"if": {"required": ["provider"], "properties": {"provider": {"const": "opencode"}}},
-             "then": {"required": ["model"], "properties": {"model": _string(limits.MAX_WORD_LENGTH, "nonBlank")}}},
+             "then": {"required": ["model"], "properties": {"model": _string(limits.MAX_WORD_LENGTH, "pyNonBlank")}}},
             {"if": {"required": ["provider"], "properties": {"provider": {"enum": ["codex", "codewith"]}}},
              "then": {"properties": {"agent": {"type": "null"}}}},
+            # codewith agent start takes the prompt as an argument: no stdin.
+            {"if": {"required": ["provider"], "properties": {"provider": {"const": "codewith"}}},
+             "then": {"properties": {"promptVia": {"enum": ["argv", None]}}}},
         ],
     }
 
@@ -242,7 +247,7 @@ def feature_properties() -> dict[str, Any]:
     """The loop create body's steering and gate fields (``domain.loop_features``)."""
     interval = _int(limits.MIN_EVERY_MS, limits.MAX_MS, nullable=True)
     gate = {"type": "object", "required": ["command"], "additionalProperties": False, "properties": {
-        "command": _string(limits.MAX_COMMAND_LENGTH, "nonBlank", minLength=1,
+        "command": _string(limits.MAX_COMMAND_LENGTH, "pyNonBlank", minLength=1,
                            description="Run through /bin/sh -c before each scheduled slot; exit 0 opens the gate."),
         "timeoutMs": _int(1, limits.MAX_MS, nullable=True, description="Default 60000.")}}
     return {
