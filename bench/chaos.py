@@ -250,7 +250,7 @@ def check_recorded(client: redis.Redis, ledger: Path, killed_pids: set[int]) -> 
     for line in sorted({line.strip() for line in ledger.read_text().splitlines() if line.strip()}):
         parts = line.split()
         loop_id, slot, attempt, step = parts[0], parts[1], int(parts[2]), (parts[3] if len(parts) > 3 else None)
-        run_id = client.get(KEYS.slot(loop_id, slot))
+        run_id = client.hget(KEYS.slots(loop_id), slot)
         run = store.get(str(run_id)) if run_id else None
         if run is None:
             bad.append(f"executed but no run recorded: {line}")

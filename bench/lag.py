@@ -232,13 +232,11 @@ def run_loopsq(h: hx.Harness, n_loops: int, n_workers: int, duration: float, mai
     # Claim times and outcomes from the run rows.
     claims: dict[tuple[str, int], float] = {}
     run_ids = [str(r) for r in client.zrange(keys.runs, 0, -1)]
-    import json
+    from loopsq.state import run_codec
 
     for i in range(0, len(run_ids), 500):
-        for text in client.mget([keys.run(r) for r in run_ids[i:i + 500]]):
-            if not text:
-                continue
-            run = json.loads(text)
+        for loaded in run_codec.load_many(client, [keys.run(r) for r in run_ids[i:i + 500]]):
+            run = loaded.to_dict()
             slot = hx.iso_to_epoch(run["scheduledFor"])
             if round(t0 * 1000) <= round(slot * 1000) < round(t_end * 1000):
                 phase.statuses[run["status"]] += 1

@@ -16,7 +16,6 @@ the same server build (SET, GET, HSET, ZADD, RPUSH, LPOP; 50 clients, no pipelin
 from __future__ import annotations
 
 import argparse
-import json
 import re
 import statistics
 import subprocess
@@ -27,6 +26,7 @@ import redis
 
 from loopsq.domain.timeutil import from_iso
 from loopsq.sdk import LoopsClient
+from loopsq.state import run_codec
 from loopsq.state.keys import Keys
 
 KEYS = Keys()
@@ -46,14 +46,13 @@ def one(h: hx.Harness, runs: int, workers: int) -> tuple[float, float]:
 
     def settled() -> int:
         ids = client.zrange(KEYS.runs, 0, -1)
-        raws = client.mget([KEYS.run(str(i)) for i in ids]) if ids else []
-        return sum(1 for raw in raws if raw and '"status":"succeeded"' in raw.replace(" ", ""))
+        return sum(1 for run in run_codec.load_many(client, [KEYS.run(str(i)) for i in ids])
+                   if run.status == "succeeded")
 
     hx.wait_for(lambda: settled() >= runs, 60 + runs / 20, what=f"{runs} runs with {workers} workers")
     commands = int(client.info("stats")["total_commands_processed"]) - before
     ids = client.zrange(KEYS.runs, 0, -1)
-    rows = [r for r in client.mget([KEYS.run(str(i)) for i in ids]) if r]
-    runs_json = [json.loads(r) for r in rows]
+    runs_json = [run.to_dict() for run in run_codec.load_many(client, [KEYS.run(str(i)) for i in ids])]
     first = min(from_iso(r["startedAt"]).timestamp() for r in runs_json)
     last = max(from_iso(r["finishedAt"]).timestamp() for r in runs_json)
     h.stop_many(procs)

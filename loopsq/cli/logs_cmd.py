@@ -17,10 +17,10 @@ from typing import Any
 import click
 
 from loopsq.cli.app import App, get_app, json_flag
-from loopsq.domain.run_rules import LoopRun
 from loopsq.engine import timers
 from loopsq.errors import NotFoundError
 from loopsq.mirror import queries
+from loopsq.state import run_codec
 from loopsq.state.workflow_run_state import WorkflowRunState
 from loopsq.state.workflow_runs import WorkflowRunStore
 
@@ -95,10 +95,9 @@ def _step_source(app: App, store: WorkflowRunStore, run_id: str, step_id: str) -
 
 def _run_source(app: App, run_id: str) -> Source:
     def read() -> tuple[bool, str, str]:
-        raw = app.client().get(app.keys.run(run_id))
-        if raw is None:
+        run = run_codec.load(app.client(), app.keys.run(run_id))
+        if run is None:
             return True, "", ""
-        run = LoopRun.from_json(raw.decode() if isinstance(raw, bytes) else str(raw))
         return run.status != "running", run.stdout or "", run.stderr or ""
 
     return Source(run_id, None, app.keys.live(run_id), read)

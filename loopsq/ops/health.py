@@ -14,6 +14,7 @@ import redis
 
 from loopsq.engine import timers
 from loopsq.mirror.follow import mirror_lag
+from loopsq.state import run_codec
 from loopsq.state.keys import Keys
 
 
@@ -91,9 +92,8 @@ def prune_dead(client: redis.Redis, keys: Keys) -> int:
     """Forget registered processes whose liveness key has expired and who hold no running run."""
     removed = 0
     running_owners = set()
-    for raw in client.mget([keys.run(_text(i)) for i in client.smembers(keys.running)] or ["-"]):
-        if raw:
-            running_owners.add(json.loads(_text(raw)).get("workerId"))
+    for run in run_codec.load_many(client, [keys.run(_text(i)) for i in client.smembers(keys.running)]):
+        running_owners.add(run.worker_id)
     for registry, key in ((keys.workers, keys.worker), (keys.schedulers, keys.scheduler)):
         for member in client.smembers(registry):
             pid = _text(member)

@@ -83,7 +83,8 @@ class Tx:
 
     type: str
     at: str
-    ops: list[tuple[str, str, str, str]] = field(default_factory=list)
+    #: ``(op, key, a, b)``; a value may be bytes (a compressed run row, ``run_codec``).
+    ops: list[tuple[str, str, str | bytes, str]] = field(default_factory=list)
     upsert: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     delete: dict[str, list[str]] = field(default_factory=dict)
     trimmed: dict[str, list[str]] = field(default_factory=dict)
@@ -91,7 +92,7 @@ class Tx:
     also: list[str] = field(default_factory=list)
 
     # -- guards ---------------------------------------------------------------------------------------------
-    def expect(self, key: str, value: str | None) -> Tx:
+    def expect(self, key: str, value: str | bytes | None) -> Tx:
         """Guard: the string at ``key`` is exactly ``value`` (``None``: the key does not exist)."""
         self.ops.append(("eq", key, value or "", ""))
         return self
@@ -112,7 +113,7 @@ class Tx:
         return self
 
     # -- writes ----------------------------------------------------------------------------------------------
-    def set(self, key: str, value: str, px: int | None = None) -> Tx:
+    def set(self, key: str, value: str | bytes, px: int | None = None) -> Tx:
         """Write: SET ``key`` (with a millisecond TTL when ``px`` is given)."""
         self.ops.append(("setpx", key, value, str(px)) if px else ("set", key, value, ""))
         return self
@@ -236,7 +237,7 @@ class Committer:
         # Every transition also stamps the dataset's instance id (first writer wins), which mirrors compare to
         # notice a flushed or replaced Redis.
         ops = [*tx.ops, ("setnx", self.keys.instance, gen_id() + gen_id(), "")]
-        args: list[str] = [str(len(ops)), str(STREAM_MAXLEN)]
+        args: list[str | bytes] = [str(len(ops)), str(STREAM_MAXLEN)]
         for op, key, a, b in ops:
             if key not in key_index:
                 keys.append(key)
@@ -253,7 +254,7 @@ class Committer:
             return CommitResult(ok=True, change_id=_text(value), replicated=replicated, server=server)
         return CommitResult(ok=False, failed_guard=int(value), replicated=replicated, server=server)
 
-    def _commit_and_wait(self, keys: list[str], args: list[str], replicas: int,
+    def _commit_and_wait(self, keys: list[str], args: list[str | bytes], replicas: int,
                          wait_ms: int) -> tuple[Any, int, tuple[Any, Any]]:
         def build(pipe: Pipeline) -> None:
             pipe.evalsha(self._script.sha, len(keys), *keys, *args)

@@ -81,9 +81,10 @@ class Keys:
         """Sorted set: a loop's run ids by creation time (ms)."""
         return self._k("loop", loop_id, "runs")
 
-    def slot(self, loop_id: str, scheduled_for: str) -> str:
-        """String: the run id holding slot ``(loop, scheduledFor)`` (one row per slot, as the reference)."""
-        return self._k("slot", loop_id, scheduled_for)
+    def slots(self, loop_id: str) -> str:
+        """Hash: scheduledFor -> the run id holding that slot of the loop (one row per slot, as the reference).
+        One hash per loop rather than a key per slot: a small hash is a listpack, ~3x leaner per slot."""
+        return self._k("loop", loop_id, "slots")
 
     def claim(self, loop_id: str, scheduled_for: str, attempt: int, rerun: int | None = None) -> str:
         """String (SET NX): the one claim of ``(loop, slot, attempt)``, or of its ``rerun``-th re-run after a worker

@@ -139,7 +139,7 @@ class LoopStore:
         if loop.schedule.type != "once" or loop.next_run_at is not None or loop.schedule.at is None:
             return False
         slot = to_iso(parse_time(loop.schedule.at, loop.timezone, "schedule.at"))
-        return bool(self.client.exists(self.keys.slot(loop.id, slot)))
+        return bool(self.client.hexists(self.keys.slots(loop.id), slot))
 
     def stop(self, id_or_name: str, now: datetime) -> Loop:
         """Set status ``stopped`` and clear ``nextRunAt`` (a stopped or expired loop: no-op)."""

@@ -27,6 +27,7 @@ import redis
 
 from loopsq.domain.models import Loop
 from loopsq.domain.timeutil import to_iso, to_ms
+from loopsq.state import run_codec
 from loopsq.state.commit import Committer, Tx
 from loopsq.state.keys import Keys
 
@@ -174,15 +175,15 @@ class Retention:
             return None
         take = min(excess, budget)
         ids = [str(_s(i)) for i in self.client.zrange(self.keys.loop_runs(loop_id), 0, take + int(active) - 1)]
-        raws = self.client.mget([self.keys.run(i) for i in ids]) if ids else []
-        runs = [(run_id, _s(raw)) for run_id, raw in zip(ids, raws, strict=True)]
+        raws = run_codec.read_many(self.client, [self.keys.run(i) for i in ids])
+        runs = list(zip(ids, raws, strict=True))
         plan = _Plan(Tx("runs_trimmed", to_iso(now)), more=excess > budget)
-        candidates: list[tuple[str, str, dict[str, Any]]] = []
+        candidates: list[tuple[str, run_codec.Stored, dict[str, Any]]] = []
         for run_id, raw in runs:
             if raw is None:  # an index entry whose run is gone (left by an older version): drop the entry
                 plan.tx.zrem(self.keys.loop_runs(loop_id), run_id).zrem(self.keys.runs, run_id)
                 continue
-            run = json.loads(raw)
+            run = run_codec.decode(raw).to_dict()
             if run.get("status") == "running":
                 continue
             if loop is not None and loop.retry_scheduled_for == run.get("scheduledFor"):
@@ -194,11 +195,12 @@ class Retention:
         self._add_loop_runs(plan, loop_id, candidates, now)
         return plan
 
-    def _add_loop_runs(self, plan: _Plan, loop_id: str, candidates: Sequence[tuple[str, str, dict[str, Any]]],
+    def _add_loop_runs(self, plan: _Plan, loop_id: str,
+                       candidates: Sequence[tuple[str, run_codec.Stored, dict[str, Any]]],
                        now: datetime) -> None:
         pipe = self.client.pipeline(transaction=False)
         for run_id, _raw, run in candidates:
-            pipe.get(self.keys.slot(loop_id, str(run["scheduledFor"])))
+            pipe.hget(self.keys.slots(loop_id), str(run["scheduledFor"]))
             pipe.zscore(self.keys.triggers, run_id)
             key = run.get("idempotencyKey")
             pipe.get(self.keys.idempotency(loop_id, str(key))) if key else pipe.echo("")
@@ -206,7 +208,7 @@ class Retention:
             pipe.smembers(self.keys.loop_run_workflows(run_id))
         replies = pipe.execute() if candidates else []
         workflows: dict[str, list[str]] = {}
-        chosen: list[tuple[str, str, dict[str, Any], str | None]] = []
+        chosen: list[tuple[str, run_codec.Stored, dict[str, Any], str | None]] = []
         for index, (run_id, raw, run) in enumerate(candidates):
             slot_owner, pending, idem, idem_ttl, wf_ids = replies[index * 5: index * 5 + 5]
             if pending is not None:
@@ -225,9 +227,9 @@ class Retention:
                 plan.hold(to_ms(now) + RECHECK_MS)
                 continue
             tx = plan.tx.expect(self.keys.run(run_id), raw).delete_key(self.keys.run(run_id))
-            slot_key = self.keys.slot(loop_id, str(run["scheduledFor"]))
+            slots, slot = self.keys.slots(loop_id), str(run["scheduledFor"])
             if slot_owner == run_id:
-                tx.expect(slot_key, run_id).delete_key(slot_key)
+                tx.expect_field(slots, slot, run_id).hdel(slots, slot)
             tx.zrem(self.keys.loop_runs(loop_id), run_id).zrem(self.keys.runs, run_id)
             for attempt in range(1, int(run.get("attempt") or 1) + 1):
                 tx.delete_key(self.keys.claim(loop_id, str(run["scheduledFor"]), attempt))

@@ -12,6 +12,7 @@ from loopsq.domain.models import Loop
 from loopsq.domain.run_rules import LoopRun
 from loopsq.domain.schedules import compute_next_after
 from loopsq.domain.timeutil import gen_id, to_iso, to_ms
+from loopsq.state import run_codec
 from loopsq.state.commit import Committer, Tx
 from loopsq.state.keys import Keys
 
@@ -48,8 +49,8 @@ class LoopMoves:
             new_loop = rules.after_claim(loop, slot, now, is_retry=False, ends_backlog=ends_backlog)
             if rules.advances_at_finish(loop):
                 new_loop = loop  # its next slot is set when the running run ends
-            existing_id = _s(self.client.get(self.keys.slot(loop_id, slot_iso)))
-            tx = Tx("run_skipped", stamp).expect(self.keys.slot(loop_id, slot_iso), existing_id)
+            existing_id = _s(self.client.hget(self.keys.slots(loop_id), slot_iso))
+            tx = Tx("run_skipped", stamp).expect_field(self.keys.slots(loop_id), slot_iso, existing_id)
             tx.expect(self.keys.loop(loop_id), loop_raw)
             run: LoopRun | None = None
             if existing_id is None:
@@ -60,8 +61,8 @@ class LoopMoves:
                 )
                 created = to_ms(now)
                 (
-                    tx.set(self.keys.slot(loop_id, slot_iso), run.id)
-                    .set(self.keys.run(run.id), run.to_json())
+                    tx.hset(self.keys.slots(loop_id), slot_iso, run.id)
+                    .set(self.keys.run(run.id), run_codec.encode(run))
                     .zadd(self.keys.runs, created, run.id)
                     .zadd(self.keys.loop_runs(loop_id), created, run.id)
                     .zadd(self.keys.retention_due, created, f"loop:{loop_id}")

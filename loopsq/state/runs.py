@@ -21,7 +21,7 @@ from loopsq.domain.run_rules import LoopRun
 from loopsq.domain.steering import steer
 from loopsq.domain.timeutil import gen_id, to_iso, to_ms
 from loopsq.errors import ConflictError
-from loopsq.state import durability
+from loopsq.state import durability, run_codec
 from loopsq.state.commit import Committer, Tx
 from loopsq.state.keys import Keys
 from loopsq.state.run_moves import LoopMoves, _s
@@ -82,15 +82,13 @@ class RunStore(LoopMoves):
     # -- reads ----------------------------------------------------------------------------------------------
     def get(self, run_id: str) -> LoopRun | None:
         """The run ``run_id`` or None."""
-        raw = _s(self.client.get(self.keys.run(run_id)))
-        return LoopRun.from_json(raw) if raw else None
+        return run_codec.load(self.client, self.keys.run(run_id))
 
     def get_many(self, run_ids: Sequence[str]) -> list[LoopRun]:
         """The runs that exist among ``run_ids``."""
         if not run_ids:
             return []
-        raws = self.client.mget([self.keys.run(i) for i in run_ids])
-        return [LoopRun.from_json(str(_s(raw))) for raw in raws if raw]
+        return run_codec.load_many(self.client, [self.keys.run(i) for i in run_ids])
 
     def running_ids(self) -> list[str]:
         """Ids of every running run."""
@@ -138,7 +136,7 @@ class RunStore(LoopMoves):
         for _ in range(MAX_RETRIES):
             pipe = self.client.pipeline(transaction=False)
             pipe.get(self.keys.loop(loop_id))
-            pipe.get(self.keys.slot(loop_id, slot_iso))
+            pipe.hget(self.keys.slots(loop_id), slot_iso)
             loop_reply, slot_reply = pipe.execute()
             loop_raw = _s(loop_reply)
             if loop_raw is None:
@@ -148,8 +146,8 @@ class RunStore(LoopMoves):
             if moves_loop and loop.status != "active":
                 return Refusal("inactive")  # paused or stopped since the caller looked (the loop guard sees to that)
             existing_id = _s(slot_reply)
-            existing_raw = _s(self.client.get(self.keys.run(existing_id))) if existing_id else None
-            existing = LoopRun.from_json(existing_raw) if existing_raw else None
+            existing_raw = run_codec.read(self.client, self.keys.run(existing_id)) if existing_id else None
+            existing = run_codec.decode(existing_raw) if existing_raw else None
             stamp = to_iso(now)
             if existing is None and run_id is not None and self.client.exists(self.keys.run(run_id)):
                 return Refusal("claimed", self.get(run_id))
@@ -188,12 +186,12 @@ class RunStore(LoopMoves):
             tx = (
                 Tx("run_claimed", stamp)
                 .expect(claim_key, None)
-                .expect(self.keys.slot(loop_id, slot_iso), existing_id)
+                .expect_field(self.keys.slots(loop_id), slot_iso, existing_id)
                 .expect(self.keys.run(run.id), existing_raw)
                 .expect(self.keys.loop(loop_id), loop_raw)
                 .set(claim_key, token, px=CLAIM_TTL_MS)
-                .set(self.keys.slot(loop_id, slot_iso), run.id)
-                .set(self.keys.run(run.id), run.to_json())
+                .hset(self.keys.slots(loop_id), slot_iso, run.id)
+                .set(self.keys.run(run.id), run_codec.encode(run))
                 .set(self.keys.lease(run.id), token, px=rules.lease_ttl_ms(loop.lease_ms))
                 .sadd(self.keys.running, run.id)
                 .sadd(self.keys.loop_active(loop_id), run.id)
@@ -217,7 +215,7 @@ class RunStore(LoopMoves):
                     return Refusal("claimed", None)
                 return Claim(run, new_loop, token)
             if result.failed_guard == 0:  # another claimer won this attempt: name its run
-                winner = _s(self.client.get(self.keys.slot(loop_id, slot_iso)))
+                winner = _s(self.client.hget(self.keys.slots(loop_id), slot_iso))
                 return Refusal("claimed", (self.get(winner) if winner else None) or existing)
         return Refusal("claimed", None)
 
@@ -229,7 +227,7 @@ class RunStore(LoopMoves):
         left running with nobody executing it.
         """
         slot_iso = to_iso(slot)
-        run_id = _s(self.client.get(self.keys.slot(loop_id, slot_iso)))
+        run_id = _s(self.client.hget(self.keys.slots(loop_id), slot_iso))
         run = self.get(run_id) if run_id else None
         if run is None or run.status != "running":
             return None
@@ -248,10 +246,10 @@ class RunStore(LoopMoves):
         """
         assert callable(fn)
         for attempt in range(MAX_RETRIES):
-            raw = known if attempt == 0 and known else _s(self.client.get(self.keys.run(run_id)))
+            raw = known if attempt == 0 and known else run_codec.read(self.client, self.keys.run(run_id))
             if raw is None:
                 return None
-            run = LoopRun.from_json(raw)
+            run = run_codec.decode(raw)
             if run.status != "running":
                 return None
             new: LoopRun = fn(run)
@@ -259,7 +257,7 @@ class RunStore(LoopMoves):
                 Tx(change_type, to_iso(now))
                 .expect(self.keys.lease(run_id), token)
                 .expect(self.keys.run(run_id), raw)
-                .set(self.keys.run(run_id), new.to_json())
+                .set(self.keys.run(run_id), run_codec.encode(new))
                 .patch("loop_runs", run.to_dict(), new.to_dict())
             )
             if new.host and new.pid is not None and new.pid != run.pid:
@@ -286,10 +284,10 @@ class RunStore(LoopMoves):
         """Compare-and-extend: renew the lease only while ``token`` still owns it. False: the lease is lost."""
         expires = to_iso(now + timedelta(milliseconds=lease_ms))
         for _ in range(MAX_RETRIES):
-            raw = _s(self.client.get(self.keys.run(run_id)))
+            raw = run_codec.read(self.client, self.keys.run(run_id))
             if raw is None:
                 return False
-            run = LoopRun.from_json(raw)
+            run = run_codec.decode(raw)
             if run.status != "running":
                 return False
             new = run.with_changes(lease_expires_at=expires)
@@ -298,7 +296,7 @@ class RunStore(LoopMoves):
                 .expect(self.keys.lease(run_id), token)
                 .expect(self.keys.run(run_id), raw)
                 .set(self.keys.lease(run_id), token, px=rules.lease_ttl_ms(lease_ms))
-                .set(self.keys.run(run_id), new.to_json())
+                .set(self.keys.run(run_id), run_codec.encode(new))
                 .patch("loop_runs", run.to_dict(), new.to_dict())
             )
             result = self.committer.commit(tx)
@@ -322,10 +320,10 @@ class RunStore(LoopMoves):
             with self.client.pipeline() as pipe:
                 try:
                     pipe.watch(key)  # type: ignore[no-untyped-call]  # redis-py leaves watch untyped
-                    raw = _s(pipe.get(key))
+                    raw = run_codec.read(pipe, key)
                     if raw is None:
                         return None
-                    run = LoopRun.from_json(raw)
+                    run = run_codec.decode(raw)
                     if run.status != "running":
                         return run, False
                     pipe.multi()
@@ -356,15 +354,15 @@ class RunStore(LoopMoves):
         """
         assert callable(build)
         for attempt in range(MAX_RETRIES):
-            raw: str | None
+            raw: run_codec.Stored | None
             loop_raw: str | None
             if attempt == 0 and known is not None:
                 raw, loop_raw = known  # what the caller last saw; a stale guess only costs a retry
             else:
-                raw, loop_raw = _s(self.client.get(self.keys.run(run_id))), None
+                raw, loop_raw = run_codec.read(self.client, self.keys.run(run_id)), None
             if raw is None:
                 return None
-            run = LoopRun.from_json(raw)
+            run = run_codec.decode(raw)
             if run.status != "running":
                 return None
             final: LoopRun = build(run)
@@ -382,7 +380,7 @@ class RunStore(LoopMoves):
                     tx.set(self.keys.loop(run.loop_id), new_loop.to_json()).put("loops", new_loop.to_dict())
                 tx.note(advance.transition)
             (
-                tx.set(self.keys.run(run_id), final.to_json())
+                tx.set(self.keys.run(run_id), run_codec.encode(final))
                 .delete_key(self.keys.lease(run_id))
                 .delete_key(self.keys.cancel(run_id))
                 .srem(self.keys.running, run_id)

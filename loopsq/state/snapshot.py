@@ -7,6 +7,7 @@ from typing import Any
 
 import redis
 
+from loopsq.state import run_codec
 from loopsq.state.keys import Keys
 
 
@@ -28,12 +29,19 @@ def _load_all(client: redis.Redis, set_key: str, entity_key: Any) -> list[dict[s
     return out
 
 
+def _load_runs(client: redis.Redis, keys: Keys) -> list[dict[str, Any]]:
+    """Every loop run, either stored form (``run_codec``)."""
+    ids = _ids(client, keys.runs)
+    return [run.to_dict() for start in range(0, len(ids), 500)
+            for run in run_codec.load_many(client, [keys.run(i) for i in ids[start:start + 500]])]
+
+
 def snapshot_tables(client: redis.Redis, keys: Keys) -> dict[str, list[dict[str, Any]]]:
     """Every loop and workflow spec (and, as they are added, runs, steps and events), keyed by mirror table."""
     return {
         "loops": _load_all(client, keys.loops, keys.loop),
         "workflow_specs": _load_all(client, keys.workflows, keys.workflow),
-        "loop_runs": _load_all(client, keys.runs, keys.run),
+        "loop_runs": _load_runs(client, keys),
         **_workflow_runs(client, keys),
     }
 

@@ -23,6 +23,7 @@ import redis
 
 from loopsq.domain.run_rules import LoopRun
 from loopsq.domain.timeutil import from_iso
+from loopsq.state import run_codec
 from loopsq.state.connection import client_for
 from loopsq.state.keys import Keys
 from loopsq.system.procs import is_process_alive
@@ -244,12 +245,11 @@ class Cluster:
     def runs(self, name: str) -> list[LoopRun]:
         """A loop's runs from Redis, oldest first."""
         ids = self.client.zrange(KEYS.loop_runs(self.loop(name)["id"]), 0, -1)
-        raws = self.client.mget([KEYS.run(str(i)) for i in ids]) if ids else []
-        return sorted((LoopRun.from_json(str(r)) for r in raws if r), key=lambda r: (r.scheduled_for, r.created_at))
+        runs = run_codec.load_many(self.client, [KEYS.run(str(i)) for i in ids])
+        return sorted(runs, key=lambda r: (r.scheduled_for, r.created_at))
 
     def run(self, run_id: str) -> LoopRun | None:
-        raw = self.client.get(KEYS.run(run_id))
-        return LoopRun.from_json(str(raw)) if raw else None
+        return run_codec.load(self.client, KEYS.run(run_id))
 
     def timer_at(self, name: str) -> float | None:
         """Epoch seconds of the loop's armed (not yet fired) timer, None when it has none armed."""

@@ -23,6 +23,7 @@ from loopsq.domain import timeutil
 from loopsq.domain.run_rules import LoopRun
 from loopsq.domain.timeutil import to_iso
 from loopsq.sdk import LoopsClient
+from loopsq.state import run_codec
 from loopsq.state.keys import Keys
 from loopsq.state.runs import Claim, Owner, RunStore
 from tests.integration.processes import Cluster, Proc, open_cluster
@@ -176,10 +177,10 @@ def whole_or_gone(cluster: Cluster, runs: dict[str, list[str]]) -> tuple[int, in
     for loop_id, ids in runs.items():
         indexed = set(client.zrange(KEYS.loop_runs(loop_id), 0, -1))
         for run_id in ids:
-            raw = client.get(KEYS.run(run_id))
-            if raw is not None:
-                slot = json.loads(raw)["scheduledFor"]
-                assert client.get(KEYS.slot(loop_id, slot)) == run_id, run_id
+            run = run_codec.load(client, KEYS.run(run_id))
+            if run is not None:
+                slot = run.scheduled_for
+                assert client.hget(KEYS.slots(loop_id), slot) == run_id, run_id
                 assert run_id in indexed and run_id in everything, run_id
                 assert run_id not in trimmed, run_id
                 whole += 1
@@ -188,7 +189,7 @@ def whole_or_gone(cluster: Cluster, runs: dict[str, list[str]]) -> tuple[int, in
                 assert run_id in trimmed, f"{run_id} left Redis without its trim change"
                 gone += 1
         # No slot key is left behind by a trimmed run.
-        assert sorted(client.mget(client.keys(f"loopsq:slot:{loop_id}:*")) or []) == sorted(
+        assert sorted(client.hvals(KEYS.slots(loop_id))) == sorted(
             i for i in ids if client.exists(KEYS.run(i)))
     return whole, gone
 

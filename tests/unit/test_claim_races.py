@@ -94,7 +94,7 @@ def test_a_regular_slot_claimed_by_two_at_once_is_won_by_one(client: redis.Redis
     winner = one_winner(first, second)
     assert winner.run.worker_id == B.worker_id  # the one that was not stopped
     assert claims(client) == ["run_claimed"]
-    assert client.get(KEYS.slot(loop_id, to_iso(slot))) == winner.run.id
+    assert client.hget(KEYS.slots(loop_id), to_iso(slot)) == winner.run.id
     assert client.zcard(KEYS.loop_runs(loop_id)) == 1
     assert LoopStore(client, KEYS).require(loop_id).next_run_at == to_iso(at(2 * EVERY_S))  # moved once
 
@@ -122,7 +122,7 @@ def test_an_ad_hoc_slot_claimed_by_two_at_once_is_won_by_one(client: redis.Redis
                          lambda s: s.claim(loop_id, slot, B, slot, source="ad_hoc"))
     winner = one_winner(first, second)
     assert claims(client) == ["run_claimed"]
-    assert client.get(KEYS.slot(loop_id, to_iso(slot))) == winner.run.id
+    assert client.hget(KEYS.slots(loop_id), to_iso(slot)) == winner.run.id
     assert client.smembers(KEYS.running) == {winner.run.id}
 
 
@@ -145,7 +145,7 @@ def test_a_triggered_run_claimed_at_another_slot_meanwhile_is_not_claimed_again(
     winner = one_winner(first, second)
     assert winner.run.scheduled_for == to_iso(at(4))
     assert claims(client) == ["run_claimed"]
-    assert client.get(KEYS.slot(loop_id, to_iso(at(4.001)))) is None
+    assert client.hget(KEYS.slots(loop_id), to_iso(at(4.001))) is None
 
 
 @pytest.mark.parametrize("source", ["scheduled", "trigger"])
@@ -167,7 +167,8 @@ def test_a_slot_claimed_finished_and_trimmed_away_meanwhile_is_not_claimed_again
         won = s.claim(loop_id, slot, B, slot, source=source, run_id=run_id, trigger_request=request)
         assert isinstance(won, Claim)
         finish(s, won, "succeeded", at(EVERY_S + 1))
-        client.delete(KEYS.slot(loop_id, to_iso(slot)), KEYS.run(won.run.id))
+        client.hdel(KEYS.slots(loop_id), to_iso(slot))
+        client.delete(KEYS.run(won.run.id))
         client.zrem(KEYS.loop_runs(loop_id), won.run.id)
         return won
 
@@ -175,7 +176,7 @@ def test_a_slot_claimed_finished_and_trimmed_away_meanwhile_is_not_claimed_again
                                               trigger_request=request), claim_finish_trim)
     assert isinstance(stale, Refusal), stale
     assert claims(client) == ["run_claimed"]
-    assert client.get(KEYS.slot(loop_id, to_iso(slot))) is None
+    assert client.hget(KEYS.slots(loop_id), to_iso(slot)) is None
     assert client.smembers(KEYS.running) == set()
 
 
@@ -189,7 +190,7 @@ def test_a_slot_skipped_meanwhile_is_not_claimed(client: redis.Redis, source: st
                             lambda s: s.skip(loop_id, slot, slot))
     assert isinstance(claimed, Refusal), claimed
     assert skipped is not None and skipped.status == "skipped"
-    assert client.get(KEYS.slot(loop_id, to_iso(slot))) == skipped.id
+    assert client.hget(KEYS.slots(loop_id), to_iso(slot)) == skipped.id
     assert claims(client) == [] and client.smembers(KEYS.running) == set()
 
 

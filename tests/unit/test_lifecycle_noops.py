@@ -86,7 +86,7 @@ def test_resuming_an_expired_loop_is_refused(cli: Cli) -> None:
 def test_a_once_loop_whose_slot_ran_cannot_be_resumed_and_show_agrees(cli: Cli) -> None:
     loop_id = create(cli, "once", "--at", "2025-12-31T00:00:00Z")
     slot = "2025-12-31T00:00:00.000Z"
-    cli.redis.set(KEYS.slot(loop_id, slot), "run1")  # the slot has its run (as the runner records it)
+    cli.redis.hset(KEYS.slots(loop_id), slot, "run1")  # the slot has its run (as the runner records it)
     set_status(cli, loop_id, status="stopped", next_run_at=None)
     before = cli.state()
     result = cli.run("resume", "once")

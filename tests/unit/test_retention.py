@@ -13,6 +13,7 @@ import redis
 from loopsq.domain.loop_spec import new_loop
 from loopsq.domain.timeutil import from_iso, to_iso
 from loopsq.domain.workflow_spec import workflow_body_from_json
+from loopsq.state import run_codec
 from loopsq.state.keys import Keys
 from loopsq.state.loops import LoopStore
 from loopsq.state.retention import Retention, Windows
@@ -82,11 +83,11 @@ def test_a_loop_keeps_its_newest_keep_runs_settled_runs_and_the_rest_leave_with_
     assert run_ids(client, loop_id) == ids[3:]
     assert client.zrange(KEYS.runs, 0, -1) == ids[3:]
     for run in runs[:3]:
-        for key in (KEYS.run(run.id), KEYS.slot(loop_id, run.scheduled_for), KEYS.claim(loop_id, run.scheduled_for, 1),
-                    KEYS.lease(run.id), KEYS.live(run.id)):
+        for key in (KEYS.run(run.id), KEYS.claim(loop_id, run.scheduled_for, 1), KEYS.lease(run.id), KEYS.live(run.id)):
             assert not client.exists(key), key
+        assert not client.hexists(KEYS.slots(loop_id), run.scheduled_for)
     for run in runs[3:]:
-        assert client.get(KEYS.slot(loop_id, run.scheduled_for)) == run.id
+        assert client.hget(KEYS.slots(loop_id), run.scheduled_for) == run.id
     # One transition, with its change entry naming the trimmed runs (mirrors keep them).
     assert trim_changes(client) == [{"trim": {"loop_runs": ids[:3]}}]
     assert client.zscore(KEYS.retention_due, f"loop:{loop_id}") is None
@@ -167,7 +168,9 @@ def test_a_trim_whose_run_changed_meanwhile_writes_nothing(client: redis.Redis) 
     retention = Retention(client, KEYS)
     plan = retention.plan_loop(loop_id, T0, 100, 100)
     assert plan is not None and plan.runs == 2
-    client.set(KEYS.run(ids[0]), client.get(KEYS.run(ids[0])) + " ")  # it changed after the plan was read
+    stored = run_codec.read(client, KEYS.run(ids[0]))
+    assert stored is not None
+    client.set(KEYS.run(ids[0]), run_codec.decode(stored).to_json() + " ")  # it changed after the plan was read
     before = client.xlen(KEYS.changes)
     assert not retention.committer.commit(plan.tx).ok
     assert client.xlen(KEYS.changes) == before
@@ -181,7 +184,7 @@ def test_a_stale_claimer_cannot_run_a_slot_the_loop_has_passed_once_its_row_is_g
     settle(client, loop_id)
     settle(client, loop_id)
     assert trim(client).loop_runs == 1  # the first slot's row and its claim are gone
-    assert not client.exists(KEYS.slot(loop_id, to_iso(first_slot)))
+    assert not client.hexists(KEYS.slots(loop_id), to_iso(first_slot))
     refused = RunStore(client, KEYS).claim(loop_id, first_slot, OWNER, first_slot + timedelta(seconds=5))
     assert isinstance(refused, Refusal) and refused.reason == "past"
 
