@@ -14,7 +14,7 @@ from loopsq.domain import run_rules as rules
 from loopsq.domain.models import Loop
 from loopsq.domain.run_rules import LoopRun
 from loopsq.domain.timeutil import gen_id, to_iso, to_ms
-from loopsq.state import durability
+from loopsq.state import durability, run_codec
 from loopsq.state.commit import Tx
 from loopsq.state.run_moves import _s
 from loopsq.state.runs import CLAIM_TTL_MS, Claim, Owner, Refusal, RunStore
@@ -33,9 +33,9 @@ def claim_backfill(store: RunStore, loop_id: str, slot: datetime, owner: Owner, 
         if loop_raw is None:
             return Refusal("gone")
         loop = Loop.from_json(loop_raw)
-        existing_id = _s(store.client.get(store.keys.slot(loop_id, slot_iso)))
-        existing_raw = _s(store.client.get(store.keys.run(existing_id))) if existing_id else None
-        existing = LoopRun.from_json(existing_raw) if existing_raw else None
+        existing_id = _s(store.client.hget(store.keys.slots(loop_id), slot_iso))
+        existing_raw = run_codec.read(store.client, store.keys.run(existing_id)) if existing_id else None
+        existing = run_codec.decode(existing_raw) if existing_raw else None
         if existing is not None and existing.status == "running":
             return Refusal("running", existing)
         if existing is not None and not force:
@@ -61,12 +61,12 @@ def claim_backfill(store: RunStore, loop_id: str, slot: datetime, owner: Owner, 
         tx = (
             Tx("run_claimed", stamp)
             .expect(claim_key, None)
-            .expect(store.keys.slot(loop_id, slot_iso), existing_id)
+            .expect_field(store.keys.slots(loop_id), slot_iso, existing_id)
             .expect(store.keys.run(run.id), existing_raw)
             .expect(store.keys.loop(loop_id), loop_raw)
             .set(claim_key, token, px=CLAIM_TTL_MS)
-            .set(store.keys.slot(loop_id, slot_iso), run.id)
-            .set(store.keys.run(run.id), run.to_json())
+            .hset(store.keys.slots(loop_id), slot_iso, run.id)
+            .set(store.keys.run(run.id), run_codec.encode(run))
             .set(store.keys.lease(run.id), token, px=rules.lease_ttl_ms(loop.lease_ms))
             .sadd(store.keys.running, run.id)
             .sadd(store.keys.loop_active(loop_id), run.id)
@@ -84,6 +84,6 @@ def claim_backfill(store: RunStore, loop_id: str, slot: datetime, owner: Owner, 
                 return Refusal("claimed", None)
             return Claim(run, loop, token)
         if result.failed_guard == 0:
-            winner = _s(store.client.get(store.keys.slot(loop_id, slot_iso)))
+            winner = _s(store.client.hget(store.keys.slots(loop_id), slot_iso))
             return Refusal("claimed", (store.get(winner) if winner else None) or existing)
     return Refusal("claimed", None)

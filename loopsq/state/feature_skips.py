@@ -15,6 +15,7 @@ from loopsq.domain.models import Loop
 from loopsq.domain.run_rules import LoopRun
 from loopsq.domain.schedules import compute_next_after
 from loopsq.domain.timeutil import from_iso, gen_id, to_iso, to_ms
+from loopsq.state import run_codec
 from loopsq.state.commit import Tx
 from loopsq.state.run_moves import _s
 from loopsq.state.runs import RunStore
@@ -46,8 +47,8 @@ def skip_slot(store: RunStore, loop_id: str, slot: datetime, now: datetime, *, e
         if loop.status != "active" or rules.slot_is_past(loop, slot_iso):
             return None  # paused meanwhile, or another worker handled the slot already
         new_loop = moved_past(loop, slot, now, ends_backlog)
-        existing_id = _s(store.client.get(store.keys.slot(loop_id, slot_iso)))
-        tx = Tx("run_skipped", stamp).expect(store.keys.slot(loop_id, slot_iso), existing_id)
+        existing_id = _s(store.client.hget(store.keys.slots(loop_id), slot_iso))
+        tx = Tx("run_skipped", stamp).expect_field(store.keys.slots(loop_id), slot_iso, existing_id)
         tx.expect(store.keys.loop(loop_id), loop_raw)
         run: LoopRun | None = None
         if existing_id is None:
@@ -56,8 +57,8 @@ def skip_slot(store: RunStore, loop_id: str, slot: datetime, now: datetime, *, e
                           source="scheduled")
             created = to_ms(now)
             (
-                tx.set(store.keys.slot(loop_id, slot_iso), run.id)
-                .set(store.keys.run(run.id), run.to_json())
+                tx.hset(store.keys.slots(loop_id), slot_iso, run.id)
+                .set(store.keys.run(run.id), run_codec.encode(run))
                 .zadd(store.keys.runs, created, run.id)
                 .zadd(store.keys.loop_runs(loop_id), created, run.id)
                 .zadd(store.keys.retention_due, created, f"loop:{loop_id}")
@@ -79,10 +80,10 @@ def end_skipped(store: RunStore, run_id: str, token: str, now: datetime, *, erro
     now. None when the lease was lost."""
     stamp = to_iso(now)
     for _ in range(MAX_RETRIES):
-        raw = _s(store.client.get(store.keys.run(run_id)))
+        raw = run_codec.read(store.client, store.keys.run(run_id))
         if raw is None:
             return None
-        run = LoopRun.from_json(raw)
+        run = run_codec.decode(raw)
         if run.status != "running":
             return None
         final = run.with_changes(status="skipped", finished_at=stamp, error=error, lease_expires_at=None,
@@ -100,7 +101,7 @@ def end_skipped(store: RunStore, run_id: str, token: str, now: datetime, *, erro
                 tx.note("loop_advanced")
         tx.note(note)
         (
-            tx.set(store.keys.run(run_id), final.to_json())
+            tx.set(store.keys.run(run_id), run_codec.encode(final))
             .delete_key(store.keys.lease(run_id))
             .delete_key(store.keys.cancel(run_id))
             .srem(store.keys.running, run_id)

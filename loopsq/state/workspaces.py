@@ -19,6 +19,7 @@ import redis
 
 from loopsq.domain.run_rules import LoopRun
 from loopsq.domain.timeutil import to_iso, to_ms
+from loopsq.state import run_codec
 from loopsq.state.commit import Tx
 from loopsq.state.run_moves import _s
 from loopsq.state.runs import RunStore
@@ -80,9 +81,9 @@ class WorkspaceLeases:
             pipe = self.client.pipeline(transaction=False)
             pipe.get(ws_key)
             pipe.get(fence_key)
-            pipe.get(self.keys.run(run_id))
-            value_reply, fence_reply, run_reply = pipe.execute()
-            value, fence_raw, raw = _s(value_reply), _s(fence_reply), _s(run_reply)
+            value_reply, fence_reply = pipe.execute()
+            value, fence_raw = _s(value_reply), _s(fence_reply)
+            raw = run_codec.read(self.client, self.keys.run(run_id))
             if raw is None:
                 return Acquired()
             holder_lease: str | None = None
@@ -91,11 +92,13 @@ class WorkspaceLeases:
                 holder_lease = _s(self.client.get(self.keys.lease(holder_id)))
                 holder = Holder.parse(value, holder_lease)
                 if holder.run_id == run_id and holder.token == token:
-                    return Acquired(run=LoopRun.from_json(raw))  # ours already (a resent acquisition)
+                    return Acquired(run=run_codec.decode(raw))  # ours already (a resent acquisition)
                 if holder.live:
                     return Acquired(holder=holder)
             fence = int(fence_raw or 0) + 1
-            run = LoopRun.from_json(raw)
+            run = run_codec.decode(raw)
+            if run.status != "running":
+                return Acquired()
             new = run.with_changes(workspace=key, workspace_fence=fence, updated_at=to_iso(now))
             tx = (
                 Tx("run_workspace_acquired", to_iso(now))
@@ -109,7 +112,7 @@ class WorkspaceLeases:
             (
                 tx.set(ws_key, f"{run_id}|{token}|{fence}")
                 .set(fence_key, str(fence))
-                .set(self.keys.run(run_id), new.to_json())
+                .set(self.keys.run(run_id), run_codec.encode(new))
                 .zrem(self.keys.workspace_queue(key), run_id)
                 .patch("loop_runs", run.to_dict(), new.to_dict())
             )

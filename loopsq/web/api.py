@@ -9,6 +9,7 @@ from fastapi import APIRouter, Body, Header, Path, Query
 from fastapi.responses import JSONResponse
 
 from loopsq.domain import limits
+from loopsq.domain.control import OUTCOMES
 from loopsq.domain.loop_spec import new_loop, show
 from loopsq.domain.models import LOOP_STATUSES
 from loopsq.domain.redaction import public_loop, public_run
@@ -28,8 +29,10 @@ router = APIRouter(prefix="/api")
 
 LoopStatus = Literal["active", "paused", "stopped", "expired"]
 RunStatus = Literal["running", "succeeded", "failed", "timed_out", "abandoned", "skipped"]
+RunOutcome = Literal["progress", "no_op", "done", "needs_human"]
 LoopRef = Annotated[str, Path(description="A loop's id or name.")]
 assert set(get_args(LoopStatus)) == set(LOOP_STATUSES) and set(get_args(RunStatus)) == set(RUN_STATUSES)
+assert set(get_args(RunOutcome)) == set(OUTCOMES)
 
 #: How long a trigger's idempotency key may be (the CLI's ``--key`` and the SDK's bound too).
 MAX_KEY_LENGTH = limits.MAX_IDEMPOTENCY_KEY_LENGTH
@@ -207,6 +210,8 @@ def list_runs(
     loop: Annotated[str | None, Query(description="Only runs of this loop (id or name; a removed loop's too).")]
     = None,
     status: Annotated[RunStatus | None, Query()] = None,
+    outcome: Annotated[RunOutcome | None, Query(description="Only runs whose control file said this outcome.")]
+    = None,
     limit: Limit = 50,
     offset: Offset = 0,
     show_output: ShowOutput = False,
@@ -219,7 +224,8 @@ def list_runs(
             if found is None:
                 raise NotFoundError(f"loop not found: {shown(loop)}")
             owner = found
-        items, next_offset = page(lambda n: queries.list_runs(conn, status=status, limit=n, **owner),
+        items, next_offset = page(lambda n: queries.list_runs(conn, status=status, limit=n, outcome=outcome,
+                                                              **owner),
                                   limit, offset)
     return JSONResponse({"items": [public_run(r, show_output) for r in items], "limit": limit, "offset": offset,
                          "nextOffset": next_offset})

@@ -230,8 +230,10 @@ def _schedules() -> dict[str, dict[str, Any]]:
     return {
         "ScheduleOnce": {"type": "object", "required": ["type", "at"], "properties": {
             "type": {"const": "once"},
-            "at": _string(limits.MAX_TIME_LENGTH, format="date-time",
-                          description="A past time runs at once; a time without offset is read in timezone.")}},
+            # 0001-01-01 with a positive offset falls before the first instant a datetime can hold (UTC).
+            "at": {**_string(limits.MAX_TIME_LENGTH, format="date-time",
+                             description="A past time runs at once; a time without offset is read in timezone."),
+                   "pattern": "^(?!0001-01-01)"}}},
         "ScheduleInterval": {"type": "object", "required": ["type", "everyMs"], "properties": {
             "type": {"const": "interval"}, "everyMs": every, "anchor": _enum(ANCHORS)}},
         "ScheduleCron": {"type": "object", "required": ["type", "expression"], "properties": {

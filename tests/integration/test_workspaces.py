@@ -85,7 +85,7 @@ def _running(cluster: Cluster, run_id: str) -> LoopRun | None:
 
 @pytest.mark.timeout(90)
 def test_overlap_allow_waits_in_the_queue_and_runs_once_the_holder_ends(cluster: Cluster) -> None:
-    cluster.create("holder", timed_cmd(cluster, 2), "--every", "1h", "--workspace", "repo")
+    cluster.create("holder", timed_cmd(cluster, 6), "--every", "1h", "--workspace", "repo")
     cluster.create("waiter", timed_cmd(cluster, 0.1), "--every", "1h", "--workspace", "repo", "--overlap", "allow",
                    "--workspace-wait", "20s")
     cluster.create("impatient", timed_cmd(cluster, 0.1), "--every", "1h", "--workspace", "repo",
@@ -94,7 +94,7 @@ def test_overlap_allow_waits_in_the_queue_and_runs_once_the_holder_ends(cluster:
     first = trigger(cluster, "holder")
     held = cluster.wait_until(lambda: _running(cluster, first), 10, "the holder to take the workspace")
     second, third = trigger(cluster, "waiter"), trigger(cluster, "impatient")
-    waited = cluster.wait_until(lambda: (r := cluster.run(second)) is not None and r.terminal and r, 20, "the waiter")
+    waited = cluster.wait_until(lambda: (r := cluster.run(second)) is not None and r.terminal and r, 30, "the waiter")
     late = cluster.wait_until(lambda: (r := cluster.run(third)) is not None and r.terminal and r, 20, "the impatient")
     assert waited.status == "succeeded" and waited.workspace_fence == (held.workspace_fence or 0) + 1
     assert late.status == "skipped"
