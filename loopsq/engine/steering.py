@@ -1,5 +1,5 @@
-"""The control file of one run: a private path handed to the target as ``$LOOPS_CONTROL_FILE``, read once the
-target has ended, and removed.
+"""The control file of one run: a fresh path in the process's private directory, handed to the target as
+``$LOOPS_CONTROL_FILE``, read once the target has ended, and removed.
 
 Reading never fails the run: an unreadable or malformed file becomes the run's ``controlWarning``
 (``domain.control.parse_control``), and nothing of it applies.
@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import logging
 import os
+import secrets
 import shutil
 import tempfile
+import threading
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from loopsq.domain.control import MAX_CONTROL_BYTES, Control, parse_control
@@ -24,19 +26,30 @@ log = logging.getLogger(__name__)
 FILE_NAME = "control.json"
 
 
+_private_dir: str | None = None
+_dir_lock = threading.Lock()
+
+
+def _directory() -> str:
+    """This process's private directory (mode 0700) for control files, made once: a directory per run would cost
+    a mkdtemp and an rmtree on every run's hot path."""
+    global _private_dir
+    with _dir_lock:
+        if _private_dir is None or not os.path.isdir(_private_dir):
+            _private_dir = tempfile.mkdtemp(prefix=f"loopsq-control-{os.getpid()}-")
+        return _private_dir
+
+
 @dataclass
 class ControlFile:
     """A run's control file: ``path`` for the target, ``read()`` afterwards, ``remove()`` at the end."""
 
     path: str
-    _dir: str = field(repr=False, default="")
 
     @classmethod
     def create(cls, run_id: str) -> ControlFile:
-        """A new, empty private directory (mode 0700) for the run's control file; the file itself is the target's
-        to create."""
-        directory = tempfile.mkdtemp(prefix=f"loopsq-{run_id[:12]}-")
-        return cls(path=os.path.join(directory, FILE_NAME), _dir=directory)
+        """A fresh path in this process's private directory; the file itself is the target's to create."""
+        return cls(path=os.path.join(_directory(), f"{run_id[:32]}-{secrets.token_hex(6)}.json"))
 
     def read(self) -> Control:
         """What the target wrote (an empty ``Control`` when it wrote nothing)."""
@@ -56,9 +69,15 @@ class ControlFile:
         return parse_control(text)
 
     def remove(self) -> None:
-        """Remove the directory and whatever the target left in it."""
-        if self._dir:
-            shutil.rmtree(self._dir, ignore_errors=True)
+        """Remove the file (a directory the target made there instead, too)."""
+        try:
+            os.unlink(self.path)
+        except FileNotFoundError:
+            pass
+        except IsADirectoryError:
+            shutil.rmtree(self.path, ignore_errors=True)
+        except OSError as exc:
+            log.warning("cannot remove control file %s: %s", self.path, exc)
 
 
 def run_fields(control: Control) -> dict[str, object]:
