@@ -126,7 +126,7 @@ def tick() -> None:
     app = get_app()
     rt = _runtime(app, "manual-tick")
     try:
-        report = maintain(rt, timeutil.now())
+        report = maintain(rt, timeutil.now(), full=True)
         completed = skipped = 0
         now = timeutil.now()
         for loop in rt.loops.all():

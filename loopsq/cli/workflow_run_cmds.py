@@ -25,6 +25,11 @@ def _store(app: App) -> WorkflowRunStore:
     return WorkflowRunStore(app.client(), app.keys)
 
 
+def _run_error(run: dict[str, Any]) -> list[str]:
+    """The line just under a run's own line that says why it did not succeed (none when it has no error)."""
+    return [f"  error: {run['error']}"] if run.get("error") and run.get("status") != "succeeded" else []
+
+
 def _step_lines(steps: list[dict[str, Any]]) -> list[str]:
     return [f"  {int(s['sequence']):02d}  {s['status']:<10}  {s['stepId']}  {s.get('error') or ''}".rstrip()
             for s in steps]
@@ -59,7 +64,7 @@ def run(id_or_name: str, local: bool, show_output: bool, wait_s: float) -> None:
     result = {"status": state.run["status"], "error": state.run.get("error")}
     payload = {"result": result, "workflowRun": public_workflow_run(state.run),
                "steps": [public_step_run(s, show_output) for s in steps]}
-    lines = [f"{run_id} {state.run['status']}", *_step_lines(steps)]
+    lines = [f"{run_id} {state.run['status']}", *_run_error(state.run), *_step_lines(steps)]
     if show_output:
         for s in steps:
             lines += [f"--- {s['stepId']} stdout:", (s.get("stdout") or "").rstrip("\n"),
@@ -154,7 +159,8 @@ def inspect(run_id: str) -> None:
     evts = queries.list_events(conn, run_id, limit=100_000)
     payload = {"workflowRun": public_workflow_run(run_row), "steps": [public_step_run(s) for s in steps],
                "events": [public_event(e) for e in evts]}
-    lines = [f"{run_id}  {run_row['status']}  {run_row['workflowName']}", *_step_lines(steps), f"  events={len(evts)}"]
+    lines = [f"{run_id}  {run_row['status']}  {run_row['workflowName']}", *_run_error(run_row), *_step_lines(steps),
+             f"  events={len(evts)}"]
     app.emit(payload, "\n".join(lines))
 
 

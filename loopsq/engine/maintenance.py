@@ -22,6 +22,7 @@ from loopsq.engine.faults import crash_point
 from loopsq.engine.recovery import live_worker_hosts, recover_runs, recover_workflow_runs, recovery_paused
 from loopsq.engine.runtime import Runtime
 from loopsq.state.commit import Tx
+from loopsq.state.loop_watch import armed_score_ms
 from loopsq.state.retention import Retention, TrimReport, Windows
 from loopsq.state.stream_trim import trim_stream
 from loopsq.system import limits
@@ -76,8 +77,25 @@ def _wanted(loop: Loop, now: datetime, active_loops: set[str]) -> tuple[Loop | N
     return None, ""
 
 
-def maintain(rt: Runtime, now: datetime | None = None) -> Report:
-    """One maintenance pass."""
+#: Loops looked at per pass at most from each index (a backlog is worked through over several passes).
+WATCH_BATCH = 1_000
+#: The full reconciliation: loops per pass (an SSCAN over every loop), and how long between two rounds.
+RECONCILE_BATCH = 200
+RECONCILE_EVERY_MS = 5 * 60_000
+#: A watched loop found fine but still in flight (its timer's job queued or running, its run going on) is looked
+#: at again after this long.
+RECHECK_MS = 5_000
+
+
+def maintain(rt: Runtime, now: datetime | None = None, *, full: bool = False, reindex: bool = True) -> Report:
+    """One maintenance pass.
+
+    Loops are looked at only where an index says something may be wrong (``state.loop_watch``: a timer whose
+    time passed a grace ago without a claim, a write not followed by its arm, an ``expiresAt`` due), plus a
+    bounded batch of the rare full reconciliation; an idle pass costs the same few commands however many loops
+    are defined. ``full``: look at every loop now (``loopsq tick``); with ``reindex=False`` as well, that is the
+    pass of every second before the indexes (the baseline of ``bench/maintenance_pass.py``).
+    """
     now = now or timeutil.now()
     report = Report()
     report.recovery_paused = recovery_paused(rt)
@@ -85,9 +103,53 @@ def maintain(rt: Runtime, now: datetime | None = None) -> Report:
         live_hosts = live_worker_hosts(rt, now)
         report.recovered = recover_runs(rt, now, live_hosts)
         report.workflows_failed = recover_workflow_runs(rt, now, live_hosts=live_hosts)
-    loops = rt.loops.all()
-    running = rt.runs.get_many(rt.runs.running_ids())
-    active_loops = {run.loop_id for run in running}
+    if full:
+        check_loops(rt, rt.loops.ids(), now, report, reindex=reindex)
+    else:
+        check_loops(rt, _watched(rt, now) + _reconcile_batch(rt, now), now, report)
+    report.retriggered = retrigger(rt, now)
+    report.trimmed = trim_history(rt, now)
+    return report
+
+
+def _watched(rt: Runtime, now: datetime) -> list[str]:
+    """Loops an index says are due for a look: watch score or ``expiresAt`` passed."""
+    pipe = rt.client.pipeline(transaction=False)
+    pipe.zrangebyscore(rt.keys.loop_watch, "-inf", to_ms(now), start=0, num=WATCH_BATCH)
+    pipe.zrangebyscore(rt.keys.loop_expiry, "-inf", to_ms(now), start=0, num=WATCH_BATCH)
+    watch, expiry = pipe.execute()
+    return [str(i) for i in dict.fromkeys([*watch, *expiry])]
+
+
+def _reconcile_batch(rt: Runtime, now: datetime) -> list[str]:
+    """The next batch of the full reconciliation (every loop, ``RECONCILE_BATCH`` a pass, a round every
+    ``RECONCILE_EVERY_MS``; the first round starts at once, which also seeds the indexes of a deployment that had
+    none). Its state is in Redis, so a new leader goes on where the last one was."""
+    state = rt.client.hgetall(rt.keys.reconcile)
+    if int(state.get("nextAt") or 0) > to_ms(now):
+        return []
+    cursor, ids = rt.client.sscan(rt.keys.loops, int(state.get("cursor") or 0), count=RECONCILE_BATCH)
+    if int(cursor) == 0:
+        rt.client.hset(rt.keys.reconcile, mapping={"cursor": 0, "nextAt": to_ms(now) + RECONCILE_EVERY_MS})
+    else:
+        rt.client.hset(rt.keys.reconcile, mapping={"cursor": int(cursor), "nextAt": 0})
+    return [str(i) for i in ids]
+
+
+def check_loops(rt: Runtime, loop_ids: list[str], now: datetime, report: Report, *, reindex: bool = True) -> None:
+    """Expire, repair and re-arm what is wrong with these loops, and set their index entries from what was found.
+
+    ``reindex=False``: leave the indexes alone (the pre-index full pass, the baseline of
+    ``bench/maintenance_pass.py``).
+    """
+    if not loop_ids:
+        return
+    ids = list(dict.fromkeys(loop_ids))
+    loops = rt.loops.get_many(ids)
+    pipe = rt.client.pipeline(transaction=False)
+    for loop in loops:
+        pipe.exists(rt.keys.loop_active(loop.id))
+    active_loops = {loop.id for loop, busy in zip(loops, pipe.execute(), strict=True) if busy}
     current: list[Loop] = []
     for loop in loops:
         new, change = _wanted(loop, now, active_loops)
@@ -99,22 +161,39 @@ def maintain(rt: Runtime, now: datetime | None = None) -> Report:
             loop = new
         current.append(loop)
     states = timers.armed_state(rt.raw, rt.keys, [loop.id for loop in current])
+    index = rt.client.pipeline(transaction=False)
+    found = {loop.id for loop in current}
+    for loop_id in ids:
+        if loop_id not in found:  # removed meanwhile
+            index.zrem(rt.keys.loop_watch, loop_id)
+            index.zrem(rt.keys.loop_expiry, loop_id)
+    now_ms = to_ms(now)
     for loop in current:
         want = rules.timer_at(loop)
         score, status = states[loop.id]
+        if loop.status != "active":
+            index.zrem(rt.keys.loop_watch, loop.id)
+            index.zrem(rt.keys.loop_expiry, loop.id)
+        elif loop.expires_at is not None:
+            index.zadd(rt.keys.loop_expiry, {loop.id: to_ms(from_iso(loop.expires_at))})
         if want is None:
             if score is not None:
                 timers.disarm(rt.raw, rt.keys, loop.id)
                 report.disarmed += 1
+            if loop.status == "active":  # waits for its running run: look again later
+                index.zadd(rt.keys.loop_watch, {loop.id: now_ms + RECHECK_MS})
             continue
         in_flight = score is None and status in ("queued", "started", "deferred", "scheduled")
         on_time = score is not None and abs(score * 1000 - to_ms(want)) < 1
-        if not (in_flight or on_time):
-            timers.arm(rt.raw, rt.keys, loop.id, want)
+        if in_flight:
+            index.zadd(rt.keys.loop_watch, {loop.id: now_ms + RECHECK_MS})
+        elif on_time:
+            index.zadd(rt.keys.loop_watch, {loop.id: max(armed_score_ms(to_ms(want), now_ms), now_ms + RECHECK_MS)})
+        else:
+            timers.arm(rt.raw, rt.keys, loop.id, want)  # (moves its watch entry past the new timer's time)
             report.armed += 1
-    report.retriggered = retrigger(rt, now)
-    report.trimmed = trim_history(rt, now)
-    return report
+    if reindex and len(index):
+        index.execute()
 
 
 def trim_history(rt: Runtime, now: datetime) -> TrimReport:

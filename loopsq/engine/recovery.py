@@ -17,7 +17,7 @@ import redis
 from loopsq.domain.run_rules import LoopRun
 from loopsq.domain.timeutil import to_ms
 from loopsq.engine.runner import ensure_timer
-from loopsq.engine.runtime import LIVENESS_TTL_MS, OUTAGE_GAP_MS, OUTAGE_GRACE_MS, Runtime
+from loopsq.engine.runtime import HOST_LIVE_MS, OUTAGE_GAP_MS, OUTAGE_GRACE_MS, Runtime
 from loopsq.state.keys import Keys
 from loopsq.state.outages import note_restart, note_seen, parse_seen
 from loopsq.state.workflow_run_state import WorkflowRunState
@@ -118,13 +118,13 @@ HOST_FORGET_MS = 24 * 3600 * 1000
 
 
 def live_worker_hosts(rt: Runtime, now: datetime) -> set[str]:
-    """Hosts where a worker beat within the liveness TTL (each reaps its own host: ``reap_host``). Hosts silent
+    """Hosts where a worker beat within ``HOST_LIVE_MS`` (each reaps its own host: ``reap_host``). Hosts silent
     for ``HOST_FORGET_MS`` are dropped from the hash on the way."""
     beats = {str(host): int(at) for host, at in rt.client.hgetall(rt.keys.hosts).items()}
     old = [host for host, at in beats.items() if at < to_ms(now) - HOST_FORGET_MS]
     if old:
         rt.client.hdel(rt.keys.hosts, *old)
-    since = to_ms(now) - LIVENESS_TTL_MS
+    since = to_ms(now) - HOST_LIVE_MS
     return {host for host, at in beats.items() if at >= since}
 
 

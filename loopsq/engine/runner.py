@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -270,26 +271,35 @@ def fire_queued(rt: Runtime, budget_s: float = DRAIN_BUDGET_S) -> FireResult:
     timer's (order is kept), when the queue is empty, after ``budget_s``, or once a shutdown is requested. Other
     workers keep dequeuing the same queue meanwhile, so nothing waits longer than it would have. Each taken job is
     marked started by this worker until done: a kill -9 leaves it orphaned, and maintenance re-arms its loop.
+    Once done it is settled as RQ settles a job (``timers.take_fire``): the worker's counts, the finished
+    registry by its result_ttl; one whose fire raised is failed in RQ under its own id and error
+    (``timers.fail_taken``) and the next is taken, so the host job never carries another job's error.
     """
     out = FireResult()
     deadline = time.monotonic() + budget_s
     done: str | None = None
+    took = 0.0
+    worker = rt.owner.worker_id
     try:
         while not rt.stopping and time.monotonic() < deadline:
-            taken = timers.take_fire(rt.raw, rt.owner.worker_id, done)
+            taken = timers.take_fire(rt.raw, worker, done, took)
             done = None
             if taken is None:
                 break
-            done, loop_id = taken
+            job_id, loop_id = taken
             out.taken += 1
+            started = time.monotonic()
             try:
                 out.absorb(fire(rt, loop_id))
             except Exception:
-                log.exception("fire of loop=%s (timer job %s, taken from the queue) failed", loop_id, done)
-                raise
+                # Recorded as RQ records a failed job, under the taken job's own id and error (not the host job's).
+                log.exception("fire of loop=%s (timer job %s, taken from the queue) failed", loop_id, job_id)
+                _fail_taken(rt, job_id, traceback.format_exc(), time.monotonic() - started)
+                continue
+            done, took = job_id, time.monotonic() - started
     finally:
         if done is not None:
-            _finish_taken(rt, done)
+            _finish_taken(rt, done, took)
     return out
 
 
@@ -298,7 +308,13 @@ def fire_queued(rt: Runtime, budget_s: float = DRAIN_BUDGET_S) -> FireResult:
 FINISH_WAIT_S = 30.0
 
 
-def _finish_taken(rt: Runtime, job_id: str) -> None:
+def _fail_taken(rt: Runtime, job_id: str, error: str, took_s: float) -> None:
+    """Record a taken timer job as failed (``timers.fail_taken``), riding out a Redis outage."""
+    rt.ride(lambda: timers.fail_taken(rt.raw, job_id, rt.owner.worker_id, error, took_s),
+            deadline=time.monotonic() + FINISH_WAIT_S)
+
+
+def _finish_taken(rt: Runtime, job_id: str, took_s: float = 0.0) -> None:
     """Drop a taken timer job, riding out a Redis outage.
 
     A job left marked started by this live worker would count as in flight until the worker dies, and its loop
@@ -306,7 +322,8 @@ def _finish_taken(rt: Runtime, job_id: str) -> None:
     error reaches RQ; the old id's liveness expires with its worker, so the job is orphaned and maintenance
     re-arms the loop.
     """
-    rt.ride(lambda: timers.finish_taken(rt.raw, job_id), deadline=time.monotonic() + FINISH_WAIT_S)
+    rt.ride(lambda: timers.finish_taken(rt.raw, job_id, rt.owner.worker_id, took_s),
+            deadline=time.monotonic() + FINISH_WAIT_S)
 
 
 def claim_slot(rt: Runtime, loop_id: str, slot: datetime, now: datetime, *, source: str,

@@ -2,7 +2,7 @@
 liveness key fresh, renews the leases of the runs it holds, and notices cancel requests.
 
 One ``Runtime`` per process (worker, ``run-now --local``, ``tick``). The beat thread runs every 200 ms:
-liveness every second (TTL ``LIVENESS_TTL_MS``), each held lease at a third of its length, cancel requests on
+liveness on every beat (TTL ``LIVENESS_TTL_MS``), each held lease at a third of its length, cancel requests on
 every beat (one MGET), so a cancel reaches the executing process from any host well within a second.
 """
 
@@ -37,19 +37,31 @@ from loopsq.system.procs import hostname
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
-LIVENESS_TTL_MS = 5_000
-LIVENESS_EVERY_S = 1.0
+#: A killed worker's liveness key is gone at most this long after the kill; with maintenance every 0.5 s
+#: (``scheduler_process.MAINTENANCE_S``) its run is retried within ~2.5 s (``bench/recovery.py``). The price: a
+#: worker whose beat thread cannot run for longer than the TTL less a beat (a stopped or starved process) looks
+#: dead. The beat's cost per worker stays flat (four commands per liveness beat, whatever it runs).
+LIVENESS_TTL_MS = 1_500
+#: Every beat (``BEAT_S``) is a liveness beat.
+LIVENESS_EVERY_S = 0.2
 #: A silence this long in every process's beats (``outages.note_seen``), lived through by a running process,
-#: means Redis was away: beats come every second, and a liveness key outlives a silence of up to its TTL minus
+#: means Redis was away: beats come every 200 ms, and a liveness key outlives a silence of up to its TTL minus
 #: two beats.
-OUTAGE_GAP_MS = 1_500
-#: After such a silence recovery judges no owner dead for this long: a few liveness periods for every live
-#: worker to reconnect and beat again (its liveness key may have expired meanwhile, or across a restart from AOF).
-OUTAGE_GRACE_MS = 3 * LIVENESS_TTL_MS
+OUTAGE_GAP_MS = LIVENESS_TTL_MS - 2 * int(LIVENESS_EVERY_S * 1000)
+#: After such a silence recovery judges no owner dead for this long: time for every live worker to reconnect and
+#: beat again (its liveness key may have expired meanwhile, or across a restart from AOF), and to record the runs
+#: that ended meanwhile. Not tied to the TTL: a reconnect takes as long as it takes.
+OUTAGE_GRACE_MS = 15_000
 #: The beat's longest wait between tries while Redis is away (well under the liveness TTL).
-BEAT_BACKOFF_MAX_S = 1.0
+BEAT_BACKOFF_MAX_S = 0.5
+#: How often a beat also registers the process again and stamps its host's last beat (``keys.hosts``).
+REGISTER_EVERY_S = 1.0
+#: A host counts as having a live worker while one stamped it this recently: a few registrations, so that a
+#: host whose worker is alive is never taken for gone (its dead workers' runs are left to that worker, the only
+#: one that can check and kill their processes).
+HOST_LIVE_MS = 5_000
 #: How often a worker reaps its host: recovers runs whose process it started there and whose worker died.
-REAP_EVERY_S = 2.0
+REAP_EVERY_S = 0.5
 BEAT_S = 0.2
 LEASE_LOST = "run lease lost"
 SHUTTING_DOWN = "worker shutting down"
@@ -118,6 +130,7 @@ class Runtime:
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self._next_liveness = 0.0
+        self._next_register = 0.0
         self._next_reap = time.monotonic() + REAP_EVERY_S
         self._shutdown_timer: threading.Timer | None = None
         self._reaper = reaper
@@ -238,10 +251,15 @@ class Runtime:
         pipe = self.client.pipeline(transaction=False)
         note_seen(pipe, self.keys, OUTAGE_GAP_MS, OUTAGE_GRACE_MS, self.seen_ms)
         pipe.set(self._liveness_key(), json.dumps(record), px=LIVENESS_TTL_MS)
-        # Registered again on every beat: ``prune_dead`` may have dropped it while Redis was away.
-        pipe.sadd(self._registry(), self.owner.worker_id)
-        if self.role == "worker":
-            pipe.hset(self.keys.hosts, self.owner.host, str(timeutil.to_ms(timeutil.now())))
+        now_mono = time.monotonic()
+        if now_mono >= self._next_register:
+            # Registered again about every second: ``prune_dead`` may have dropped it while Redis was away. (Not
+            # on every beat: that would cost half the beat's commands again; hosts are judged live over
+            # ``HOST_LIVE_MS``.)
+            pipe.sadd(self._registry(), self.owner.worker_id)
+            if self.role == "worker":
+                pipe.hset(self.keys.hosts, self.owner.host, str(timeutil.to_ms(timeutil.now())))
+            self._next_register = now_mono + REGISTER_EVERY_S
         self.seen_ms = parse_seen(pipe.execute()[0]).at_ms
         self.outage.recovered()  # (a riding client has said so already)
         self._next_liveness = time.monotonic() + LIVENESS_EVERY_S

@@ -27,7 +27,9 @@ log = logging.getLogger("loopsq.scheduler")
 
 LOCK_MS = 3_000
 POLL_S = 0.02
-MAINTENANCE_S = 1.0
+#: An idle pass costs a few commands whatever the loop count (``maintenance``), so it can run often: it bounds
+#: how long a dead worker's run waits after its liveness key expired.
+MAINTENANCE_S = 0.5
 
 _EXTEND = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end

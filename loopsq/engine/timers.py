@@ -24,21 +24,24 @@ from typing import Any
 
 import redis
 from rq import Queue
-from rq.job import Job
+from rq.exceptions import NoSuchJobError
+from rq.job import Job, JobStatus
 from rq.utils import now as utcnow
 from rq.utils import utcformat
+from rq.worker import Worker
 from rq_scheduler import Scheduler
 
 from loopsq.domain.timeutil import gen_id, to_ms
 from loopsq.state.connection import sibling
 from loopsq.state.keys import Keys
+from loopsq.state.loop_watch import TIMER_PREFIX, armed_score_ms
 
 log = logging.getLogger("loopsq.timers")
 
 QUEUE_NAME = "loopsq"
 FIRE = "worker.jobs.fire"
 #: Every timer's job id starts with this, then ``<loop id>-<due ms>-<random>``.
-FIRE_PREFIX = "loopsq-fire-"
+FIRE_PREFIX = TIMER_PREFIX
 #: Results of loopsq's one-off jobs (run-now, a workflow run) are of no use once the run is recorded; kept briefly
 #: for debugging.
 RESULT_TTL = 60
@@ -85,10 +88,14 @@ def queue(raw: redis.Redis) -> Queue:
     return Queue(QUEUE_NAME, connection=raw, default_timeout=-1)
 
 
-# Is the loop's timer already scheduled at this time? One round trip instead of creating a new entry.
+# Is the loop's timer already scheduled at this time? One round trip instead of creating a new entry. If so, the
+# loop's maintenance watch moves past the timer's time, as a new arm would move it.
 _ARMED_AT = """
 local id = redis.call('GET', KEYS[1])
-if id and string.sub(id, 1, #ARGV[1]) == ARGV[1] and redis.call('ZSCORE', KEYS[2], id) then return id end
+if id and string.sub(id, 1, #ARGV[1]) == ARGV[1] and redis.call('ZSCORE', KEYS[2], id) then
+  redis.call('ZADD', KEYS[3], ARGV[2], ARGV[3])
+  return id
+end
 return false
 """
 
@@ -118,11 +125,14 @@ return 1
 def arm(raw: redis.Redis, keys: Keys, loop_id: str, at: datetime) -> str:
     """Arm the loop's single timer at ``at``, replacing any previous entry. Returns the timer's job id.
 
-    When the entry already armed is for the same millisecond and still scheduled, nothing is written.
+    When the entry already armed is for the same millisecond and still scheduled, no timer is written. Either way
+    the loop's maintenance watch (``state.loop_watch``) moves to a grace after ``at``.
     """
     sched = scheduler(raw)
     prefix = f"{FIRE_PREFIX}{loop_id}-{to_ms(at)}-"
-    armed = raw.eval(_ARMED_AT, 2, keys.timer(loop_id), sched.scheduled_jobs_key, prefix)
+    watch = str(armed_score_ms(to_ms(at), int(time.time() * 1000)))
+    armed = raw.eval(_ARMED_AT, 3, keys.timer(loop_id), sched.scheduled_jobs_key, keys.loop_watch, prefix, watch,
+                     loop_id)
     if armed:
         return _text(armed)
     job_id = f"{prefix}{gen_id()[:6]}"
@@ -134,6 +144,7 @@ def arm(raw: redis.Redis, keys: Keys, loop_id: str, at: datetime) -> str:
     job.save(pipeline=pipe)
     pipe.eval(_SWAP, 2, sched.scheduled_jobs_key, keys.timer(loop_id), job_id, str(to_ms(at) / 1000.0),
               Job.key_for(""), keys.worker(""))
+    pipe.zadd(keys.loop_watch, {loop_id: int(watch)})
     pipe.execute()
     return job_id
 
@@ -253,11 +264,38 @@ def move_due_stock(raw: redis.Redis) -> int:
     return moved
 
 
+# Settle the job a worker took before (ARGV[4]; ARGV[6]: seconds it took) as RQ settles a finished job: the worker's
+# successful count and working time go up (when it is an RQ worker), and the job, by its own result_ttl, is
+# deleted (0, what timer jobs carry) or kept that long as finished, listed in the finished registry (KEYS[2],
+# whose expired entries go on the way; no result stream: a fire's return value is in its run).
+_SETTLE = """
+local function settle(id, worker, now, took)
+  local key = ARGV[1] .. id
+  local wkey = ARGV[7] .. worker
+  if redis.call('EXISTS', wkey) == 1 then
+    redis.call('HINCRBY', wkey, 'successful_job_count', 1)
+    redis.call('HINCRBYFLOAT', wkey, 'total_working_time', took)
+  end
+  local ttl = tonumber(redis.call('HGET', key, 'result_ttl') or '0') or 0
+  if ttl <= 0 then
+    redis.call('DEL', key)
+    return
+  end
+  redis.call('HSET', key, 'status', 'finished', 'ended_at', ARGV[5])
+  redis.call('HDEL', key, 'loopsq_taken')
+  redis.call('EXPIRE', key, ttl)
+  local t = redis.call('TIME')
+  local now_s = tonumber(t[1])
+  redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now_s)
+  redis.call('ZADD', KEYS[2], now_s + ttl, id)
+end
+"""
+
 # Take the fire entry at the head of the queue, if the head is one (anything else is left for RQ, in order): pop
 # it and mark its job started by this worker, as RQ would, so maintenance counts the timer in flight while this
-# live worker runs it. The job taken before (ARGV[4]) is done: its hash goes, as RQ drops a finished job's.
-_TAKE_FIRE = """
-if ARGV[4] ~= '' then redis.call('DEL', ARGV[1] .. ARGV[4]) end
+# live worker runs it. The job taken before (ARGV[4]) is done: settled in the same round trip.
+_TAKE_FIRE = _SETTLE + """
+if ARGV[4] ~= '' then settle(ARGV[4], ARGV[3], ARGV[5], ARGV[6]) end
 while true do
   local id = redis.call('LINDEX', KEYS[1], 0)
   if not id or string.sub(id, 1, #ARGV[2]) ~= ARGV[2] then return false end
@@ -270,25 +308,59 @@ while true do
 end
 """
 
+_FINISH = _SETTLE + """
+settle(ARGV[4], ARGV[3], ARGV[5], ARGV[6])
+return 1
+"""
 
-def take_fire(raw: redis.Redis, worker: str, done: str | None = None) -> tuple[str, str] | None:
+#: How long RQ's failed registry keeps a taken timer job that failed (its error and loop), as RQ's
+#: ``failure_ttl``: a day, so failures are seen on the dashboard without accumulating (issue 12).
+TAKEN_FAILURE_TTL = 24 * 3600
+
+
+def take_fire(raw: redis.Redis, worker: str, done: str | None = None, took_s: float = 0.0) -> tuple[str, str] | None:
     """Take the timer job at the head of loopsq's queue for ``worker`` to fire without another RQ job:
     (job id, loop id), or None when the head is not a timer's job (or the queue is empty).
 
-    ``done``: the job this worker took before and has finished; its hash is deleted in the same round trip (pass
-    it to ``finish_taken`` instead when not taking another).
+    ``done``: the job this worker took before and has finished (in ``took_s`` seconds); it is settled in the same
+    round trip as RQ would settle it (pass it to ``finish_taken`` instead when not taking another).
     """
-    taken = raw.eval(_TAKE_FIRE, 1, queue(raw).key, Job.key_for(""), FIRE_PREFIX, worker, done or "",
-                     utcformat(utcnow()))
+    q = queue(raw)
+    taken = raw.eval(_TAKE_FIRE, 2, q.key, q.finished_job_registry.key, Job.key_for(""), FIRE_PREFIX, worker,
+                     done or "", utcformat(utcnow()), repr(took_s), Worker.redis_worker_namespace_prefix)
     if not taken:
         return None
     job_id = _text(taken)
     return job_id, fire_loop_id(job_id)
 
 
-def finish_taken(raw: redis.Redis, job_id: str) -> None:
-    """A job from ``take_fire`` is done."""
-    raw.delete(Job.key_for(job_id))
+def finish_taken(raw: redis.Redis, job_id: str, worker: str = "", took_s: float = 0.0) -> None:
+    """A job from ``take_fire`` is done: settled as RQ settles a finished job (see ``take_fire``)."""
+    q = queue(raw)
+    raw.eval(_FINISH, 2, q.key, q.finished_job_registry.key, Job.key_for(""), FIRE_PREFIX, worker, job_id,
+             utcformat(utcnow()), repr(took_s), Worker.redis_worker_namespace_prefix)
+
+
+def fail_taken(raw: redis.Redis, job_id: str, worker: str, error: str, took_s: float = 0.0) -> None:
+    """A job from ``take_fire`` failed with ``error`` (a traceback): recorded as RQ records a failed job, under its
+    own id, in the failed registry for ``TAKEN_FAILURE_TTL``, and the worker's failed count goes up."""
+    try:
+        job = Job.fetch(job_id, connection=raw)
+    except NoSuchJobError:
+        return
+    job.failure_ttl = TAKEN_FAILURE_TTL
+    job.ended_at = utcnow()
+    wkey = f"{Worker.redis_worker_namespace_prefix}{worker}"
+    with raw.pipeline() as pipe:
+        job.set_status(JobStatus.FAILED, pipeline=pipe)
+        job._handle_failure(error, pipe, worker_name=worker)
+        pipe.hdel(job.key, "loopsq_taken")
+        pipe.execute()
+    if worker and raw.exists(wkey):
+        pipe = raw.pipeline()
+        pipe.hincrby(wkey, "failed_job_count", 1)
+        pipe.hincrbyfloat(wkey, "total_working_time", took_s)
+        pipe.execute()
 
 
 def fire_loop_id(job_id: str) -> str:

@@ -19,6 +19,7 @@ from pathlib import Path
 from loopsq.domain.timeutil import now, to_iso
 from loopsq.errors import LoopsqError
 from loopsq.mirror import counters
+from loopsq.mirror import page_indexes as pages
 from loopsq.mirror.damage import is_malformed, malformed_error
 
 INITIAL_MIGRATION = "0001_initial_and_workflows"
@@ -307,6 +308,10 @@ def migrate(conn: sqlite3.Connection) -> None:
             "INSERT OR IGNORE INTO schema_migrations (id, applied_at) VALUES (?, ?)",
             (COUNTERS_MIGRATION, applied_at),
         )
+        for statement in pages.DDL:  # keyset pages (mirror/pages.py)
+            conn.execute(statement)
+        conn.execute("INSERT OR IGNORE INTO schema_migrations (id, applied_at) VALUES (?, ?)",
+                     (pages.MIGRATION, applied_at))
 
 
 def _is_current(conn: sqlite3.Connection) -> bool:
@@ -314,7 +319,7 @@ def _is_current(conn: sqlite3.Connection) -> bool:
     if not all(column_names(conn, t) for t in ("schema_migrations", "mirror_meta", counters.TABLE)):
         return False
     ids = {str(row[0]) for row in conn.execute("SELECT id FROM schema_migrations")}
-    if not {INITIAL_MIGRATION, ARCHIVE_MIGRATION, LOOPSQ_MIGRATION, COUNTERS_MIGRATION} <= ids:
+    if not {INITIAL_MIGRATION, ARCHIVE_MIGRATION, LOOPSQ_MIGRATION, COUNTERS_MIGRATION, pages.MIGRATION} <= ids:
         return False
     expected = {(table, column) for table, columns in MIRRORED_COLUMNS.items() for column in columns}
     present = {(table, column) for table in MIRRORED_COLUMNS for column in column_names(conn, table)}

@@ -19,6 +19,7 @@ from redis.client import Pipeline
 from loopsq.domain.timeutil import gen_id
 from loopsq.state.durability import pipelined
 from loopsq.state.keys import Keys
+from loopsq.state.loop_watch import index_ops
 
 #: Approximate cap on the change stream (an entry is ~1 KB, a run makes ~3: about 200 MB and, at 1,000 runs a
 #: minute, an hour of history). A mirror that falls further behind than this rebuilds itself from Redis.
@@ -62,6 +63,17 @@ for i = 0, nops - 1 do
   elseif op == 'zadd' then redis.call('ZADD', key, a, b)
   elseif op == 'zrem' then redis.call('ZREM', key, a)
   elseif op == 'rpush' then redis.call('RPUSH', key, a)
+  elseif op == 'watch' then
+    -- a loop's maintenance watch (state.loop_watch): b = write score, armed score, timer key, timer id prefix,
+    -- scheduled-timers key; the armed score when the loop's timer is already scheduled at its wanted time.
+    local p = {}
+    for part in string.gmatch(b, '[^\\n]+') do p[#p + 1] = part end
+    local score = p[1]
+    if p[3] then
+      local id = redis.call('GET', p[3])
+      if id and string.sub(id, 1, #p[4]) == p[4] and redis.call('ZSCORE', p[5], id) then score = p[2] end
+    end
+    redis.call('ZADD', key, score, a)
   end
 end
 local id = redis.call('XADD', KEYS[1], 'MAXLEN', '~', ARGV[2], '*',
@@ -236,7 +248,9 @@ class Committer:
         keys: list[str] = [self.keys.changes]
         # Every transition also stamps the dataset's instance id (first writer wins), which mirrors compare to
         # notice a flushed or replaced Redis.
-        ops = [*tx.ops, ("setnx", self.keys.instance, gen_id() + gen_id(), "")]
+        # ... and keeps maintenance's loop indexes (``loop_watch``) in step with every loop it writes or drops.
+        ops = [*tx.ops, *index_ops(tx.upsert, tx.delete, tx.at, self.keys),
+               ("setnx", self.keys.instance, gen_id() + gen_id(), "")]
         args: list[str | bytes] = [str(len(ops)), str(STREAM_MAXLEN)]
         for op, key, a, b in ops:
             if key not in key_index:

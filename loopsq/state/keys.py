@@ -195,6 +195,24 @@ class Keys:
         """String: the rq-scheduler job id armed for a loop."""
         return self._k("timer", loop_id)
 
+    # -- maintenance indexes -----------------------------------------------------------------------------------
+    @property
+    def loop_watch(self) -> str:
+        """Sorted set: active loop id -> when maintenance must look at it if nothing else happens (ms): shortly
+        after each write of the loop, then, once its timer is armed, a grace after the timer's time
+        (``state.loop_watch``)."""
+        return self._k("maint", "watch")
+
+    @property
+    def loop_expiry(self) -> str:
+        """Sorted set: active loop id -> its ``expiresAt`` (ms), written with the loop."""
+        return self._k("maint", "expiry")
+
+    @property
+    def reconcile(self) -> str:
+        """Hash: the rare full reconciliation's ``cursor`` (an SSCAN cursor over ``loops``) and ``nextAt`` (ms)."""
+        return self._k("maint", "reconcile")
+
     # -- web sessions ----------------------------------------------------------------------------------------
     def web_session(self, session_id: str) -> str:
         """String with a TTL (the session's lifetime): an open dashboard session; logout deletes it."""

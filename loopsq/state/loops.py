@@ -71,6 +71,13 @@ class LoopStore:
         raws = self.client.mget([self.keys.loop(i) for i in ids])
         return [Loop.from_json(str(raw)) for raw in raws if raw]
 
+    def get_many(self, loop_ids: list[str]) -> list[Loop]:
+        """The loops that exist among ``loop_ids`` (in that order)."""
+        if not loop_ids:
+            return []
+        raws = self.client.mget([self.keys.loop(i) for i in loop_ids])
+        return [Loop.from_json(str(raw)) for raw in raws if raw]
+
     # -- writes ---------------------------------------------------------------------------------------------
     def create(self, loop: Loop) -> Loop:
         """Store a new loop. Raises ConflictError when its name is taken (loop names are unique in loopsq) or is

@@ -5,7 +5,8 @@ its loop's whole history window, so it is most of a loop's footprint: with 1 KB 
 and its compressed form ~0.7 KB (``bench/footprint.py``). A running run stays JSON, since its lease renewals
 rewrite it and every guard compares it. RQ stores its job data compressed the same way.
 
-The stored value tells its own form: JSON starts with ``{``, a zlib stream with its header byte (``0x78``). Readers
+The stored value tells its own form: JSON starts with ``{``, a zlib stream with its header byte (``0x78``; it
+uses the preset dictionary ``ZDICT_V1``). Readers
 that go through this module get the exact stored value back (``read``/``read_many``: text for JSON, bytes for a
 compressed row), so a transition can guard on it, and ``decode`` turns either into a ``LoopRun``. A client that
 decodes replies (``decode_responses``) reads the bytes undecoded (redis-py's ``NEVER_DECODE``); a compressed value
@@ -26,6 +27,19 @@ from loopsq.domain.run_rules import LoopRun
 #: Settled rows shorter than this stay JSON: compressing them saves too little to pay for itself.
 COMPRESS_MIN_BYTES = 384
 _LEVEL = 6
+#: A preset dictionary (zlib's ``zdict``) of what every row repeats: its field names in ``LoopRun.to_dict``
+#: order and the common values. It saves ~130 bytes a row (~20% of a compressed row with 1 KB of output). A
+#: stream names its dictionary by checksum, so rows written with it can only be read with it: **never change
+#: these bytes**; a better dictionary needs a new name and a decoder that picks by the stream's dictionary id.
+ZDICT_V1 = (
+    b'{"id":"","loopId":"","loopName":"","scheduledFor":"T00:00:00.000Z","attempt":1,"status":"failed",'
+    b'"status":"skipped","createdAt":"","updatedAt":"","startedAt":"","finishedAt":"","claimedBy":"worker:",'
+    b'"pid":,"exitCode":1,"durationMs":,"stderr":"","error":"","source":"ad_hoc","source":"manual","host":"",'
+    b'"pidStartTime":.,"workerId":"worker:","idempotencyKey":"","previousAttempts":[{"attempt":1,'
+    b'"status":"failed","error":"","exitCode":1,"startedAt":"","finishedAt":"","durationMs":,"workerId":"",'
+    b'"host":"","stdout":"","stderr":""}],"rerun":1,"noRetry":true,"status":"succeeded","exitCode":0,'
+    b'"stdout":"'
+)
 _RAW: dict[str, Any] = {NEVER_DECODE: []}
 
 Stored = str | bytes
@@ -36,7 +50,8 @@ def encode(run: LoopRun) -> Stored:
     text = run.to_json()
     if run.status == "running" or len(text) < COMPRESS_MIN_BYTES:
         return text
-    packed = zlib.compress(text.encode(), _LEVEL)
+    packer = zlib.compressobj(_LEVEL, zdict=ZDICT_V1)
+    packed = packer.compress(text.encode()) + packer.flush()
     return packed if len(packed) < len(text) else text
 
 
@@ -51,7 +66,11 @@ def _text_or_bytes(value: object) -> Stored | None:
 def decode(stored: Stored) -> LoopRun:
     """The run in a stored value (either form)."""
     if isinstance(stored, bytes):
-        stored = stored.decode() if stored[:1] == b"{" else zlib.decompress(stored).decode()
+        if stored[:1] == b"{":
+            stored = stored.decode()
+        else:
+            unpacker = zlib.decompressobj(zdict=ZDICT_V1)
+            stored = (unpacker.decompress(stored) + unpacker.flush()).decode()
     return LoopRun.from_json(stored)
 
 

@@ -18,12 +18,12 @@ from loopsq.domain.text import shown
 from loopsq.engine.cancel import cancel_run
 from loopsq.engine.triggers import trigger_with
 from loopsq.errors import LoopsqError, NotFoundError, RedisUnavailableError, ValidationError
-from loopsq.mirror import queries
+from loopsq.mirror import pages, queries
 from loopsq.mirror.follow import mirror_lag
 from loopsq.state.loops import LoopStore
 from loopsq.state.workflows import WorkflowStore
-from loopsq.web import schemas
-from loopsq.web.deps import Ctx, Limit, Offset, ShowOutput, json_object, page, responses
+from loopsq.web import filters, schemas
+from loopsq.web.deps import Ctx, Limit, Offset, ShowOutput, json_object, responses
 
 router = APIRouter(prefix="/api")
 
@@ -62,12 +62,20 @@ def list_loops(ctx: Ctx, status: Annotated[LoopStatus | None, Query()] = None,
                limit: Annotated[int, Query(ge=1, le=limits.MAX_LIST_LIMIT)] = 200,
                archived: Annotated[Literal["exclude", "only", "include"], Query(
                    description="Archived loops: left out (default), only them, or included.")] = "exclude",
+               name: Annotated[str | None, Query(max_length=200, description=(
+                   "Only loops whose name contains this (case-insensitive); the list is then by name, in keyset "
+                   "pages (`nextCursor`)."))] = None,
+               cursor: Annotated[str | None, Query(max_length=400, description=(
+                   "With `name`: the `nextCursor` of the previous page."))] = None,
                ) -> JSONResponse:
     """Loops, by status then next run (the CLI's ``list``; ``archived=only`` is ``--archived``, ``include``
-    is ``--all``)."""
+    is ``--all``); with ``name``, those whose name contains it, by name, a keyset page at a time."""
     with ctx.mirror() as conn:
-        loops = queries.list_loops(conn, status=status, limit=limit, archived=archived)
-    return JSONResponse({"items": [public_loop(loop) for loop in loops]})
+        if name is None and cursor is None:
+            loops = queries.list_loops(conn, status=status, limit=limit, archived=archived)
+            return JSONResponse({"items": [public_loop(loop) for loop in loops]})
+        found = pages.loops_page(conn, name=name, status=status, archived=archived, cursor=cursor, limit=limit)
+    return JSONResponse({"items": [public_loop(loop) for loop in found.items], "nextCursor": found.next_cursor})
 
 
 @router.post("/loops", tags=["loops"], summary="Create a loop", status_code=201,
@@ -212,11 +220,19 @@ def list_runs(
     status: Annotated[RunStatus | None, Query()] = None,
     outcome: Annotated[RunOutcome | None, Query(description="Only runs whose control file said this outcome.")]
     = None,
+    since: Annotated[str | None, Query(max_length=64, description="Only runs created at or after this ISO time.")]
+    = None,
+    until: Annotated[str | None, Query(max_length=64, description="Only runs created before this ISO time.")]
+    = None,
+    cursor: Annotated[str | None, Query(max_length=400, description=(
+        "The `nextCursor` of the previous page (keyset paging; cheaper than `offset` deep in a history)."))] = None,
     limit: Limit = 50,
     offset: Offset = 0,
     show_output: ShowOutput = False,
 ) -> JSONResponse:
-    """Run history, newest first; stdout and stderr redacted unless ``showOutput``."""
+    """Run history, newest first; stdout and stderr redacted unless ``showOutput``. ``nextCursor`` (null on the
+    last page) continues after this page without an offset."""
+    start, end = filters.time_range(since, until)
     with ctx.mirror() as conn:
         owner: dict[str, str] = {}
         if loop is not None:
@@ -224,11 +240,13 @@ def list_runs(
             if found is None:
                 raise NotFoundError(f"loop not found: {shown(loop)}")
             owner = found
-        items, next_offset = page(lambda n: queries.list_runs(conn, status=status, limit=n, outcome=outcome,
-                                                              **owner),
-                                  limit, offset)
+        rows = pages.runs_page(conn, status=status, since=start, until=end, cursor=cursor, limit=offset + limit,
+                               outcome=outcome, **owner)
+    items = rows.items[offset:]
+    more = rows.next_cursor is not None
     return JSONResponse({"items": [public_run(r, show_output) for r in items], "limit": limit, "offset": offset,
-                         "nextOffset": next_offset})
+                         "nextOffset": offset + limit if more else None,
+                         "nextCursor": rows.next_cursor if more and items else None})
 
 
 @router.get("/runs/{run_id}", tags=["runs"], summary="Show a run", responses=responses(200, schemas.RunOut, 404))

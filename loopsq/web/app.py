@@ -19,7 +19,19 @@ from loopsq.mcp.context import McpContext
 from loopsq.mcp.http import PATH as MCP_PATH
 from loopsq.mcp.http import HttpTransport
 from loopsq.state.connection import mask_url
-from loopsq.web import api, api_workflows, dashboard, errors, metrics, openapi
+from loopsq.web import (
+    actions,
+    api,
+    api_workflows,
+    dashboard,
+    errors,
+    live,
+    metrics,
+    openapi,
+    pages_loops,
+    pages_runs,
+    rq_view,
+)
 from loopsq.web.auth import TokenAuth
 from loopsq.web.body_limit import BodyLimit
 from loopsq.web.context import WebContext, WebSettings
@@ -78,6 +90,8 @@ def rq_dashboard_app(redis_url: str, raw: redis.Redis) -> ASGIApp:
     flask_app.config.update(RQ_DASHBOARD_REDIS_URL=shown, RQ_DASHBOARD_DISABLE_DELETE=True)
     flask_app.register_blueprint(rq_dashboard.blueprint)
     flask_app.before_request(refuse_state_changes_by_get)
+    flask_app.before_request(rq_view.open_on_our_queue)
+    flask_app.after_request(rq_view.link_back)
     # A POST-only route's GET is refused by Flask's routing, before any hook: answer it the same way.
     flask_app.register_error_handler(405, lambda exc: _rq_405(sorted(getattr(exc, "valid_methods", None) or [])))
     setup_rq_connection(flask_app)
@@ -154,7 +168,8 @@ def create_app(settings: WebSettings, *, client: redis.Redis | None = None) -> F
     app.state.ctx = ctx
     app.state.metrics_registry = metrics.registry_for(ctx, per_loop=settings.metrics_per_loop)
     errors.install(app, settings.redis_url)
-    for router in (api.router, api_workflows.router, metrics.router, dashboard.router):
+    for router in (api.router, api_workflows.router, metrics.router, dashboard.router, pages_loops.router,
+                   pages_runs.router, live.router, actions.router):
         app.include_router(router)
     # Starlette routes an endpoint that is not a function as an ASGI app; its type hint names functions only.
     app.add_route(MCP_PATH, mcp, include_in_schema=False)  # type: ignore[arg-type]

@@ -7,7 +7,8 @@
   (``loopsq/web/sessions.py``). The API does not accept the cookie, so a page can never be made to write
   through it.
 - Public, without a token: ``/api/health`` (a liveness probe: Redis reachable, mirror lag; no names, no
-  URLs), ``/api/openapi.json`` (the API's description) and the login form.
+  URLs), ``/api/openapi.json`` (the API's description), the login form and the dashboard's one script
+  (``/static/live.js``, the same for everyone).
 
 A request that fails is answered here, so nothing behind it runs: 401 with the one error body, or for a
 browser asking for a page, a redirect to the login form.
@@ -29,7 +30,7 @@ from loopsq.web.errors import error_body
 from loopsq.web.sessions import Sessions
 
 COOKIE_NAME = "loopsq_session"
-PUBLIC_PATHS = frozenset({"/api/health", "/api/openapi.json", "/login", "/logout"})
+PUBLIC_PATHS = frozenset({"/api/health", "/api/openapi.json", "/login", "/logout", "/static/live.js"})
 #: Paths that take the bearer token only, never the session cookie (so a page cannot be made to write).
 BEARER_ONLY = ("/api/", "/mcp")
 #: Shortest token ``loopsq web`` accepts.

@@ -16,21 +16,19 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 
 from loopsq.domain.durations import format_duration
-from loopsq.domain.redaction import public_event, public_run
-from loopsq.domain.text import shown
-from loopsq.errors import NotFoundError, ValidationError
+from loopsq.errors import ValidationError
 from loopsq.mirror import queries
-from loopsq.state.workflow_run_state import TERMINAL_RUN
-from loopsq.web import auth, dag
+from loopsq.web import auth, csrf
 from loopsq.web.context import WebContext
-from loopsq.web.deps import Ctx, ShowOutput
+from loopsq.web.deps import Ctx
 from loopsq.web.templating import templates
 
 router = APIRouter(include_in_schema=False)
 
 STRIP_RUNS = 20
 PAGE_HEADERS = {
-    "Content-Security-Policy": "default-src 'none'; style-src 'unsafe-inline'; img-src 'self' data:; "
+    "Content-Security-Policy": "default-src 'none'; style-src 'unsafe-inline'; script-src 'self'; "
+                               "connect-src 'self'; img-src 'self' data:; "
                                "form-action 'self'; frame-ancestors 'none'; base-uri 'none'",
     "X-Content-Type-Options": "nosniff",
     "Referrer-Policy": "no-referrer",
@@ -44,7 +42,8 @@ def render(request: Request, ctx: WebContext | None, name: str, context: dict[st
            status: int = 200, refresh: bool = False) -> HTMLResponse:
     """A page with the security headers; ``refresh`` adds the auto-refresh."""
     refresh_s = ctx.settings.refresh_s if (ctx is not None and refresh) else None
-    return templates.TemplateResponse(request, name, {**context, "refresh_s": refresh_s}, status_code=status,
+    extra = {"refresh_s": refresh_s, "csrf_token": csrf.token_for(request) if ctx is not None else ""}
+    return templates.TemplateResponse(request, name, {**context, **extra}, status_code=status,
                                       headers=PAGE_HEADERS)
 
 
@@ -102,50 +101,9 @@ def logout(request: Request) -> Response:
 
 
 # -- pages -------------------------------------------------------------------------------------------------
-@router.get("/")
-def loops_page(request: Request, ctx: Ctx) -> HTMLResponse:
-    """Every loop: status, schedule, next run and its last runs as a coloured strip (oldest left)."""
-    rows = []
-    with ctx.mirror() as conn:
-        for loop in queries.list_loops(conn, limit=1000):
-            recent = queries.list_runs(conn, loop_id=loop["id"], limit=STRIP_RUNS)
-            rows.append({"loop": loop, "schedule": describe_schedule(loop.get("schedule") or {}, loop.get("timezone")),
-                         "runs": list(reversed(recent))})
-    return render(request, ctx, "loops.html", {"rows": rows}, refresh=True)
-
-
-@router.get("/runs/{run_id}")
-def run_page(request: Request, ctx: Ctx, run_id: str, show_output: ShowOutput = False) -> HTMLResponse:
-    """One loop run; its output redacted as the CLI and the API do, unless ``?showOutput=true`` (then escaped)."""
-    with ctx.mirror() as conn:
-        run = queries.get_run(conn, run_id)
-    if run is None:
-        raise NotFoundError(f"run not found: {shown(run_id)}")
-    return render(request, ctx, "run.html", {"run": public_run(run, show_output), "show_output": show_output},
-                  refresh=run.get("status") == "running")
-
-
 @router.get("/workflow-runs")
 def workflow_runs_page(request: Request, ctx: Ctx) -> HTMLResponse:
     """The newest workflow runs."""
     with ctx.mirror() as conn:
         runs = queries.list_workflow_runs(conn, limit=100)
     return render(request, ctx, "workflow_runs.html", {"runs": runs}, refresh=True)
-
-
-@router.get("/workflow-runs/{run_id}")
-def workflow_run_page(request: Request, ctx: Ctx, run_id: str) -> HTMLResponse:
-    """A workflow run: its DAG (steps coloured by status) and its event timeline."""
-    with ctx.mirror() as conn:
-        run = queries.get_workflow_run(conn, run_id)
-        if run is None:
-            raise NotFoundError(f"workflow run not found: {shown(run_id)}")
-        steps = queries.list_step_runs(conn, run_id)
-        events = [public_event(e) for e in queries.list_events(conn, run_id, limit=10_000)]
-        spec = queries.get_workflow(conn, str(run.get("workflowId")))
-    spec_steps = (spec or {}).get("steps") or [{"id": s["stepId"]} for s in steps]
-    graph = dag.layout(spec_steps, {s["stepId"]: s["status"] for s in steps},
-                       {s["stepId"]: s.get("error") for s in steps})
-    return render(request, ctx, "workflow_run.html",
-                  {"run": run, "steps": steps, "events": events, "graph": graph, "dag": dag},
-                  refresh=run.get("status") not in TERMINAL_RUN)

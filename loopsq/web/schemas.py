@@ -67,9 +67,10 @@ class LoopOut(Entity):
 
 
 class LoopList(BaseModel):
-    """Loops."""
+    """Loops; with ``name``, ``nextCursor`` continues after this page (null on the last one)."""
 
     items: list[LoopOut]
+    nextCursor: str | None = None
 
 
 class RunOut(Entity):
@@ -111,9 +112,10 @@ class Page(BaseModel):
 
 
 class RunPage(Page):
-    """Loop runs, newest first."""
+    """Loop runs, newest first; ``nextCursor`` continues after this page (keyset), null on the last one."""
 
     items: list[RunOut]
+    nextCursor: str | None = None
 
 
 class WorkflowOut(Entity):

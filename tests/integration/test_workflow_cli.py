@@ -89,8 +89,9 @@ def test_workflows_run_local_exits_1_when_the_workflow_fails(cluster: Cluster) -
     done = cluster.cli("workflows", "run", "wf", "--local", check=False)
     (run_id,) = run_ids(cluster)
     assert done.returncode == 1
-    assert done.stdout == (f"{run_id} failed\n  00  succeeded   a\n  01  failed      b  process exited with code 1\n"
-                           f"  02  skipped     c  {FAILED_B}\n")
+    # The run's reason just under its line, each step's on its own line (a skipped step's: why it was skipped).
+    assert done.stdout == (f"{run_id} failed\n  error: {FAILED_B}\n  00  succeeded   a\n"
+                           f"  01  failed      b  process exited with code 1\n  02  skipped     c  {FAILED_B}\n")
 
 
 @pytest.mark.timeout(60)
@@ -143,6 +144,7 @@ def test_workflows_inspect_prints_the_run_its_steps_and_the_event_count(cluster:
     run_id = run_here(cluster, stored(cluster, FAILING))
     assert cluster.cli("workflows", "inspect", run_id).stdout == (
         f"{run_id}  failed  wf\n"
+        f"  error: {FAILED_B}\n"
         "  00  succeeded   a\n"
         "  01  failed      b  process exited with code 1\n"
         f"  02  skipped     c  {FAILED_B}\n"

@@ -198,6 +198,11 @@ EXPECTED_INDEXES: dict[str, tuple[str, list[tuple[str, bool]], bool, str | None]
         False,
         None,
     ),
+    # loopsq's own, for the dashboard's keyset pages (migration 0102, loopsq/mirror/page_indexes.py).
+    "idx_runs_created_id": ("loop_runs", [("created_at", True), ("id", True)], False, None),
+    "idx_runs_loop_created_id": ("loop_runs", [("loop_id", False), ("created_at", True), ("id", True)], False, None),
+    "idx_runs_status_created_id": ("loop_runs", [("status", False), ("created_at", True), ("id", True)], False, None),
+    "idx_loops_name_id": ("loops", [("name", False), ("id", False)], False, None),
 }
 
 # The table-level UNIQUE constraints (SQLite's automatic indexes).
@@ -265,7 +270,8 @@ def test_table_unique_constraints_are_the_references(conn: sqlite3.Connection) -
 
 def test_every_migration_id_is_recorded(conn: sqlite3.Connection) -> None:
     ids = [r[0] for r in conn.execute("SELECT id FROM schema_migrations ORDER BY id")]
-    assert ids == ["0001_initial_and_workflows", "0004_loop_archive_metadata", "0100_loopsq_columns", "0101_run_counters"]
+    assert ids == ["0001_initial_and_workflows", "0004_loop_archive_metadata", "0100_loopsq_columns", "0101_run_counters",
+                   "0102_keyset_page_indexes"]
 
 
 def test_connection_is_autocommit_wal_normal_sync_with_busy_timeout_and_row_objects(
@@ -330,7 +336,8 @@ def test_a_reference_0_3_0_database_is_upgraded_in_place_keeping_its_rows(tmp_pa
         migrations = db.execute("SELECT id, applied_at FROM schema_migrations ORDER BY id").fetchall()
         assert tuple(migrations[0]) == ("0001_initial_and_workflows", "2024-01-01T00:00:00.000Z")
         assert [m[0] for m in migrations] == ["0001_initial_and_workflows", "0004_loop_archive_metadata",
-                                              "0100_loopsq_columns", "0101_run_counters"]
+                                              "0100_loopsq_columns", "0101_run_counters",
+                                              "0102_keyset_page_indexes"]
     finally:
         db.close()
 

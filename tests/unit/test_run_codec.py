@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import zlib
 from datetime import UTC, datetime
 
 import fakeredis
@@ -19,6 +20,13 @@ from loopsq.state.snapshot import snapshot_tables
 KEYS = Keys()
 OWNER = Owner("w1", "host-a", 100)
 PAGE = " ".join(f"word-{i}" for i in range(200)) + "\n"
+#: ``ZDICT_V1``'s checksum, and a row stored with it (a settled run whose stdout is "frozen").
+DICT_ID_V1 = 3128081710
+FROZEN_ROW = (
+    b"x\xbb\xbar\xbd.\xab\x86$\xab4C\xe4\x84\x95c\x88\x9a\xb4\xd2\x8a\xf2\xabR\xf30\x13\x98\x91\x81\x91\x99\xae"
+    b"\x81!\x10\x11\x97\xd4\x90\x9d\x83\x9c\xb4\xf0\x98\x83\x9c\xe4\xf0(\x83\xfb\x07\xe1TXPU\x8c\x82A\x05\x94j"
+    b"\x01s\xd1\xfb\x83"
+)
 
 
 def at(second: int) -> datetime:
@@ -76,3 +84,14 @@ def test_finalize_compresses_and_every_reader_sees_the_run(client: redis.Redis) 
     # The settled row still refuses its slot, read in its compressed form.
     refused = store.claim(loop.id, at(0), OWNER, at(4), source="ad_hoc")
     assert not isinstance(refused, Claim) and refused.run == ended[0]
+
+
+def test_the_preset_dictionary_never_changes() -> None:
+    # Rows compressed with it can only be read with it: a changed dictionary would make every stored row unreadable.
+    assert zlib.adler32(run_codec.ZDICT_V1) == DICT_ID_V1
+    assert run_codec.decode(FROZEN_ROW).stdout == "frozen"
+
+
+def test_the_dictionary_makes_rows_smaller() -> None:
+    text = run("succeeded").to_json().encode()
+    assert len(run_codec.encode(run("succeeded"))) < len(zlib.compress(text, 6)) - 50
