@@ -57,3 +57,10 @@ def test_new_loops_on_one_cron_get_their_own_offsets_stored_in_the_schedule() ->
     # Without jitter a request's own offsetMs is dropped.
     plain = new_loop({**body, "jitterMs": None}, T0)
     assert plain.schedule.offset_ms is None and plain.next_run_at == "2026-12-01T11:00:00.000Z"
+
+
+def test_times_before_the_year_1000_keep_four_digit_years_and_read_back() -> None:
+    from loopsq.domain.timeutil import to_iso
+
+    moment = datetime(999, 1, 1, tzinfo=UTC)
+    assert to_iso(moment) == "0999-01-01T00:00:00.000Z" and from_iso(to_iso(moment)) == moment
