@@ -94,3 +94,18 @@ def run_workflow(workflow_id: str, run_id: str) -> str:
     if spec is None:
         raise RuntimeError(f"workflow not found: {workflow_id}")
     return execute_workflow(rt, spec, run_id=run_id).run_id
+
+
+def run_backfill(loop_id: str, slot: str, request_id: str, force: bool = False, overlap: str = "skip") -> str:
+    """Run one backfill slot on this worker; its outcome (``<outcome> <run id>``) is published under the request
+    id for the waiting ``loopsq backfill``."""
+    from loopsq.engine.backfill import run_backfill_slot
+
+    rt = _runtime()
+
+    def publish(run: Any) -> None:
+        rt.client.set(rt.keys.run_request(request_id), f"ran {run.id}", px=3_600_000)
+
+    result = run_backfill_slot(rt, loop_id, slot, force=force, overlap=overlap, on_claim=publish)
+    rt.client.set(rt.keys.run_request(request_id), result.encode(), px=3_600_000)
+    return result.encode()

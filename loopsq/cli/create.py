@@ -14,6 +14,7 @@ from loopsq.cli.agent_flags import (
     prompt_from_flags,
 )
 from loopsq.cli.app import echo_err, get_app, json_flag
+from loopsq.cli.feature_flags import feature_body, feature_options
 from loopsq.cli.options import (
     account_body,
     account_options,
@@ -48,6 +49,7 @@ def _base_body(name: str, opts: dict[str, Any]) -> tuple[dict[str, Any], str]:
     body: dict[str, Any] = {"name": name, "timezone": timezone}
     body["schedule"] = schedule_body(opts, timezone)
     body.update(policy_body(opts, timezone))
+    body.update(feature_body(opts))
     return body, timezone
 
 
@@ -118,6 +120,7 @@ def _print_created(loop: Loop, human: str) -> None:
 @preflight_each_run_flag
 @env_option
 @schedule_options
+@feature_options
 @account_options
 @json_flag
 def create_command(name: str, cmd: str, shell: bool, preflight: bool, **opts: Any) -> None:
@@ -156,6 +159,7 @@ def create_command(name: str, cmd: str, shell: bool, preflight: bool, **opts: An
 @env_option
 @agent_option_flags
 @schedule_options
+@feature_options
 @account_options
 @json_flag
 def create_agent(
@@ -207,6 +211,7 @@ def create_agent(
 @click.option("--preflight", is_flag=True, help="Refuse (and store nothing) if a step cannot start.")
 @preflight_each_run_flag
 @schedule_options
+@feature_options
 @json_flag
 def create_workflow(name: str, workflow_ref: str, preflight: bool, **opts: Any) -> None:
     """Create a loop that runs a stored workflow."""

@@ -41,7 +41,8 @@ def list_loops(status: str | None, archived: bool, all_: bool) -> None:
 
 
 #: The newest run's fields ``show`` adds under ``lastRun``: enough to see why it failed.
-LAST_RUN_FIELDS = ("id", "status", "attempt", "scheduledFor", "finishedAt", "exitCode", "error")
+LAST_RUN_FIELDS = ("id", "status", "attempt", "scheduledFor", "finishedAt", "exitCode", "error", "outcome",
+                   "control", "controlWarning", "workspace", "inputTokens", "outputTokens", "costUsd")
 
 
 @click.command("show")

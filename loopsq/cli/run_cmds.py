@@ -9,8 +9,10 @@ import click
 
 from loopsq.cli.app import App, echo_err, get_app, json_flag
 from loopsq.cli.options import bounded_flag, limit_flag, quote
+from loopsq.cli.run_lines import feature_lines, usage_total
 from loopsq.domain import limits, timeutil
 from loopsq.domain.checks import check_visible
+from loopsq.domain.control import OUTCOMES
 from loopsq.domain.lifecycle import ensure_not_archived
 from loopsq.domain.redaction import public_run
 from loopsq.domain.run_rules import RETRYABLE, RUN_STATUSES, TERMINAL, LoopRun, attempt_label
@@ -144,12 +146,16 @@ def tick() -> None:
 @click.option("--limit", default=50, show_default=True, metavar="N",
               help=f"At most N runs (1 to {limits.MAX_PAGE_LIMIT}).")
 @click.option("--status", metavar="STATUS", help=f"Only runs with this status ({', '.join(RUN_STATUSES)}).")
+@click.option("--outcome", metavar="OUTCOME",
+              help=f"Only runs whose control file said this outcome ({', '.join(OUTCOMES)}).")
 @click.option("--show-output", is_flag=True, help="Show stdout and stderr (redacted otherwise).")
 @json_flag
-def runs(id_or_name: str | None, limit: int, status: str | None, show_output: bool) -> None:
+def runs(id_or_name: str | None, limit: int, status: str | None, outcome: str | None, show_output: bool) -> None:
     """Run history, newest first, from the mirror (runs past Redis's window and of removed loops too)."""
     if status is not None and status not in RUN_STATUSES:
         raise ValidationError(f"--status must be one of {', '.join(RUN_STATUSES)}, got {quote(status)}")
+    if outcome is not None and outcome not in OUTCOMES:
+        raise ValidationError(f"--outcome must be one of {', '.join(OUTCOMES)}, got {quote(outcome)}")
     limit_flag("--limit", limit, limits.MAX_PAGE_LIMIT)
     app = get_app()
     conn = app.mirror()
@@ -159,7 +165,7 @@ def runs(id_or_name: str | None, limit: int, status: str | None, show_output: bo
         if found is None:
             raise NotFoundError(f"loop not found: {shown(id_or_name)}")
         owner = found
-    rows = queries.list_runs(conn, status=status, limit=limit, **owner)
+    rows = queries.list_runs(conn, status=status, limit=limit, outcome=outcome, **owner)
 
     def human() -> str:
         lines = []
@@ -168,6 +174,7 @@ def runs(id_or_name: str | None, limit: int, status: str | None, show_output: bo
             lines.append(f"{r['id']}  {r['status']:<10}  {attempt}  slot={r['scheduledFor']}  {r['loopName']}")
             if r.get("error") and r["status"] in RETRYABLE:
                 lines.append(f"  error: {r['error']}")
+            lines.extend(feature_lines(r))
             if show_output:
                 lines.append(_print_output(r))
             for a in r.get("previousAttempts") or []:
@@ -177,6 +184,9 @@ def runs(id_or_name: str | None, limit: int, status: str | None, show_output: bo
                              f"  {a.get('error') or ''}".rstrip())
                 if show_output:
                     lines.append(_indent(_print_output(a)))
+        total = usage_total(rows)
+        if total is not None:
+            lines.append(total)
         return "\n".join(lines)
 
     app.emit([public_run(r, show_output) for r in rows], human)

@@ -16,6 +16,8 @@ from loopsq.domain.agent_options import with_creation_defaults
 from loopsq.domain.checks import check_length, check_visible, whole
 from loopsq.domain.cron import host_timezone_name, validate_timezone
 from loopsq.domain.durations import format_duration
+from loopsq.domain.jitter import jittered, validate_jitter
+from loopsq.domain.loop_features import feature_fields
 from loopsq.domain.models import Loop
 from loopsq.domain.schedules import CATCH_UP_POLICIES, Schedule, initial_next_run, parse_time
 from loopsq.domain.targets import validate_target
@@ -98,10 +100,13 @@ def new_loop(body: Mapping[str, Any], now: datetime) -> Loop:
         raise ValidationError(f"unknown timezone: {show(tz_value)}")
     schedule = Schedule.from_dict(body.get("schedule"))
     _check_interval(schedule)
+    loop_id = gen_id()
+    jitter_ms = validate_jitter(body.get("jitterMs"), schedule)
+    schedule = jittered(schedule, loop_id, jitter_ms)
     target = with_creation_defaults(validate_target(body.get("target"), "target"))
     expires_at = _expiry(body.get("expiresAt"), timezone)
     loop = Loop(
-        id=gen_id(),
+        id=loop_id,
         name=name,
         description=description,
         schedule=schedule,
@@ -121,6 +126,8 @@ def new_loop(body: Mapping[str, Any], now: datetime) -> Loop:
         expires_at=expires_at,
         pause_after_failures=_positive_int(body, "pauseAfterFailures", None),
         keep_runs=_positive_int(body, "keepRuns", None),
+        jitter_ms=jitter_ms,
+        **feature_fields(body),
     )
     return loop
 

@@ -51,6 +51,16 @@ _FIELDS: tuple[tuple[str, str], ...] = (
     ("archived_at", "archivedAt"),
     ("archived_from_status", "archivedFromStatus"),
     ("retry_queue", "retryQueue"),
+    ("steerable", "steerable"),
+    ("min_interval_ms", "minIntervalMs"),
+    ("max_interval_ms", "maxIntervalMs"),
+    ("gate", "gate"),
+    ("jitter_ms", "jitterMs"),
+    ("workspace", "workspace"),
+    ("workspace_wait_ms", "workspaceWaitMs"),
+    ("budget_runs", "budgetRuns"),
+    ("budget_cost", "budgetCost"),
+    ("usage", "usage"),
     ("created_at", "createdAt"),
     ("updated_at", "updatedAt"),
 )
@@ -91,6 +101,22 @@ class Loop:
     archived_from_status: str | None = None
     #: Retries waiting behind the pending one (``retryScheduledFor``), oldest first: ``{"slot", "at"}`` each.
     retry_queue: list[dict[str, str]] | None = None
+    #: The run's control file may move the next slot (``nextIn``), within these bounds (``domain.steering``).
+    steerable: bool | None = None
+    min_interval_ms: int | None = None
+    max_interval_ms: int | None = None
+    #: A probe run before each scheduled slot: ``{"command", "timeoutMs"?}`` (``executor.gate``).
+    gate: dict[str, Any] | None = None
+    #: The spread of this loop's slots (``domain.jitter``); its offset is in ``schedule.offset_ms``.
+    jitter_ms: int | None = None
+    #: Loops sharing a workspace key never run at once, across hosts (``state.workspaces``); a run that finds it
+    #: busy follows the overlap policy (``allow``: waits up to ``workspace_wait_ms`` in a fair queue).
+    workspace: str | None = None
+    workspace_wait_ms: int | None = None
+    #: Budgets ``{"limit", "per": "day"|"week"}`` and the usage of the current windows (``domain.budget``).
+    budget_runs: dict[str, Any] | None = None
+    budget_cost: dict[str, Any] | None = None
+    usage: dict[str, Any] | None = None
     extra: dict[str, Any] = field(default_factory=dict, compare=False)
 
     def to_dict(self) -> dict[str, Any]:

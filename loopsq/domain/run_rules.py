@@ -14,17 +14,17 @@ from dataclasses import dataclass, field, fields, replace
 from datetime import datetime, timedelta
 from typing import Any
 
-from loopsq.domain.cron import next_cron_run
 from loopsq.domain.models import Loop
-from loopsq.domain.schedules import compute_next_after, due_slots
+from loopsq.domain.schedules import compute_next_after, cron_next, due_slots
 from loopsq.domain.timeutil import from_iso, to_iso
 
 RUN_STATUSES = ("running", "succeeded", "failed", "timed_out", "abandoned", "skipped")
 TERMINAL = frozenset({"succeeded", "failed", "timed_out", "abandoned", "skipped"})
 RETRYABLE = frozenset({"failed", "timed_out", "abandoned"})
-SOURCES = ("scheduled", "ad_hoc", "due_slot", "retry_slot", "trigger")
+SOURCES = ("scheduled", "ad_hoc", "due_slot", "retry_slot", "trigger", "backfill")
 #: Runs that are not a slot of the schedule: they never move the loop, though the retry rule applies to them too.
-MANUAL_SOURCES = ("ad_hoc", "trigger")
+#: (A backfill run has a past slot of the schedule, run on request: ``engine.backfill``.)
+MANUAL_SOURCES = ("ad_hoc", "trigger", "backfill")
 #: Retries waiting behind the loop's pending one (``Loop.retry_queue``) at most; beyond it the oldest is dropped.
 RETRY_QUEUE_MAX = 100
 SKIP_ERROR = "previous run still active"
@@ -77,6 +77,18 @@ class LoopRun:
     rerun: int | None = None
     #: The caller asked for no retry (``--no-retry``, ``retry: false``): a failure settles the slot at once.
     no_retry: bool | None = None
+    #: What the run's control file said (``domain.control``): its outcome, also on its own for filtering, and
+    #: the warning when the file was malformed (then nothing of it applied).
+    outcome: str | None = None
+    control: dict[str, Any] | None = None
+    control_warning: str | None = None
+    #: The workspace lease this run held (``--workspace``) and its fencing number (``state.workspaces``).
+    workspace: str | None = None
+    workspace_fence: int | None = None
+    #: What an agent run used, as its provider CLI reported it (``domain.usage``).
+    input_tokens: int | None = None
+    output_tokens: int | None = None
+    cost_usd: float | None = None
     extra: dict[str, Any] = field(default_factory=dict, compare=False)
 
     def to_dict(self) -> dict[str, Any]:
@@ -163,6 +175,8 @@ def next_attempt(ended: LoopRun, stamp: str) -> LoopRun:
         attempt=ended.attempt if rerun else ended.attempt + 1, rerun=(ended.rerun or 0) + 1 if rerun else None,
         status="running", finished_at=None, pid=None, exit_code=None, duration_ms=None, stdout=None, stderr=None,
         error=None, host=None, pid_start_time=None, updated_at=stamp, previous_attempts=attempt_history(ended),
+        outcome=None, control=None, control_warning=None, workspace=None, workspace_fence=None,
+        input_tokens=None, output_tokens=None, cost_usd=None,
     )
 
 
@@ -264,7 +278,7 @@ def _next_regular(loop: Loop, slot: datetime, now: datetime, *, ends_backlog: bo
         if schedule.type == "interval" and schedule.every_ms:
             return slot + timedelta(milliseconds=schedule.every_ms)
         if schedule.type == "cron" and schedule.expression:
-            return next_cron_run(schedule.expression, slot, loop.timezone)
+            return cron_next(schedule, slot, loop.timezone)
     return compute_next_after(schedule, slot, now, loop.timezone)
 
 

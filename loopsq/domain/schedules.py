@@ -38,6 +38,9 @@ class Schedule:
     anchor: str | None = None
     expression: str | None = None
     min_interval_ms: int | None = None
+    #: loopsq addition (``--jitter``): every slot of an interval or cron schedule is this much later than the
+    #: schedule says (a deterministic per-loop offset, ``domain.jitter``); None: no offset.
+    offset_ms: int | None = None
 
     def __post_init__(self) -> None:
         if self.type not in SCHEDULE_TYPES:
@@ -65,10 +68,11 @@ class Schedule:
         """Return the reference's camelCase JSON shape for this schedule."""
         if self.type == "once":
             return {"type": "once", "at": self.at}
+        offset = {"offsetMs": self.offset_ms} if self.offset_ms else {}
         if self.type == "interval":
-            return {"type": "interval", "everyMs": self.every_ms, "anchor": self.anchor}
+            return {"type": "interval", "everyMs": self.every_ms, "anchor": self.anchor, **offset}
         if self.type == "cron":
-            return {"type": "cron", "expression": self.expression}
+            return {"type": "cron", "expression": self.expression, **offset}
         return {"type": "dynamic", "minIntervalMs": self.min_interval_ms}
 
     @classmethod
@@ -93,9 +97,10 @@ class Schedule:
                 type="interval",
                 every_ms=_coerce_ms(d.get("everyMs"), "interval everyMs"),
                 anchor=d.get("anchor"),
+                offset_ms=_offset(d),
             )
         if kind == "cron":
-            return cls(type="cron", expression=d.get("expression"))
+            return cls(type="cron", expression=d.get("expression"), offset_ms=_offset(d))
         if kind == "dynamic":
             raw = d.get("minIntervalMs")
             return cls(
@@ -103,6 +108,25 @@ class Schedule:
                 min_interval_ms=None if raw is None else _coerce_ms(raw, "dynamic minIntervalMs"),
             )
         raise ValidationError(f"schedule.type must be once, interval, cron or dynamic, got {_render(kind)}")
+
+
+def _offset(d: dict[str, Any]) -> int | None:
+    """A stored schedule's ``offsetMs`` (written by loopsq from ``jitterMs``; anything else counts as none)."""
+    value = d.get("offsetMs")
+    return value if isinstance(value, int) and not isinstance(value, bool) and 0 < value <= MAX_DURATION_MS else None
+
+
+def cron_next(schedule: Schedule, after: datetime, tz: str) -> datetime:
+    """The cron schedule's first slot after ``after``, with the schedule's offset (``offset_ms``) applied."""
+    offset = schedule.offset_ms or 0
+    return _shift(next_cron_run(_expression(schedule), _shift(after, -offset), tz), offset)
+
+
+def cron_prev(schedule: Schedule, before: datetime, tz: str) -> datetime | None:
+    """The cron schedule's last slot at or before ``before`` (as ``prev_cron_run``), with its offset applied."""
+    offset = schedule.offset_ms or 0
+    found = prev_cron_run(_expression(schedule), _shift(before, -offset), tz)
+    return None if found is None else _shift(found, offset)
 
 
 def _render(value: Any) -> str:
@@ -163,9 +187,9 @@ def initial_next_run(schedule: Schedule, start: datetime, tz: str) -> datetime:
     if schedule.type == "once":
         return parse_time(schedule.at or "", tz, "schedule.at")
     if schedule.type == "interval":
-        return _shift(start, _every(schedule))
+        return _shift(start, _every(schedule) + (schedule.offset_ms or 0))
     if schedule.type == "cron":
-        return next_cron_run(_expression(schedule), start, tz)
+        return cron_next(schedule, start, tz)
     return _shift(start, schedule.min_interval_ms or DEFAULT_MIN_INTERVAL_MS)
 
 
@@ -189,10 +213,9 @@ def compute_next_after(
             first += ((finished - first) // every + 1) * every
         return _from_ms(first)
     if schedule.type == "cron":
-        expression = _expression(schedule)
-        upcoming = next_cron_run(expression, scheduled_for, tz)
+        upcoming = cron_next(schedule, scheduled_for, tz)
         # Stepping match by match until past finished_at ends at the first match after finished_at.
-        return next_cron_run(expression, finished_at, tz) if upcoming <= finished_at else upcoming
+        return cron_next(schedule, finished_at, tz) if upcoming <= finished_at else upcoming
     return _shift(finished_at, schedule.min_interval_ms or DEFAULT_MIN_INTERVAL_MS)
 
 
@@ -237,13 +260,12 @@ def due_slots(
         if catch_up == "latest":
             return [_from_ms(first + behind * every)]
         return [_from_ms(first + i * every) for i in range(min(behind + 1, limit))]
-    expression = _expression(schedule)
     if catch_up == "latest":
-        latest = prev_cron_run(expression, now, tz)
+        latest = cron_prev(schedule, now, tz)
         return [latest if latest is not None and latest > next_run_at else next_run_at]
     slots = [next_run_at]
     while len(slots) < limit:
-        upcoming = next_cron_run(expression, slots[-1], tz)
+        upcoming = cron_next(schedule, slots[-1], tz)
         if upcoming > now:
             break
         slots.append(upcoming)

@@ -26,6 +26,7 @@ from typing import Any
 from loopsq.domain import limits
 from loopsq.domain.agent_options import with_creation_defaults
 from loopsq.domain.checks import check_length, check_visible, whole
+from loopsq.domain.loop_features import validate_gate
 from loopsq.domain.targets import (
     is_positive_int,
     js_trim,
@@ -92,6 +93,10 @@ def _normalise_step(raw: Any, index: int, seen: set[str]) -> dict[str, Any]:
         step["account"] = validate_account(step["account"], label)
     else:
         step.pop("account", None)
+    if step.get("gate") is not None:
+        step["gate"] = validate_gate(step["gate"], f"{label}.gate")  # a per-step change gate (executor.gate)
+    else:
+        step.pop("gate", None)
     return step
 
 

@@ -29,9 +29,12 @@ from loopsq.domain.timeutil import from_iso, gen_id, to_iso
 from loopsq.engine import timers
 from loopsq.engine.faults import crash_point
 from loopsq.engine.live import LiveWriter
+from loopsq.engine.prechecks import precheck_slot
 from loopsq.engine.runtime import LEASE_LOST, SHUTTING_DOWN, Runtime
+from loopsq.engine.steering import execute_with_control
 from loopsq.engine.workflow_runner import execute_workflow
-from loopsq.executor import RunMetadata, SpawnInfo, execute_target
+from loopsq.engine.workspaces import hold_workspace, release_workspace
+from loopsq.executor import RunMetadata, SpawnInfo
 from loopsq.state.outages import is_transient
 from loopsq.state.runs import Claim, Refusal, RunStore
 
@@ -91,6 +94,10 @@ def _execute(rt: Runtime, claim: Claim, *, rearm: bool = True) -> tuple[LoopRun,
              run.attempt, f" rerun={run.rerun} (re-run after shutdown)" if run.rerun else "", run.source)
     held = rt.hold(run.id, claim.token, loop.lease_ms)
     crash_point("after_claim")
+    blocked = hold_workspace(rt, claim, held)  # None: no workspace, or its lease is ours
+    if blocked is not None:
+        rt.release(run.id)
+        return blocked, None
     # The run's JSON as this process last wrote it: transitions try it first instead of reading it back. (The
     # beat's lease renewal may change it meanwhile; a stale guess only costs a retry.)
     known = {"run": run.to_json()}
@@ -112,6 +119,7 @@ def _execute(rt: Runtime, claim: Claim, *, rearm: bool = True) -> tuple[LoopRun,
             crash_point("after_spawn")
 
         error: str | None
+        control: dict[str, object] = {}
         if loop.target.get("type") == "workflow":
             status, exit_code, stdout, stderr, error, pid, duration = _run_workflow_target(rt, loop, run, held.cancel,
                                                                                           on_spawn)
@@ -121,7 +129,8 @@ def _execute(rt: Runtime, claim: Claim, *, rearm: bool = True) -> tuple[LoopRun,
             metadata = RunMetadata(loop_id=loop.id, loop_name=loop.name, run_id=run.id,
                                    scheduled_for=run.scheduled_for, attempt=run.attempt)
             output = LiveWriter(rt.direct, rt.keys, run.id)
-            result = execute_target(loop.target, metadata, cancel=held.cancel, on_spawn=on_spawn, on_output=output)
+            result, control = execute_with_control(loop.target, metadata, cancel=held.cancel, on_spawn=on_spawn,
+                                                   on_output=output)
             output.close(result.status)
             status, exit_code, stdout, stderr, error, pid, duration = (
                 result.status, result.exit_code, result.stdout, result.stderr, result.error, result.pid,
@@ -140,11 +149,12 @@ def _execute(rt: Runtime, claim: Claim, *, rearm: bool = True) -> tuple[LoopRun,
         ended_at = timeutil.now()
         finished = rt.runs.finalize(
             run.id, claim.token, ended_at, status=status, exit_code=exit_code, duration_ms=duration,
-            stdout=stdout, stderr=stderr, error=error, pid=pid, known=(known["run"], loop.to_json()),
+            stdout=stdout, stderr=stderr, error=error, pid=pid, known=(known["run"], loop.to_json()), fields=control,
         ) or rt.runs.recorded_end(run.id, attempt=run.attempt, worker_id=rt.owner.worker_id, status=status,
                                   finished_at=ended_at)
     finally:
         rt.release(run.id)
+        release_workspace(rt, claim)
     if finished is None:
         log.warning("run %s lease lost before finalize; nothing written", run.id)
         return rt.runs.get(run.id) or run, None
@@ -216,6 +226,13 @@ def fire(rt: Runtime, loop_id: str) -> FireResult:
             if skipped is not None:
                 out.runs.append(skipped)
             continue
+        if current.gate is not None or current.workspace is not None:
+            stopped, row = precheck_slot(rt, current, slot, now, is_retry=is_retry, ends_backlog=slot == cut)
+            if stopped:
+                reread = True
+                out.skipped += 1 if row is not None else 0
+                out.runs.extend([row] if row is not None else [])
+                continue
         if active and current.overlap == "replace":
             for run_id in active:
                 rt.runs.request_cancel(run_id, f"{rules.REPLACED_ERROR}{slot_iso}")

@@ -25,6 +25,7 @@ from loopsq.domain.workflow_spec import execution_order
 from loopsq.engine import live
 from loopsq.engine.runtime import Runtime
 from loopsq.executor import ExecutorResult, RunMetadata, SpawnInfo, execute_target
+from loopsq.executor.gate import probe
 from loopsq.executor.preflight import step_target
 from loopsq.state.outages import is_transient
 from loopsq.state.workflow_run_state import DONE_STEP, StepEnd, WorkflowRunState
@@ -93,6 +94,8 @@ class _Execution:
         self.watch = rt.watch(state.run_id)
         self.step_cancels: dict[str, threading.Event] = {}
         self.attempted: set[str] = set()
+        #: Steps skipped by their own closed change gate, or by one upstream (``_gate_closed``).
+        self.gated: set[str] = set()
         self.terminal = "succeeded"
         self.blocking: str | None = None
         self.halted = False
@@ -220,6 +223,14 @@ class _Execution:
                 continue
             self.attempted.add(step_id)
             changed = True
+            if blocked is not None and blocked in self.gated:
+                self._flush()  # a closed change gate upstream: skipped too, and the run does not fail for it
+                self.gated.add(step_id)
+                with self.lock:
+                    self.store.skip_steps(self.state, [step_id], f"dependency gate closed: {blocked}", timeutil.now())
+                continue
+            if blocked is None and self._gate_closed(step_id):
+                continue
             if blocked is not None:
                 # The dependency gate skips the step and fails the run, but does not stop the others.
                 self._flush()
@@ -250,6 +261,24 @@ class _Execution:
                 return True
             futures[pool.submit(self._run_step, step_id, cancel)] = step_id
         return changed
+
+    def _gate_closed(self, step_id: str) -> bool:
+        """Probe the step's change gate, if it has one; a closed gate skips the step (its dependents follow) with
+        ``gate closed (exit N)``, and the run does not fail for it."""
+        gate = self.steps[step_id].get("gate")
+        if not gate:
+            return False
+        metadata = RunMetadata(loop_id=self.loop.get("id"), loop_name=self.loop.get("name"),
+                               workflow_id=str(self.spec["id"]), workflow_name=str(self.spec["name"]),
+                               workflow_run_id=self.state.run_id, workflow_step_id=step_id)
+        result = probe(gate, step_target(self.steps[step_id]), metadata)
+        if result.open:
+            return False
+        self._flush()
+        self.gated.add(step_id)
+        with self.lock:
+            self.store.skip_steps(self.state, [step_id], str(result.reason), timeutil.now())
+        return True
 
     def run(self) -> WorkflowOutcome:
         futures: dict[Future[ExecutorResult], str] = {}

@@ -54,11 +54,14 @@ class RunMetadata:
     workflow_step_id: str | None = None
     #: loopsq addition: the slot attempt (``LOOPS_ATTEMPT``), so a target can tell a retry from a first try.
     attempt: int | None = None
+    #: Where the target may write its control JSON (``LOOPS_CONTROL_FILE``, ``domain.control``).
+    control_file: str | None = None
 
     def env(self) -> dict[str, str]:
         """Return the ``LOOPS_*`` variables of the set fields."""
         pairs = (
             ("LOOPS_ATTEMPT", str(self.attempt) if self.attempt else None),
+            ("LOOPS_CONTROL_FILE", self.control_file),
             ("LOOPS_LOOP_ID", self.loop_id),
             ("LOOPS_LOOP_NAME", self.loop_name),
             ("LOOPS_RUN_ID", self.run_id),

@@ -54,11 +54,12 @@ def decode_cursor(cursor: str, param: str = "cursor") -> tuple[str, str]:
 
 def runs_page(conn: sqlite3.Connection, *, loop_id: str | None = None, loop_name: str | None = None,
               status: str | None = None, since: str | None = None, until: str | None = None,
-              cursor: str | None = None, limit: int = 50) -> Page:
-    """Loop runs newest first, created in ``[since, until)`` (ISO times), after ``cursor``."""
+              cursor: str | None = None, limit: int = 50, outcome: str | None = None) -> Page:
+    """Loop runs newest first, created in ``[since, until)`` (ISO times), after ``cursor``; ``outcome``: only runs
+    whose control file said it."""
     where: list[str] = []
     params: list[Any] = []
-    for column, value in (("loop_id", loop_id), ("loop_name", loop_name), ("status", status)):
+    for column, value in (("loop_id", loop_id), ("loop_name", loop_name), ("status", status), ("outcome", outcome)):
         if value is not None:
             where.append(f"{column} = ?")
             params.append(value)

@@ -61,11 +61,12 @@ def count_loops(conn: sqlite3.Connection, status: str | None = None) -> int:
 
 def list_runs(
     conn: sqlite3.Connection, loop_id: str | None = None, status: str | None = None, limit: int = 100,
-    loop_name: str | None = None,
+    loop_name: str | None = None, outcome: str | None = None,
 ) -> list[Entity]:
-    """Loop runs, newest ``created_at`` first, optionally of one loop (by id, or by the name the runs recorded)
-    and/or with one status."""
-    where, params = _where((("loop_id", loop_id), ("loop_name", loop_name), ("status", status)))
+    """Loop runs, newest ``created_at`` first, optionally of one loop (by id, or by the name the runs recorded),
+    with one status and/or with one control-file outcome."""
+    where, params = _where((("loop_id", loop_id), ("loop_name", loop_name), ("status", status),
+                            ("outcome", outcome)))
     sql = f"SELECT * FROM loop_runs{where} ORDER BY created_at DESC, id DESC LIMIT ?"
     return _all(conn, "loop_runs", sql, (*params, limit))
 

@@ -183,6 +183,25 @@ LOOPSQ_COLUMNS: tuple[tuple[str, str, str], ...] = (
     ("loop_runs", "rerun", "INTEGER"),
     ("loop_runs", "no_retry", "INTEGER"),
     ("workflow_specs", "max_parallel", "INTEGER"),
+    # Beyond the reference (issue 19): steering, gates, jitter, workspaces, outcomes.
+    ("loops", "steerable", "INTEGER"),
+    ("loops", "min_interval_ms", "INTEGER"),
+    ("loops", "max_interval_ms", "INTEGER"),
+    ("loops", "gate_json", "TEXT"),
+    ("loops", "jitter_ms", "INTEGER"),
+    ("loops", "workspace", "TEXT"),
+    ("loops", "workspace_wait_ms", "INTEGER"),
+    ("loops", "budget_runs_json", "TEXT"),
+    ("loops", "budget_cost_json", "TEXT"),
+    ("loops", "usage_json", "TEXT"),
+    ("loop_runs", "outcome", "TEXT"),
+    ("loop_runs", "control_json", "TEXT"),
+    ("loop_runs", "control_warning", "TEXT"),
+    ("loop_runs", "workspace", "TEXT"),
+    ("loop_runs", "workspace_fence", "INTEGER"),
+    ("loop_runs", "input_tokens", "INTEGER"),
+    ("loop_runs", "output_tokens", "INTEGER"),
+    ("loop_runs", "cost_usd", "REAL"),
 )
 
 _MIRRORED_TABLES = (
@@ -213,10 +232,11 @@ MIRRORED_COLUMNS: dict[str, tuple[str, ...]] = {
 }
 
 # Columns holding a boolean (stored 0/1; read back as false/true).
-BOOLEAN_COLUMNS = frozenset({"no_retry"})
+BOOLEAN_COLUMNS = frozenset({"no_retry", "steerable"})
 
 # Columns holding JSON text; the entity key drops the ``_json`` suffix.
-JSON_COLUMNS = frozenset({"schedule_json", "target_json", "steps_json", "payload_json", "previous_attempts_json"})
+JSON_COLUMNS = frozenset({"schedule_json", "target_json", "steps_json", "payload_json", "previous_attempts_json",
+                          "gate_json", "control_json", "budget_runs_json", "budget_cost_json", "usage_json"})
 
 
 @contextlib.contextmanager

@@ -1,4 +1,6 @@
-"""The ``loopsq up --demo`` example: a command loop every 10 s and a three-step workflow loop every 30 s."""
+"""The ``loopsq up --demo`` example: a command loop every 10 s, a three-step workflow loop every 30 s, and a
+steering loop: a fake agent that says ``no_op`` twice (asking for its next run 5 s later) and then ``done``, which
+stops its loop."""
 
 from __future__ import annotations
 
@@ -21,6 +23,16 @@ WORKFLOW_LOOP = "demo-workflow-loop"
 HELLO_COMMAND = "echo hello from loopsq"
 HELLO_EVERY_MS = 10_000
 WORKFLOW_EVERY_MS = 30_000
+STEERING_LOOP = "demo-steering"
+STEERING_EVERY_MS = 10_000
+#: The fake agent: counts its runs in a file of its own, writes its outcome to $LOOPS_CONTROL_FILE.
+STEERING_COMMAND = (
+    'f="${TMPDIR:-/tmp}/loopsq-demo-steering-$LOOPS_LOOP_ID"; n=$(( $(cat "$f" 2>/dev/null || echo 0) + 1 )); '
+    'echo $n > "$f"; if [ $n -lt 3 ]; then echo "fake agent: nothing to do (run $n)"; '
+    'printf \'{"outcome":"no_op","nextIn":"5s","note":"nothing new (run %s)"}\' $n > "$LOOPS_CONTROL_FILE"; '
+    'else echo "fake agent: all done"; rm -f "$f"; '
+    'printf \'{"outcome":"done","note":"finished after %s runs"}\' $n > "$LOOPS_CONTROL_FILE"; fi'
+)
 
 
 def _command(cmd: str) -> dict[str, Any]:
@@ -88,4 +100,8 @@ def create_demo(client: redis.Redis, now: datetime, keys: Keys | None = None) ->
     add_loop({"name": WORKFLOW_LOOP, "description": "loopsq up --demo: runs demo-workflow every 30 s",
               "schedule": _interval(WORKFLOW_EVERY_MS), "target": {"type": "workflow", "workflowId": spec["id"]}},
              f"every 30s: workflow {WORKFLOW}")
+    add_loop({"name": STEERING_LOOP, "description": "loopsq up --demo: a fake agent that steers its own loop",
+              "schedule": _interval(STEERING_EVERY_MS), "target": _command(STEERING_COMMAND), "steerable": True,
+              "minIntervalMs": 2_000},
+             "a fake agent: no_op twice, each asking for its next run in 5s, then done, which stops the loop")
     return said

@@ -106,6 +106,19 @@ class Keys:
         """Set: ids of a loop's running runs (what the overlap policy looks at)."""
         return self._k("loop", loop_id, "active")
 
+    def workspace(self, key: str) -> str:
+        """String: the workspace lease of ``key`` (``--workspace``): ``<run id>|<its lease token>|<fence>``; live
+        while that run's lease holds that token (``state.workspaces``)."""
+        return self._k("workspace", key)
+
+    def workspace_fence(self, key: str) -> str:
+        """String: the last fencing number handed out for workspace ``key`` (one more per acquisition)."""
+        return self._k("workspace", key, "fence")
+
+    def workspace_queue(self, key: str) -> str:
+        """Sorted set: runs waiting for workspace ``key`` (overlap allow), by when they started waiting."""
+        return self._k("workspace", key, "queue")
+
     def cancel(self, run_id: str) -> str:
         """String with a TTL: a request to cancel a running run; the value is the reason."""
         return self._k("cancel", run_id)

@@ -8,15 +8,17 @@ that requires the lease checks the token in the same script. A worker that lost 
 from __future__ import annotations
 
 import random
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 import redis
 
 from loopsq.domain import run_rules as rules
+from loopsq.domain.budget import account
 from loopsq.domain.models import Loop
 from loopsq.domain.run_rules import LoopRun
+from loopsq.domain.steering import steer
 from loopsq.domain.timeutil import gen_id, to_iso, to_ms
 from loopsq.errors import ConflictError
 from loopsq.state import durability, run_codec
@@ -371,7 +373,7 @@ class RunStore(LoopMoves):
             new_loop: Loop | None = None
             if loop_raw is not None:
                 loop = Loop.from_json(loop_raw)
-                advance = rules.after_finish(loop, final, now, rng)
+                advance = account(steer(rules.after_finish(loop, final, now, rng), final, now), final, now)
                 tx.expect(self.keys.loop(run.loop_id), loop_raw)
                 if advance.loop != loop:
                     new_loop = advance.loop
@@ -418,17 +420,19 @@ class RunStore(LoopMoves):
         pid: int | None,
         rng: random.Random | None = None,
         known: tuple[str, str] | None = None,
+        fields: Mapping[str, object] | None = None,
     ) -> tuple[LoopRun, Loop | None] | None:
         """Record a run's outcome and advance its loop, fenced by the lease. None: the lease was lost.
 
         ``known``: the run's and the loop's JSON as the caller last saw them (saves two reads when current).
+        ``fields``: further run fields to record (the control file's outcome, ``engine.steering``).
         """
 
         def build(run: LoopRun) -> LoopRun:
             return run.with_changes(
                 status=status, finished_at=to_iso(now), exit_code=exit_code, duration_ms=duration_ms,
                 stdout=stdout, stderr=stderr, error=error, pid=pid if pid is not None else run.pid,
-                lease_expires_at=None, updated_at=to_iso(now),
+                lease_expires_at=None, updated_at=to_iso(now), **(fields or {}),
             )
 
         return self._finish(run_id, f"run_{status}", now, build, token=token, rng=rng, known=known)

@@ -9,6 +9,7 @@ from fastapi import APIRouter, Body, Header, Path, Query
 from fastapi.responses import JSONResponse
 
 from loopsq.domain import limits
+from loopsq.domain.control import OUTCOMES
 from loopsq.domain.loop_spec import new_loop, show
 from loopsq.domain.models import LOOP_STATUSES
 from loopsq.domain.redaction import public_loop, public_run
@@ -28,8 +29,10 @@ router = APIRouter(prefix="/api")
 
 LoopStatus = Literal["active", "paused", "stopped", "expired"]
 RunStatus = Literal["running", "succeeded", "failed", "timed_out", "abandoned", "skipped"]
+RunOutcome = Literal["progress", "no_op", "done", "needs_human"]
 LoopRef = Annotated[str, Path(description="A loop's id or name.")]
 assert set(get_args(LoopStatus)) == set(LOOP_STATUSES) and set(get_args(RunStatus)) == set(RUN_STATUSES)
+assert set(get_args(RunOutcome)) == set(OUTCOMES)
 
 #: How long a trigger's idempotency key may be (the CLI's ``--key`` and the SDK's bound too).
 MAX_KEY_LENGTH = limits.MAX_IDEMPOTENCY_KEY_LENGTH
@@ -215,6 +218,8 @@ def list_runs(
     loop: Annotated[str | None, Query(description="Only runs of this loop (id or name; a removed loop's too).")]
     = None,
     status: Annotated[RunStatus | None, Query()] = None,
+    outcome: Annotated[RunOutcome | None, Query(description="Only runs whose control file said this outcome.")]
+    = None,
     since: Annotated[str | None, Query(max_length=64, description="Only runs created at or after this ISO time.")]
     = None,
     until: Annotated[str | None, Query(max_length=64, description="Only runs created before this ISO time.")]
@@ -236,7 +241,7 @@ def list_runs(
                 raise NotFoundError(f"loop not found: {shown(loop)}")
             owner = found
         rows = pages.runs_page(conn, status=status, since=start, until=end, cursor=cursor, limit=offset + limit,
-                               **owner)
+                               outcome=outcome, **owner)
     items = rows.items[offset:]
     more = rows.next_cursor is not None
     return JSONResponse({"items": [public_run(r, show_output) for r in items], "limit": limit, "offset": offset,

@@ -20,8 +20,10 @@ import zoneinfo
 from typing import Any
 
 from loopsq.domain import limits
+from loopsq.domain.budget import MAX_COST_USD, PERIODS
 from loopsq.domain.checks import INVISIBLE_CATEGORIES
 from loopsq.domain.cron import MACROS
+from loopsq.domain.jitter import JITTERED_TYPES, MAX_JITTER_MS
 from loopsq.domain.models import OVERLAP_POLICIES, RETRY_BACKOFFS
 from loopsq.domain.schedules import ANCHORS, CATCH_UP_POLICIES
 from loopsq.domain.targets import CONFIG_ISOLATIONS, PROMPT_VIAS, PROVIDERS, is_js_whitespace
@@ -92,6 +94,8 @@ def patterns() -> dict[str, str]:
         "workflowName": _name_pattern(js_ws),
         "noNul": f"^{no_nul}*$",
         "nonBlank": f"^{no_nul}*{solid}{no_nul}*$",
+        # Blank as Python's str.strip sees it (the server's own checks of an opencode model and of a gate).
+        "pyNonBlank": f"^{no_nul}*{char_class(sets['py_ws'] | {0}, negate=True)}{no_nul}*$",
         "noWhitespace": f"^{solid}+$",
         "cron": f"^(?:@(?:{macros})|{' '.join(field(v) for v in (minute, hour, dom, month, dow))})$",
         "stepId": f"^{limits.STEP_ID_PATTERN}$",
@@ -189,9 +193,12 @@ def _agent_target() -> dict[str, Any]:
         # agent name.
         "allOf": [
             {"if": {"required": ["provider"], "properties": {"provider": {"const": "opencode"}}},
-             "then": {"required": ["model"], "properties": {"model": _string(limits.MAX_WORD_LENGTH, "nonBlank")}}},
+             "then": {"required": ["model"], "properties": {"model": _string(limits.MAX_WORD_LENGTH, "pyNonBlank")}}},
             {"if": {"required": ["provider"], "properties": {"provider": {"enum": ["codex", "codewith"]}}},
              "then": {"properties": {"agent": {"type": "null"}}}},
+            # codewith agent start takes the prompt as an argument: no stdin.
+            {"if": {"required": ["provider"], "properties": {"provider": {"const": "codewith"}}},
+             "then": {"properties": {"promptVia": {"enum": ["argv", None]}}}},
         ],
     }
 
@@ -223,8 +230,10 @@ def _schedules() -> dict[str, dict[str, Any]]:
     return {
         "ScheduleOnce": {"type": "object", "required": ["type", "at"], "properties": {
             "type": {"const": "once"},
-            "at": _string(limits.MAX_TIME_LENGTH, format="date-time",
-                          description="A past time runs at once; a time without offset is read in timezone.")}},
+            # 0001-01-01 with a positive offset falls before the first instant a datetime can hold (UTC).
+            "at": {**_string(limits.MAX_TIME_LENGTH, format="date-time",
+                             description="A past time runs at once; a time without offset is read in timezone."),
+                   "pattern": "^(?!0001-01-01)"}}},
         "ScheduleInterval": {"type": "object", "required": ["type", "everyMs"], "properties": {
             "type": {"const": "interval"}, "everyMs": every, "anchor": _enum(ANCHORS)}},
         "ScheduleCron": {"type": "object", "required": ["type", "expression"], "properties": {
@@ -233,6 +242,37 @@ def _schedules() -> dict[str, dict[str, Any]]:
                                   description="5 fields or a macro; see the module doc for the subset.")}},
         "ScheduleDynamic": {"type": "object", "required": ["type"], "properties": {
             "type": {"const": "dynamic"}, "minIntervalMs": {**every, "type": ["integer", "null"]}}},
+    }
+
+
+def feature_properties() -> dict[str, Any]:
+    """The loop create body's steering and gate fields (``domain.loop_features``)."""
+    interval = _int(limits.MIN_EVERY_MS, limits.MAX_MS, nullable=True)
+    gate = {"type": "object", "required": ["command"], "additionalProperties": False, "properties": {
+        "command": _string(limits.MAX_COMMAND_LENGTH, "pyNonBlank", minLength=1,
+                           description="Run through /bin/sh -c before each scheduled slot; exit 0 opens the gate."),
+        "timeoutMs": _int(1, limits.MAX_MS, nullable=True, description="Default 60000.")}}
+    return {
+        "steerable": {"type": ["boolean", "null"],
+                      "description": "The run's control file may move the next slot (nextIn)."},
+        "minIntervalMs": {**interval, "description": "Shortest nextIn (default 1000); needs steerable true."},
+        "maxIntervalMs": {**interval, "description": "Longest nextIn (below minIntervalMs: minIntervalMs); needs steerable."},
+        "gate": _nullable(gate),
+        "workspace": _nullable(_string(limits.MAX_WORD_LENGTH, "loopName", minLength=1,
+                                       description="Loops and steps sharing this key never run at once.")),
+        "workspaceWaitMs": _int(1, limits.MAX_MS, nullable=True,
+                                description="How long an overlap-allow run waits for its busy workspace (600000)."),
+        "budgetRuns": _nullable({"type": "object", "required": ["limit", "per"], "additionalProperties": False,
+                                 "properties": {"limit": _int(1, limits.MAX_COUNT), "per": _enum(PERIODS, nullable=False)},
+                                 "description": "Pause the loop once this many runs ran in the UTC day or ISO week."}),
+        "budgetCost": _nullable({"type": "object", "required": ["limit", "per"], "additionalProperties": False,
+                                 "properties": {"limit": {"type": "number", "exclusiveMinimum": 0,
+                                                          "maximum": MAX_COST_USD},
+                                                "per": _enum(PERIODS, nullable=False)},
+                                 "description": "Pause the loop once its runs cost this much USD in the window."}),
+        "jitterMs": _int(1, MAX_JITTER_MS, nullable=True,
+                         description="Spread the slots by a deterministic per-loop offset below this (interval and "
+                                     "cron schedules)."),
     }
 
 
@@ -265,7 +305,16 @@ def components() -> dict[str, dict[str, Any]]:
             "leaseMs": _int(limits.MIN_LEASE_MS, limits.MAX_MS, nullable=True),
             "expiresAt": _nullable(_string(limits.MAX_TIME_LENGTH, format="date-time")),
             "pauseAfterFailures": count,
+            **feature_properties(),
         },
+        # ``minIntervalMs``/``maxIntervalMs`` only with ``steerable: true`` (``domain.loop_features``).
+        "allOf": [{"if": {"required": ["workspaceWaitMs"], "properties": {"workspaceWaitMs": {"type": "integer"}}},
+                   "then": {"required": ["workspace"], "properties": {"workspace": {"type": "string"}}}},
+                  {"if": {"required": ["jitterMs"], "properties": {"jitterMs": {"type": "integer"}}},
+                   "then": {"properties": {"schedule": {"properties": {"type": {"enum": list(JITTERED_TYPES)}}}}}},
+                  {"if": {"anyOf": [{"required": [key], "properties": {key: {"type": "integer"}}}
+                                    for key in ("minIntervalMs", "maxIntervalMs")]},
+                   "then": {"required": ["steerable"], "properties": {"steerable": {"const": True}}}}],
     }
     step = {
         "type": "object",
@@ -278,6 +327,7 @@ def components() -> dict[str, dict[str, Any]]:
             "continueOnFailure": {"type": ["boolean", "null"]},
             "timeoutMs": _timeouts()["timeoutMs"],
             "account": _account(),
+            "gate": feature_properties()["gate"],
         },
     }
     workflow_create = {

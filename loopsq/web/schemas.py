@@ -14,6 +14,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from loopsq.domain.agent_options import PERMISSION_MODES, SANDBOXES
+from loopsq.domain.control import OUTCOMES
 from loopsq.domain.limits import MAX_REASON_LENGTH
 from loopsq.domain.models import LOOP_STATUSES
 from loopsq.domain.run_rules import RUN_STATUSES
@@ -51,6 +52,16 @@ class LoopOut(Entity):
     nextRunAt: str | None = None
     archivedAt: str | None = Field(None, description="When the loop was archived (absent: not archived).")
     archivedFromStatus: str | None = Field(None, description="The status unarchive restores.")
+    steerable: bool | None = Field(None, description="A run's control file may move the next slot (nextIn).")
+    minIntervalMs: int | None = None
+    maxIntervalMs: int | None = None
+    gate: dict[str, Any] | None = Field(None, description="The probe before each scheduled slot.")
+    jitterMs: int | None = Field(None, description="The spread of the slots; the offset is schedule.offsetMs.")
+    workspace: str | None = Field(None, description="Loops sharing this key never run at once.")
+    workspaceWaitMs: int | None = None
+    budgetRuns: dict[str, Any] | None = Field(None, description="{limit, per: day|week}: runs per window.")
+    budgetCost: dict[str, Any] | None = Field(None, description="{limit (USD), per: day|week}: cost per window.")
+    usage: dict[str, Any] | None = Field(None, description="Runs, tokens and cost of the current day and week.")
     createdAt: str
     updatedAt: str
 
@@ -81,6 +92,15 @@ class RunOut(Entity):
     )
     rerun: int | None = Field(None, description="Re-runs of this attempt after a worker shutdown gave it up.")
     noRetry: bool | None = Field(None, description="The caller asked that this run not be retried.")
+    outcome: str | None = Field(None, description="What the run's control file said its outcome was.",
+                                json_schema_extra={"enum": [*OUTCOMES, None]})
+    control: dict[str, Any] | None = Field(None, description="The run's control file: outcome, nextInMs, stop, note.")
+    controlWarning: str | None = Field(None, description="Why the run's control file was ignored (malformed).")
+    workspace: str | None = Field(None, description="The workspace lease the run held.")
+    workspaceFence: int | None = Field(None, description="The workspace lease's fencing number.")
+    inputTokens: int | None = Field(None, description="Input tokens the agent reported (cached input included).")
+    outputTokens: int | None = Field(None, description="Output tokens the agent reported.")
+    costUsd: float | None = Field(None, description="Cost in USD the agent reported.")
 
 
 class Page(BaseModel):

@@ -372,11 +372,35 @@ def test_other_commands_find_the_embedded_redis_and_see_demo_runs_within_15_seco
     runs = wait_for_runs(env, "demo-hello", timeout=10, status="succeeded")
     assert {r["loopName"] for r in runs} == {"demo-hello"}
     listed = loopsq(env, "list").stdout
-    # Sorted: `list` orders by next run, and demo-hello's (every 10s) passes demo-workflow-loop's (every 30s) when
-    # this runs 20-30s after `up` started (a loaded machine, a parallel run).
-    assert sorted(line.split()[-1] for line in listed.splitlines()) == ["demo-hello", "demo-workflow-loop"]
+    # Sorted: `list` orders by next run, which changes as the loops run (a loaded machine, a parallel run).
+    assert sorted(line.split()[-1] for line in listed.splitlines()) == ["demo-hello", "demo-steering",
+                                                                        "demo-workflow-loop"]
     workflows = loopsq(env, "workflows", "list").stdout
     assert workflows.split()[1:] == ["active", "steps=3", "demo-workflow"]
+
+
+@pytest.mark.integration
+def test_the_demo_steering_loop_says_no_op_twice_then_done_and_stops_itself(
+    demo: tuple[Up, dict[str, str], float],
+) -> None:
+    up, env, _started = demo
+    assert re.search(r"^up \| demo: created loop demo-steering \(a fake agent: no_op twice, each asking for its next "
+                     r"run in 5s, then done, which stops the loop\) next=\S+Z$", up.text(), re.MULTILINE)
+    deadline = time.monotonic() + 60
+    while True:
+        shown = json.loads(loopsq(env, "show", "demo-steering").stdout)
+        if shown["status"] == "stopped" or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    assert shown["status"] == "stopped", shown
+    runs = list(reversed(wait_for_runs(env, "demo-steering", timeout=5)))
+    assert [r.get("outcome") for r in runs] == ["no_op", "no_op", "done"]
+    assert shown["statusReason"] == f"stopped by run {runs[-1]['id']} (done): finished after 3 runs"
+    # The second run came 5 s after the first ended (nextIn), not at the loop's 10 s interval.
+    from loopsq.domain.timeutil import from_iso
+
+    gap = (from_iso(str(runs[1]["scheduledFor"])) - from_iso(str(runs[0]["finishedAt"]))).total_seconds()
+    assert gap == 5, runs
 
 
 @pytest.mark.integration

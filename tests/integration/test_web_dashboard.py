@@ -191,3 +191,13 @@ def test_the_browser_draws_the_workflow_dag_with_each_steps_state(served: str, r
         finally:
             browser.close()
     assert problems == []
+
+
+def test_a_run_page_shows_its_outcome_usage_and_workspace(client: TestClient, real_redis: redis.Redis) -> None:
+    put_run(real_redis, "r9", "l1", "2026-01-01T00:00:00.000Z", outcome="needs_human",
+            control={"outcome": "needs_human", "note": "conflict <main>"}, inputTokens=120, outputTokens=30,
+            costUsd=0.4, workspace="repo", workspaceFence=7)
+    page = client.get("/runs/r9").text
+    assert '<dd id="outcome">needs_human · conflict &lt;main&gt;</dd>' in page
+    assert '<dd id="usage">in 120 · out 30 tokens · $0.4000</dd>' in page
+    assert "repo (fence 7)" in page

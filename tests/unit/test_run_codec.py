@@ -36,7 +36,7 @@ def at(second: int) -> datetime:
 def run(status: str, stdout: str = PAGE) -> LoopRun:
     return LoopRun(id="r1", loop_id="l1", loop_name="n", scheduled_for="2026-01-01T00:00:00.000Z", attempt=1,
                    status=status, created_at="2026-01-01T00:00:00.000Z", updated_at="2026-01-01T00:00:00.000Z",
-                   stdout=stdout, extra={"outcome": "done"})
+                   stdout=stdout, extra={"verdict": "done"})
 
 
 @pytest.fixture
@@ -48,7 +48,7 @@ def test_a_settled_run_is_compressed_and_reads_back_whole() -> None:
     stored = run_codec.encode(run("succeeded"))
     assert isinstance(stored, bytes) and len(stored) < len(run("succeeded").to_json()) / 2
     assert run_codec.decode(stored) == run("succeeded")
-    assert run_codec.decode(stored).extra == {"outcome": "done"}  # fields it does not know survive too
+    assert run_codec.decode(stored).extra == {"verdict": "done"}  # fields it does not know survive too
 
 
 def test_a_running_or_short_run_stays_json() -> None:
