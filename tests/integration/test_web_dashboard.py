@@ -201,3 +201,20 @@ def test_a_run_page_shows_its_outcome_usage_and_workspace(client: TestClient, re
     assert '<dd id="outcome">needs_human · conflict &lt;main&gt;</dd>' in page
     assert '<dd id="usage">in 120 · out 30 tokens · $0.4000</dd>' in page
     assert "repo (fence 7)" in page
+
+
+def test_a_loop_page_shows_usage_per_run_the_window_totals_and_the_budget(
+        client: TestClient, real_redis: redis.Redis) -> None:
+    now = timeutil.now()
+    body = {**loop_body(), "budgetCost": {"limit": 2.5, "per": "day"}, "budgetRuns": {"limit": 40, "per": "week"}}
+    loop = LoopStore(real_redis).create(new_loop(body, now))
+    usage = {"day": {"start": "2026-12-01", "runs": 2, "inputTokens": 300, "outputTokens": 70, "costUsd": 0.9},
+             "week": {"start": "2026-11-30", "runs": 5, "inputTokens": 800, "outputTokens": 150, "costUsd": 1.75}}
+    LoopStore(real_redis).update(loop.id, "loop_updated", now, lambda stored: stored.with_changes(usage=usage))
+    put_run(real_redis, "u1", loop.id, "2026-12-01T00:00:00.000Z", loopName=loop.name, inputTokens=120,
+            outputTokens=30, costUsd=0.4)
+    page = client.get(f"/loops/{loop.id}").text
+    assert ('<dd id="usage"><span class="usage-day">day from 2026-12-01: 2 runs · in 300 · out 70 tokens · $0.90</span>; '
+            '<span class="usage-week">week from 2026-11-30: 5 runs · in 800 · out 150 tokens · $1.75</span></dd>') in page
+    assert '<dd id="budget">40 runs/week; $2.50/day</dd>' in page
+    assert '<td class="usage">in 120 · out 30 · $0.4000</td>' in page
