@@ -97,6 +97,20 @@ def workspace_fields(body: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
+def step_workspace_fields(step: dict[str, Any], label: str) -> dict[str, Any]:
+    """A workflow step's ``workspace`` and ``workspaceWaitMs``, checked as a loop's are and named by the step
+    (``steps[0].workspace must be …``); absent ones are dropped from ``step``."""
+    for name in ("workspace", "workspaceWaitMs"):
+        if step.get(name) is None:
+            step.pop(name, None)
+    try:
+        fields = workspace_fields(step)
+    except ValidationError as exc:
+        raise ValidationError(f"{label}.{exc}") from None
+    return {"workspace": fields["workspace"], **({"workspaceWaitMs": fields["workspace_wait_ms"]}
+                                                  if "workspace_wait_ms" in fields else {})} if fields else {}
+
+
 def feature_fields(body: Mapping[str, Any]) -> dict[str, Any]:
     """Every beyond-the-reference field of a create request, as ``Loop`` keyword arguments."""
     out = steering_fields(body)

@@ -26,7 +26,7 @@ from typing import Any
 from loopsq.domain import limits
 from loopsq.domain.agent_options import with_creation_defaults
 from loopsq.domain.checks import check_length, check_visible, whole
-from loopsq.domain.loop_features import validate_gate
+from loopsq.domain.loop_features import step_workspace_fields, validate_gate
 from loopsq.domain.targets import (
     is_positive_int,
     js_trim,
@@ -97,6 +97,7 @@ def _normalise_step(raw: Any, index: int, seen: set[str]) -> dict[str, Any]:
         step["gate"] = validate_gate(step["gate"], f"{label}.gate")  # a per-step change gate (executor.gate)
     else:
         step.pop("gate", None)
+    step.update(step_workspace_fields(step, label))  # a per-step workspace lease (engine.step_workspaces)
     return step
 
 

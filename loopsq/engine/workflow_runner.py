@@ -24,6 +24,7 @@ from loopsq.domain import timeutil
 from loopsq.domain.workflow_spec import execution_order
 from loopsq.engine import live
 from loopsq.engine.runtime import Runtime
+from loopsq.engine.step_workspaces import step_workspace
 from loopsq.executor import ExecutorResult, RunMetadata, SpawnInfo, execute_target
 from loopsq.executor.gate import probe
 from loopsq.executor.preflight import step_target
@@ -146,6 +147,18 @@ class _Execution:
             if self.on_spawn is not None:
                 self.on_spawn(info)
 
+        workspace = step.get("workspace")
+        if workspace is not None:  # held while the step runs; a busy one that stays busy fails the step
+            with step_workspace(self.rt.runs, str(workspace), self.state.run_id, step_id,
+                                wait_ms=step.get("workspaceWaitMs"), cancel=cancel) as busy:
+                if busy is not None:
+                    now = timeutil.to_iso(timeutil.now())
+                    return ExecutorResult("failed", None, "", "", busy, None, now, now, 0)
+                return self._execute(step_id, target, metadata, cancel, spawned)
+        return self._execute(step_id, target, metadata, cancel, spawned)
+
+    def _execute(self, step_id: str, target: dict[str, Any], metadata: RunMetadata, cancel: threading.Event,
+                 spawned: Callable[[SpawnInfo], None]) -> ExecutorResult:
         on_output = live.LiveWriter(self.rt.direct, self.rt.keys, self.state.run_id, step_id)
         try:
             result = execute_target(target, metadata, cancel=cancel, on_spawn=spawned, on_output=on_output)

@@ -33,7 +33,11 @@ RETRY_DEFER = timedelta(seconds=1)
 
 
 def busy_error(key: str, holder_run: str) -> str:
-    """``workspace busy: KEY (held by run <id>)``."""
+    """``workspace busy: KEY (held by run <id>)``, or ``(held by step <step> of workflow run <id>)`` when a workflow
+    step holds it (``engine.step_workspaces``)."""
+    if holder_run.startswith("step:") and holder_run.count(":") >= 2:
+        _, workflow_run, step = holder_run.split(":", 2)
+        return f"workspace busy: {key} (held by step {step} of workflow run {workflow_run})"
     return f"workspace busy: {key} (held by run {holder_run})"
 
 

@@ -8,6 +8,10 @@ fenced by the acquirer's own run lease) that also records the workspace and a fe
 acquisition, ``keys.workspace_fence``) on the run; a stale holder's value is replaced only if it is still the one
 seen (compare-and-set). Release is a compare-and-delete of our own value. Runs that wait (overlap ``allow``)
 queue in ``keys.workspace_queue(KEY)``, oldest first, so that waiting is fair.
+
+A workflow step (``engine.step_workspaces``) is a holder with a lease of its own, ``keys.lease(step:<run>:<step>)``,
+which its runner sets and beats (``hold_own_lease``); ``acquire_as`` takes a workspace for such a holder, fenced
+by that lease, with the same compare-and-set on a dead holder's value, and records no run.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from datetime import datetime
 import redis
 
 from loopsq.domain.run_rules import LoopRun
+from loopsq.domain.timeutil import now as _now
 from loopsq.domain.timeutil import to_iso, to_ms
 from loopsq.state import run_codec
 from loopsq.state.commit import Tx
@@ -25,6 +30,10 @@ from loopsq.state.run_moves import _s
 from loopsq.state.runs import RunStore
 
 MAX_RETRIES = 50
+
+
+def to_iso_now() -> str:
+    return to_iso(_now())
 
 
 @dataclass(frozen=True)
@@ -138,6 +147,58 @@ class WorkspaceLeases:
                 return True
             except redis.WatchError:
                 return False
+
+    # -- holders that are not loop runs: workflow steps ---------------------------------------------------------
+    def hold_own_lease(self, holder_id: str, token: str, lease_ms: int) -> bool:
+        """Set or renew ``holder_id``'s own lease (``keys.lease(holder_id)`` = ``token``, ``lease_ms``): a workflow
+        step's, which its runner beats while it waits for a workspace and while it holds one. False: it was lost
+        (expired and taken by nobody, or never ours), and is not re-made."""
+        lease = self.keys.lease(holder_id)
+        current = _s(self.client.get(lease))
+        if current not in (None, token):
+            return False
+        if current is None:
+            return bool(self.client.set(lease, token, px=lease_ms, nx=True))
+        tx = Tx("workspace_lease_renewed", to_iso_now()).expect(lease, token).set(lease, token, px=lease_ms)
+        return self.store.committer.commit(tx).ok
+
+    def drop_own_lease(self, holder_id: str, token: str) -> None:
+        """Delete ``holder_id``'s own lease if it is still ours."""
+        lease = self.keys.lease(holder_id)
+        self.store.committer.commit(Tx("workspace_lease_dropped", to_iso_now()).expect(lease, token).delete_key(lease))
+
+    def acquire_as(self, key: str, holder_id: str, token: str, now: datetime) -> tuple[int | None, Holder | None]:
+        """Take ``key`` for a holder with its own lease (``hold_own_lease``) unless a live holder has it:
+        ``(fence, None)`` when taken, ``(None, holder)`` when busy, ``(None, None)`` when our own lease is lost.
+        One transition (``workspace_acquired``), fenced by our lease, compare-and-set on a dead holder's value."""
+        ws_key, fence_key, lease_key = self.keys.workspace(key), self.keys.workspace_fence(key), self.keys.lease(holder_id)
+        for _ in range(MAX_RETRIES):
+            pipe = self.client.pipeline(transaction=False)
+            pipe.get(ws_key)
+            pipe.get(fence_key)
+            value_reply, fence_reply = pipe.execute()
+            value, fence_raw = _s(value_reply), _s(fence_reply)
+            holder_lease: str | None = None
+            if value is not None:
+                holder_lease = _s(self.client.get(self.keys.lease(value.split("|", 1)[0])))
+                holder = Holder.parse(value, holder_lease)
+                if holder.run_id == holder_id and holder.token == token:
+                    return holder.fence, None  # ours already (a resent acquisition)
+                if holder.live:
+                    return None, holder
+            fence = int(fence_raw or 0) + 1
+            tx = (Tx("workspace_acquired", to_iso(now)).expect(lease_key, token).expect(ws_key, value)
+                  .expect(fence_key, fence_raw))
+            if value is not None:
+                tx.expect(self.keys.lease(value.split("|", 1)[0]), holder_lease)  # still dead as seen
+            tx.set(ws_key, f"{holder_id}|{token}|{fence}").set(fence_key, str(fence)).zrem(
+                self.keys.workspace_queue(key), holder_id)
+            result = self.store.committer.commit(tx)
+            if result.ok:
+                return fence, None
+            if result.failed_guard == 0:
+                return None, None
+        return None, None
 
     # -- the fair queue ----------------------------------------------------------------------------------------
     def enqueue(self, key: str, run_id: str, now: datetime) -> None:

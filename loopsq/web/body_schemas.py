@@ -328,7 +328,12 @@ def components() -> dict[str, dict[str, Any]]:
             "timeoutMs": _timeouts()["timeoutMs"],
             "account": _account(),
             "gate": feature_properties()["gate"],
+            "workspace": feature_properties()["workspace"],
+            "workspaceWaitMs": {**feature_properties()["workspaceWaitMs"],
+                                "description": "How long the step waits for its busy workspace (600000)."},
         },
+        "allOf": [{"if": {"required": ["workspaceWaitMs"], "properties": {"workspaceWaitMs": {"type": "integer"}}},
+                   "then": {"required": ["workspace"], "properties": {"workspace": {"type": "string"}}}}],
     }
     workflow_create = {
         "type": "object",

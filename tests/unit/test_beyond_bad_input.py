@@ -172,3 +172,32 @@ def test_bad_backfill_input_gets_one_line_exit_2_and_runs_nothing(loops_cli: Cli
     result = loops_cli.run(*args)
     assert (result.exit_code, result.stderr, result.stdout) == (2, f"error: {message}\n", "")
     assert loops_cli.state() == before
+
+
+STEP_CASES = [
+    ({"workspace": ""}, 'workflow.steps[0].workspace must be a non-empty string, got ""'),
+    ({"workspace": 7}, "workflow.steps[0].workspace must be a non-empty string, got 7"),
+    ({"workspaceWaitMs": 5}, "workflow.steps[0].workspaceWaitMs requires a workspace, got 5"),
+    ({"workspace": "repo", "workspaceWaitMs": 0}, "workflow.steps[0].workspaceWaitMs must be a positive integer, got 0"),
+]
+
+
+@pytest.mark.parametrize(("extra", "message"), STEP_CASES, ids=[m[:50] for _, m in STEP_CASES])
+def test_bad_step_workspace_fields_name_the_step_field_and_the_value(extra: dict[str, Any], message: str) -> None:
+    from loopsq.domain.workflow_spec import workflow_body_from_json
+
+    body = {"name": "w", "steps": [{"id": "a", "target": {"type": "command", "command": "true"}, **extra}]}
+    with pytest.raises(ValidationError) as info:
+        workflow_body_from_json(body)
+    assert info.value.message == message
+
+
+def test_a_step_workspace_is_stored_trimmed_with_its_wait() -> None:
+    from loopsq.domain.workflow_spec import workflow_body_from_json
+
+    body = {"name": "w", "steps": [{"id": "a", "target": {"type": "command", "command": "true"},
+                                    "workspace": " repo ", "workspaceWaitMs": 5000},
+                                   {"id": "b", "target": {"type": "command", "command": "true"}, "workspace": None}]}
+    steps = workflow_body_from_json(body)["steps"]
+    assert (steps[0]["workspace"], steps[0]["workspaceWaitMs"]) == ("repo", 5000)
+    assert "workspace" not in steps[1]
