@@ -45,7 +45,7 @@ def step_workspace(store: RunStore, key: str, workflow_run_id: str, step_id: str
     """Hold ``key`` for the step while the block runs. Yields None when held, or the error the step fails with."""
     holder, token = holder_id(workflow_run_id, step_id), gen_id()
     leases = WorkspaceLeases(store)
-    if not leases.hold_own_lease(holder, token, STEP_LEASE_MS):
+    if not leases.take_own_lease(holder, token, STEP_LEASE_MS):
         yield f"workspace {key}: could not take the step's own lease"
         return
     stop = threading.Event()
@@ -53,7 +53,7 @@ def step_workspace(store: RunStore, key: str, workflow_run_id: str, step_id: str
     def beat() -> None:
         while not stop.wait(STEP_LEASE_MS / 3000):
             try:
-                if not leases.hold_own_lease(holder, token, STEP_LEASE_MS):
+                if not leases.renew_own_lease(holder, token, STEP_LEASE_MS):
                     log.warning("step %s lost its workspace lease of %s", holder, key)
                     return
             except redis.RedisError as exc:  # an outage: the lease outlives a short one; try again next beat

@@ -10,7 +10,7 @@ seen (compare-and-set). Release is a compare-and-delete of our own value. Runs t
 queue in ``keys.workspace_queue(KEY)``, oldest first, so that waiting is fair.
 
 A workflow step (``engine.step_workspaces``) is a holder with a lease of its own, ``keys.lease(step:<run>:<step>)``,
-which its runner sets and beats (``hold_own_lease``); ``acquire_as`` takes a workspace for such a holder, fenced
+which its runner sets and beats (``take_own_lease``, ``renew_own_lease``); ``acquire_as`` takes a workspace for such a holder, fenced
 by that lease, with the same compare-and-set on a dead holder's value, and records no run.
 """
 
@@ -149,16 +149,14 @@ class WorkspaceLeases:
                 return False
 
     # -- holders that are not loop runs: workflow steps ---------------------------------------------------------
-    def hold_own_lease(self, holder_id: str, token: str, lease_ms: int) -> bool:
-        """Set or renew ``holder_id``'s own lease (``keys.lease(holder_id)`` = ``token``, ``lease_ms``): a workflow
-        step's, which its runner beats while it waits for a workspace and while it holds one. False: it was lost
-        (expired and taken by nobody, or never ours), and is not re-made."""
+    def take_own_lease(self, holder_id: str, token: str, lease_ms: int) -> bool:
+        """Set ``holder_id``'s own lease (``keys.lease(holder_id)`` = ``token`` for ``lease_ms``; SET NX): a
+        workflow step's, which its runner beats (``renew_own_lease``) while it waits for a workspace and holds one."""
+        return bool(self.client.set(self.keys.lease(holder_id), token, px=lease_ms, nx=True))
+
+    def renew_own_lease(self, holder_id: str, token: str, lease_ms: int) -> bool:
+        """Compare-and-extend ``holder_id``'s own lease. False: it was lost, and is not re-made."""
         lease = self.keys.lease(holder_id)
-        current = _s(self.client.get(lease))
-        if current not in (None, token):
-            return False
-        if current is None:
-            return bool(self.client.set(lease, token, px=lease_ms, nx=True))
         tx = Tx("workspace_lease_renewed", to_iso_now()).expect(lease, token).set(lease, token, px=lease_ms)
         return self.store.committer.commit(tx).ok
 
@@ -168,7 +166,7 @@ class WorkspaceLeases:
         self.store.committer.commit(Tx("workspace_lease_dropped", to_iso_now()).expect(lease, token).delete_key(lease))
 
     def acquire_as(self, key: str, holder_id: str, token: str, now: datetime) -> tuple[int | None, Holder | None]:
-        """Take ``key`` for a holder with its own lease (``hold_own_lease``) unless a live holder has it:
+        """Take ``key`` for a holder with its own lease (``take_own_lease``) unless a live holder has it:
         ``(fence, None)`` when taken, ``(None, holder)`` when busy, ``(None, None)`` when our own lease is lost.
         One transition (``workspace_acquired``), fenced by our lease, compare-and-set on a dead holder's value."""
         ws_key, fence_key, lease_key = self.keys.workspace(key), self.keys.workspace_fence(key), self.keys.lease(holder_id)
