@@ -224,7 +224,7 @@ class SelfTimer:
 def breakdown(b: Bench, k: int) -> tuple[float, SelfTimer]:
     """One instrumented burst of k loopsq runs."""
     import worker.jobs
-    from loopsq.engine import runner, timers
+    from loopsq.engine import runner, steering, timers
     from loopsq.state.loops import LoopStore
     from loopsq.state.runs import RunStore
 
@@ -238,7 +238,7 @@ def breakdown(b: Bench, k: int) -> tuple[float, SelfTimer]:
     st.wrap(runner, "ensure_timer", "runner.ensure_timer (arm/disarm)")
     st.wrap(timers, "arm", "timers.arm")
     st.wrap(timers, "take_fire", "timers.take_fire")
-    st.wrap(runner, "execute_target", "execute_target (spawn+wait true)")
+    st.wrap(steering, "execute_target", "execute_target (spawn+wait true)")
     st.wrap(RunStore, "mark_started", "RunStore.mark_started")
     st.wrap(RunStore, "finalize", "RunStore.finalize")
     try:

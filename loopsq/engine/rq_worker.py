@@ -4,6 +4,9 @@ of the job it runs, tells loopsq when a warm shutdown starts, and rides out Redi
 - ``_JobBeat`` renews RQ's heartbeats of the running job, which RQ's ``SimpleWorker`` does not do by itself.
 - RQ's bookkeeping around a job (its end, its failure) is retried until Redis is back, so a job that ran is
   recorded as RQ would record it; writes RQ only displays (worker state, heartbeat) are skipped meanwhile.
+- A job kept for no time (``result_ttl=0``: timer fire jobs) is deleted in one script queued in RQ's own
+  end-of-job transaction (``_LeanJob``), where RQ's ``Job.delete`` first reads its status three times and its
+  executions twice: nine round trips a job, a third of a lone fire's.
 - RQ's own per-try "could not connect" lines go to the process's ``OutageLog`` instead (one line per outage).
   When RQ's loop quits on a Redis failure anyway, ``work`` says so, and the caller waits for Redis, ``restart``s
   and works again under the same name (the same worker id, so its runs stay its own).
@@ -20,7 +23,16 @@ from typing import Any
 import redis
 from rq import Queue, SimpleWorker
 from rq.exceptions import StopRequested
+from rq.executions import Execution, ExecutionRegistry
 from rq.job import Job
+from rq.registry import (
+    CanceledJobRegistry,
+    DeferredJobRegistry,
+    FailedJobRegistry,
+    FinishedJobRegistry,
+    ScheduledJobRegistry,
+    StartedJobRegistry,
+)
 
 from loopsq.engine.timers import queue
 from loopsq.state.outages import OutageLog, is_transient, ride
@@ -62,10 +74,46 @@ class _JobBeat:
             pass
 
 
+# What RQ's ``Job.delete(remove_from_queue=False)`` does, without reading first: every execution of the job (its
+# hash, its member in the started registry), the executions registry, the job's member in each other registry of
+# its queue (RQ removes it from the one its status names; ZREM of an absent member changes nothing), and the job's
+# hash, dependents and dependencies keys. KEYS: job, dependents, dependencies, executions, started, the others.
+# ARGV: the execution hash prefix of the job, the job id.
+_LEAN_DELETE = """
+for _, eid in ipairs(redis.call('ZRANGE', KEYS[4], 0, -1)) do
+  redis.call('DEL', ARGV[1] .. eid)
+  redis.call('ZREM', KEYS[5], ARGV[2] .. ':' .. eid)
+end
+redis.call('DEL', KEYS[4])
+for i = 6, #KEYS do redis.call('ZREM', KEYS[i], ARGV[2]) end
+redis.call('DEL', KEYS[1], KEYS[2], KEYS[3])
+return 1
+"""
+
+_OTHER_REGISTRIES = (FinishedJobRegistry, DeferredJobRegistry, ScheduledJobRegistry, FailedJobRegistry,
+                     CanceledJobRegistry)
+
+
+class _LeanJob(Job):
+    """RQ's job, deleted without reads when that happens inside a transaction (see ``_LEAN_DELETE``)."""
+
+    def delete(self, pipeline: Any = None, remove_from_queue: bool = True, delete_dependents: bool = False) -> None:
+        if pipeline is None or remove_from_queue or delete_dependents or self.group_id:
+            super().delete(pipeline=pipeline, remove_from_queue=remove_from_queue,
+                           delete_dependents=delete_dependents)
+            return
+        keys = [self.key, self.dependents_key, self.dependencies_key, ExecutionRegistry.key_template.format(self.id),
+                StartedJobRegistry.key_template.format(self.origin),
+                *(registry.key_template.format(self.origin) for registry in _OTHER_REGISTRIES)]
+        prefix = Execution(id="", job_id=self.id, connection=self.connection).key
+        pipeline.eval(_LEAN_DELETE, len(keys), *keys, prefix, self.id)
+
+
 class _Worker(SimpleWorker):
     """SimpleWorker that tells loopsq when a (warm) shutdown is requested, so the grace period starts, keeps
     RQ's heartbeats of the running job (``_JobBeat``), and rides out Redis outages around a job."""
 
+    job_class = _LeanJob
     on_stop: Callable[[], None] | None = None
     outage: OutageLog | None = None
     #: A stop was requested (RQ raises StopRequested inside its loop when idle, leaving no other trace).
