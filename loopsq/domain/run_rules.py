@@ -8,6 +8,7 @@ retry of an earlier slot are kept apart, so fixed-rate and cron slots keep their
 
 from __future__ import annotations
 
+import functools
 import json
 import random
 from dataclasses import dataclass, field, fields, replace
@@ -41,6 +42,19 @@ USER_CANCEL_ERROR = "cancelled by user"
 def _camel(name: str) -> str:
     head, *rest = name.split("_")
     return head + "".join(part.title() for part in rest)
+
+
+@functools.cache
+def _run_fields() -> tuple[tuple[str, str], ...]:
+    """(attribute, camelCase key) of every stored field of ``LoopRun``, worked out once (a run is converted
+    several times per transition)."""
+    return tuple((f.name, _camel(f.name)) for f in fields(LoopRun) if f.name != "extra")
+
+
+@functools.cache
+def _run_names() -> dict[str, str]:
+    """camelCase key -> attribute of ``LoopRun``'s stored fields."""
+    return {key: attr for attr, key in _run_fields()}
 
 
 @dataclass(frozen=True)
@@ -93,9 +107,13 @@ class LoopRun:
 
     def to_dict(self) -> dict[str, Any]:
         """camelCase JSON shape with absent fields dropped."""
-        out = {_camel(f.name): getattr(self, f.name) for f in fields(self) if f.name != "extra"}
-        out = {k: v for k, v in out.items() if v is not None}
-        out.update({k: v for k, v in self.extra.items() if k not in out})
+        out: dict[str, Any] = {}
+        for attr, key in _run_fields():
+            value = getattr(self, attr)
+            if value is not None:
+                out[key] = value
+        if self.extra:
+            out.update({k: v for k, v in self.extra.items() if k not in out})
         return out
 
     def to_json(self) -> str:
@@ -105,7 +123,7 @@ class LoopRun:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> LoopRun:
         """From the stored camelCase shape."""
-        names = {_camel(f.name): f.name for f in fields(cls) if f.name != "extra"}
+        names = _run_names()
         kwargs = {names[k]: v for k, v in data.items() if k in names}
         kwargs["extra"] = {k: v for k, v in data.items() if k not in names}
         return cls(**kwargs)
@@ -118,6 +136,7 @@ class LoopRun:
     def with_changes(self, **changes: Any) -> LoopRun:
         """A copy with ``changes`` applied."""
         return replace(self, **changes)
+
 
     @property
     def terminal(self) -> bool:

@@ -17,6 +17,8 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
+import time
+import traceback
 from collections.abc import Callable
 from typing import Any
 
@@ -33,7 +35,10 @@ from rq.registry import (
     ScheduledJobRegistry,
     StartedJobRegistry,
 )
+from rq.worker import WorkerStatus
 
+from loopsq.engine import runner, timers
+from loopsq.engine.runtime import current_runtime
 from loopsq.engine.timers import queue
 from loopsq.state.outages import OutageLog, is_transient, ride
 
@@ -46,8 +51,11 @@ class _JobBeat:
     (an agent, a workflow) has its job marked failed with ``AbandonedJobError`` by another worker's registry
     cleanup while it still runs, and the worker drops out of RQ's worker list."""
 
-    def __init__(self, worker: SimpleWorker, job: Job, every_s: float) -> None:
+    def __init__(self, worker: SimpleWorker, job: Job, every_s: float,
+                 beat: Callable[[], object] | None = None) -> None:
         self._worker, self._job, self._every_s = worker, job, every_s
+        #: What each beat renews (default: RQ's heartbeats of the job, its execution and the worker).
+        self._beat_fn = beat or (lambda: worker.maintain_heartbeats(job))
         self._stop = threading.Event()
         self._lock = threading.Lock()
         self._thread = threading.Thread(target=self._run, name="loopsq-rq-job-beat", daemon=True)
@@ -59,7 +67,7 @@ class _JobBeat:
                 if self._stop.is_set():
                     return
                 try:
-                    self._worker.maintain_heartbeats(self._job)
+                    self._beat_fn()
                 except redis.RedisError as exc:
                     outage = getattr(self._worker, "outage", None)
                     if outage is not None and is_transient(exc):
@@ -125,6 +133,43 @@ class _Worker(SimpleWorker):
         if self.on_stop is not None:
             self.on_stop()
         super().request_stop(signum, frame)  # type: ignore[no-untyped-call]
+
+    def execute_job(self, job: Job, queue: Queue) -> None:
+        """A loop timer's fire job is run as the ones a fire takes from the queue (``runner.fire_queued``), not
+        through RQ's per-job bookkeeping (an execution, the started registry, the job's status read back and
+        written again: 13 round trips a job): one script takes it, and it is settled as RQ settles a job in the
+        round trip that looks for the next one. RQ's registries and the worker's counts and state show it as RQ
+        would (``timers.start_dequeued``, ``timers.take_fire``). Any other job, and a fire job without loopsq's
+        runtime in this process, goes RQ's way."""
+        rt = current_runtime()
+        if rt is None or not timers.is_fire_job(job):
+            super().execute_job(job, queue)
+            return
+        started = time.monotonic()
+        self._state = WorkerStatus.BUSY  # (what set_state records here; the script records it in Redis)
+        self._ride(lambda: timers.start_dequeued(self.connection, job, self.name))
+        beat = _JobBeat(self, job, self.job_monitoring_interval,
+                        beat=lambda: self.heartbeat(self.job_monitoring_interval + 60))
+        failed = False
+        try:
+            runner.fire(rt, timers.fire_loop_id(job.id))
+        except Exception:
+            failed = True
+            log.exception("fire job %s failed", job.id)
+            beat.stop()
+            runner.fail_taken(rt, job.id, traceback.format_exc(), time.monotonic() - started)
+        finally:
+            beat.stop()
+        if not failed:
+            runner.fire_queued(rt, done_job=(job.id, time.monotonic() - started))
+        self._state = WorkerStatus.IDLE
+        self._best_effort(self._idle)
+
+    def _idle(self) -> None:
+        with self.connection.pipeline() as pipe:
+            self.set_state(WorkerStatus.IDLE, pipeline=pipe)
+            self.set_current_job_id(None, pipeline=pipe)
+            pipe.execute()
 
     def perform_job(self, job: Job, queue: Queue) -> bool:
         self._beat = _JobBeat(self, job, self.job_monitoring_interval)

@@ -35,8 +35,7 @@ from loopsq.engine.steering import execute_with_control
 from loopsq.engine.workflow_runner import execute_workflow
 from loopsq.engine.workspaces import hold_workspace, release_workspace
 from loopsq.executor import RunMetadata, SpawnInfo
-from loopsq.state.outages import is_transient
-from loopsq.state.runs import Claim, Refusal, RunStore
+from loopsq.state.runs import After, Claim, Refusal
 
 log = logging.getLogger("loopsq.runs")
 
@@ -76,18 +75,56 @@ def ensure_timer(rt: Runtime, loop: Loop | None) -> None:
         timers.arm(rt.raw, rt.keys, loop.id, at)
 
 
+class ArmAfter:
+    """Arms a loop's timer in the round trip of the transition that wrote the loop (``timers.arm_after``, guarded
+    by the loop's JSON), when the timer's time is after ``not_before`` and ``wanted(loop)``.
+
+    Passed as ``after`` to a claim or a finalize. ``outcome(replies)`` then tells what happened to the arm it
+    queued: ``ARMED`` (the time), ``MOVED`` (the loop was no longer the one written: whoever moved it arms it,
+    and the caller re-reads), or None (nothing queued, or no reply: the caller arms as before).
+    """
+
+    def __init__(self, rt: Runtime, not_before: datetime, wanted: Callable[[Loop], bool] | None = None) -> None:
+        self.rt, self.not_before, self.wanted = rt, not_before, wanted
+        self.at: datetime | None = None
+
+    def __call__(self, pipe: redis.client.Pipeline, loop: Loop, loop_json: str) -> None:
+        self.at = None
+        at = rules.timer_at(loop)
+        if at is None or at <= self.not_before or (self.wanted is not None and not self.wanted(loop)):
+            return
+        timers.arm_after(pipe, self.rt.raw, self.rt.keys, loop.id, at, loop_json)
+        self.at = at
+
+    def outcome(self, replies: list[object]) -> datetime | str | None:
+        if self.at is None or not replies:
+            return None
+        reply = replies[-1]  # (the arm is the last command queued)
+        if isinstance(reply, Exception):
+            log.warning("arming the timer of loop after its transition failed: %s", reply)
+            return None
+        return self.at if reply else MOVED
+
+
+#: ``ArmAfter.outcome``: the loop moved on between the transition and its arm.
+MOVED = "moved"
+
+
 def execute_claim(rt: Runtime, claim: Claim, *, rearm: bool = True) -> LoopRun:
     """Execute a claimed run with its lease held, then finalize it (fenced) and advance its loop (see
     ``_execute``); returns the run as recorded."""
     return _execute(rt, claim, rearm=rearm)[0]
 
 
-def _execute(rt: Runtime, claim: Claim, *, rearm: bool = True) -> tuple[LoopRun, Loop | None]:
-    """Execute a claimed run with its lease held, then finalize it (fenced) and advance its loop.
+def _execute(rt: Runtime, claim: Claim, *, rearm: bool = True) -> tuple[LoopRun, Loop | None, datetime | None]:
+    """Execute a claimed run with its lease held, then finalize it (fenced) and advance its loop. Returns the
+    run as recorded, the loop as the finalize wrote it (None: unchanged or not written) and the time the
+    finalize's round trip armed the loop's timer at (None: not armed there).
 
-    With ``rearm`` the loop's timer is armed for its next due time once the run is recorded. ``fire`` passes
-    False and arms once its due slots are done: re-arming between the slots of a catch-up backlog would arm a
-    timer in the past, which fires at once on another worker and skips the rest of the backlog as overlapping.
+    The finalize arms the loop's timer in its own round trip (``ArmAfter``) when the next due time is ahead. With
+    ``rearm`` the timer is otherwise armed once the run is recorded. ``fire`` passes False and arms once its due
+    slots are done: re-arming between the slots of a catch-up backlog would arm a timer in the past, which fires
+    at once on another worker and skips the rest of the backlog as overlapping.
     """
     run, loop = claim.run, claim.loop
     log.info("run %s claimed loop=%s slot=%s attempt=%d%s source=%s", run.id, loop.name, run.scheduled_for,
@@ -97,25 +134,14 @@ def _execute(rt: Runtime, claim: Claim, *, rearm: bool = True) -> tuple[LoopRun,
     blocked = hold_workspace(rt, claim, held)  # None: no workspace, or its lease is ours
     if blocked is not None:
         rt.release(run.id)
-        return blocked, None
-    # The run's JSON as this process last wrote it: transitions try it first instead of reading it back. (The
-    # beat's lease renewal may change it meanwhile; a stale guess only costs a retry.)
-    known = {"run": run.to_json()}
+        return blocked, None, None
+    # The run's JSON as the claim wrote it: the finalize tries it first instead of reading it back. (The beat's
+    # lease renewal or start record may change it meanwhile; a stale guess only costs a retry.)
+    known_run = run.to_json()
     try:
         def on_spawn(info: SpawnInfo) -> None:
-            # Never waits for Redis: the executor reads the child's output only after this returns. While Redis
-            # is away the pid goes unrecorded (the run's outcome still is).
-            try:
-                started = RunStore(rt.direct, rt.keys).mark_started(
-                    run.id, claim.token, timeutil.now(), pid=info.pid, pid_start_time=info.start_time,
-                    host=info.host, known=known["run"])
-            except redis.RedisError as exc:
-                if not is_transient(exc):
-                    raise
-                rt.outage.failed(exc)
-                started = None
-            if started is not None:
-                known["run"] = started.to_json()
+            # No Redis here: the beat records the start, or the finalize does if the run ends first (``Held``).
+            held.started = info
             crash_point("after_spawn")
 
         error: str | None
@@ -144,12 +170,18 @@ def _execute(rt: Runtime, claim: Claim, *, rearm: bool = True) -> tuple[LoopRun,
         if held.reason == LEASE_LOST:
             log.warning("run %s lease lost; its outcome is not recorded", run.id)
             current = rt.runs.get(run.id)
-            return current or run, None
+            return current or run, None, None
         # The lease is still renewed while this waits for Redis (the run is released only below).
         ended_at = timeutil.now()
+        started = held.started
+        arm = ArmAfter(rt, ended_at)
+        replies: list[object] = []
         finished = rt.runs.finalize(
             run.id, claim.token, ended_at, status=status, exit_code=exit_code, duration_ms=duration,
-            stdout=stdout, stderr=stderr, error=error, pid=pid, known=(known["run"], loop.to_json()), fields=control,
+            stdout=stdout, stderr=stderr, error=error,
+            pid=pid if pid is not None or started is None else started.pid,
+            pid_start_time=started.start_time if started is not None else None,
+            known=(known_run, loop.to_json()), fields=control, after=arm, replies=replies,
         ) or rt.runs.recorded_end(run.id, attempt=run.attempt, worker_id=rt.owner.worker_id, status=status,
                                   finished_at=ended_at)
     finally:
@@ -157,14 +189,19 @@ def _execute(rt: Runtime, claim: Claim, *, rearm: bool = True) -> tuple[LoopRun,
         release_workspace(rt, claim)
     if finished is None:
         log.warning("run %s lease lost before finalize; nothing written", run.id)
-        return rt.runs.get(run.id) or run, None
+        return rt.runs.get(run.id) or run, None, None
     final, new_loop = finished
     crash_point("after_finalize")
     log.info("run %s %s loop=%s slot=%s attempt=%d%s", final.id, final.status, loop.name, final.scheduled_for,
              final.attempt, f" error={final.error}" if final.error and final.status != "succeeded" else "")
-    if new_loop is not None and rearm:
+    armed = arm.outcome(replies)
+    if armed == MOVED:
+        if rearm:
+            ensure_timer(rt, rt.loops.get(loop.id))
+        return final, None, None  # (None: ``fire`` re-reads the loop it did not write last)
+    if new_loop is not None and rearm and armed is None:
         ensure_timer(rt, new_loop)
-    return final, new_loop
+    return final, new_loop, armed if isinstance(armed, datetime) else None
 
 
 def _run_workflow_target(
@@ -191,10 +228,11 @@ def fire(rt: Runtime, loop_id: str) -> FireResult:
     loop is never left due forever.
     """
     out = FireResult()
-    loop = rt.loops.get(loop_id)
-    if loop is None:
+    loop_raw, active = _read_loop(rt, loop_id)
+    if loop_raw is None:
         timers.disarm(rt.raw, rt.keys, loop_id)
         return out
+    loop = Loop.from_json(loop_raw)
     # The loop as this fire last wrote it. Used to re-arm without reading it back when nothing but our own
     # claim and finalize touched it; a stale guess would only cost a timer that fires, finds nothing due and
     # re-arms from a fresh read.
@@ -208,13 +246,15 @@ def fire(rt: Runtime, loop_id: str) -> FireResult:
     cut = rules.backlog_cut(loop, slots, fired_at)
     for index, slot in enumerate(slots):
         now = timeutil.now()
-        current = loop if index == 0 else rt.loops.get(loop_id)
+        current: Loop | None = loop
+        if index > 0:
+            loop_raw, active = _read_loop(rt, loop_id)
+            current = Loop.from_json(loop_raw) if loop_raw is not None else None
         if current is None or current.status != "active":
             reread = True
             break
         slot_iso = to_iso(slot)
         is_retry = current.retry_scheduled_for == slot_iso
-        active = rt.runs.active_ids(loop_id)
         if active and current.overlap == "skip":
             reread = True
             if is_retry:
@@ -226,7 +266,8 @@ def fire(rt: Runtime, loop_id: str) -> FireResult:
             if skipped is not None:
                 out.runs.append(skipped)
             continue
-        if current.gate is not None or current.workspace is not None:
+        gated = current.gate is not None or current.workspace is not None
+        if gated:
             stopped, row = precheck_slot(rt, current, slot, now, is_retry=is_retry, ends_backlog=slot == cut)
             if stopped:
                 reread = True
@@ -236,22 +277,37 @@ def fire(rt: Runtime, loop_id: str) -> FireResult:
         if active and current.overlap == "replace":
             for run_id in active:
                 rt.runs.request_cancel(run_id, f"{rules.REPLACED_ERROR}{slot_iso}")
-        claim = claim_slot(rt, loop_id, slot, now, source="scheduled", ends_backlog=slot == cut)
+        # The next slot of a loop that moves at its claim (fixed rate, cron) is armed in the claim's round trip.
+        arm_next = ArmAfter(rt, now, lambda moved: not rules.advances_at_finish(moved))
+        # A scheduled slot reached for the first time has no run yet: the claim goes straight to its transition
+        # with the loop read just now (its guards check both; a retry slot has its row, and a precheck may have
+        # written the loop).
+        claim = claim_slot(rt, loop_id, slot, now, source="scheduled", ends_backlog=slot == cut,
+                           known_loop=None if gated or is_retry else loop_raw, fresh_slot=not is_retry,
+                           after=arm_next)
         if isinstance(claim, Refusal):
             reread = True
             if claim.reason in ("done", "exhausted"):
                 rt.runs.advance_past(loop_id, slot, now)
             continue
         out.claimed += 1
-        next_at = rules.timer_at(claim.loop)
         armed_at = None
-        if next_at is not None and next_at > now and not rules.advances_at_finish(claim.loop):
-            ensure_timer(rt, claim.loop)  # the next slot keeps its time while this run goes on
-            armed_at = next_at
-        final, written = _execute(rt, claim, rearm=False)  # armed below, once every due slot has run
+        claim_arm = arm_next.outcome(claim.after)
+        if claim_arm == MOVED:
+            reread = True
+        elif isinstance(claim_arm, datetime):
+            armed_at = claim_arm
+        else:
+            next_at = rules.timer_at(claim.loop)
+            if next_at is not None and next_at > now and not rules.advances_at_finish(claim.loop):
+                ensure_timer(rt, claim.loop)  # the next slot keeps its time while this run goes on
+                armed_at = next_at
+        final, written, finalize_armed = _execute(rt, claim, rearm=False)  # armed below, once every due slot ran
         known = written or claim.loop
         if written is None:
             armed_at = None
+        elif finalize_armed is not None:
+            armed_at = finalize_armed
         out.completed += 1
         out.runs.append(final)
         if final.status in rules.RETRYABLE and final.attempt < claim.loop.max_attempts:
@@ -263,7 +319,18 @@ def fire(rt: Runtime, loop_id: str) -> FireResult:
     return out
 
 
-def fire_queued(rt: Runtime, budget_s: float = DRAIN_BUDGET_S) -> FireResult:
+def _read_loop(rt: Runtime, loop_id: str) -> tuple[str | None, list[str]]:
+    """The loop's JSON (None: gone) and the ids of its running runs, in one round trip."""
+    pipe = rt.client.pipeline(transaction=False)
+    pipe.get(rt.keys.loop(loop_id))
+    pipe.smembers(rt.keys.loop_active(loop_id))
+    raw, active = pipe.execute()
+    text = raw.decode() if isinstance(raw, bytes) else raw
+    return text, sorted(str(i.decode() if isinstance(i, bytes) else i) for i in active)
+
+
+def fire_queued(rt: Runtime, budget_s: float = DRAIN_BUDGET_S, *,
+                done_job: tuple[str, float] | None = None) -> FireResult:
     """Fire the loops whose timer jobs wait at the head of loopsq's queue, one after another, as this worker
     would once RQ dequeued them, but without RQ's per-job bookkeeping (about half the cost of a short run).
 
@@ -274,11 +341,14 @@ def fire_queued(rt: Runtime, budget_s: float = DRAIN_BUDGET_S) -> FireResult:
     Once done it is settled as RQ settles a job (``timers.take_fire``): the worker's counts, the finished
     registry by its result_ttl; one whose fire raised is failed in RQ under its own id and error
     (``timers.fail_taken``) and the next is taken, so the host job never carries another job's error.
+
+    ``done_job``: (id, seconds) of a taken job this worker has finished already (the fire job loopsq's worker
+    took from RQ itself: ``rq_worker._Worker``), settled in the first round trip.
     """
     out = FireResult()
     deadline = time.monotonic() + budget_s
-    done: str | None = None
-    took = 0.0
+    done: str | None = done_job[0] if done_job else None
+    took = done_job[1] if done_job else 0.0
     worker = rt.owner.worker_id
     try:
         while not rt.stopping and time.monotonic() < deadline:
@@ -294,7 +364,7 @@ def fire_queued(rt: Runtime, budget_s: float = DRAIN_BUDGET_S) -> FireResult:
             except Exception:
                 # Recorded as RQ records a failed job, under the taken job's own id and error (not the host job's).
                 log.exception("fire of loop=%s (timer job %s, taken from the queue) failed", loop_id, job_id)
-                _fail_taken(rt, job_id, traceback.format_exc(), time.monotonic() - started)
+                fail_taken(rt, job_id, traceback.format_exc(), time.monotonic() - started)
                 continue
             done, took = job_id, time.monotonic() - started
     finally:
@@ -308,7 +378,7 @@ def fire_queued(rt: Runtime, budget_s: float = DRAIN_BUDGET_S) -> FireResult:
 FINISH_WAIT_S = 30.0
 
 
-def _fail_taken(rt: Runtime, job_id: str, error: str, took_s: float) -> None:
+def fail_taken(rt: Runtime, job_id: str, error: str, took_s: float) -> None:
     """Record a taken timer job as failed (``timers.fail_taken``), riding out a Redis outage."""
     rt.ride(lambda: timers.fail_taken(rt.raw, job_id, rt.owner.worker_id, error, took_s),
             deadline=time.monotonic() + FINISH_WAIT_S)
@@ -328,14 +398,18 @@ def _finish_taken(rt: Runtime, job_id: str, took_s: float = 0.0) -> None:
 
 def claim_slot(rt: Runtime, loop_id: str, slot: datetime, now: datetime, *, source: str,
                run_id: str | None = None, idempotency_key: str | None = None,
-               ends_backlog: bool = False, trigger_request: str | None = None, retry: bool = True) -> Claim | Refusal:
+               ends_backlog: bool = False, trigger_request: str | None = None, retry: bool = True,
+               known_loop: str | None = None, fresh_slot: bool = False,
+               after: After | None = None) -> Claim | Refusal:
     """``RunStore.claim`` for this runtime, which also recognizes its own claim when the reply was lost: a claim
     resent after Redis applied it is refused by its own guard (``claimed``/``running``), and is ours after all.
-    ``retry=False``: the run is not retried (``--no-retry``)."""
+    ``retry=False``: the run is not retried (``--no-retry``). ``known_loop``, ``fresh_slot``, ``after``: see
+    ``RunStore.claim``."""
     nonce = gen_id()
     result = rt.runs.claim(loop_id, slot, rt.owner, now, source=source, run_id=run_id,
                            idempotency_key=idempotency_key, nonce=nonce, ends_backlog=ends_backlog,
-                           trigger_request=trigger_request, retry=retry)
+                           trigger_request=trigger_request, retry=retry, known_loop=known_loop,
+                           fresh_slot=fresh_slot, after=after)
     if isinstance(result, Refusal) and result.reason in ("claimed", "running"):
         return rt.runs.won_claim(loop_id, slot, nonce) or result
     return result

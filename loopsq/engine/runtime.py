@@ -4,6 +4,11 @@ liveness key fresh, renews the leases of the runs it holds, and notices cancel r
 One ``Runtime`` per process (worker, ``run-now --local``, ``tick``). The beat thread runs every 200 ms:
 liveness on every beat (TTL ``LIVENESS_TTL_MS``), each held lease at a third of its length, cancel requests on
 every beat (one MGET), so a cancel reaches the executing process from any host well within a second.
+
+A held run's process start (pid, start time, host: ``Held.started``) is recorded by the next beat
+(``RunStore.mark_started``), or by the run's finalize if that comes first, so a short run spends no round trip
+on it. Nothing is lost meanwhile: the worker's watchdog kills the run's process group should the worker die
+(``executor.watchdog``), and the run is in its host's set from the claim on, for that host's worker to reap.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from loopsq.domain import run_rules as rules
 from loopsq.domain import timeutil
 from loopsq.domain.timeutil import gen_id
 from loopsq.engine.timers import raw_from
+from loopsq.executor import SpawnInfo
 from loopsq.executor.capabilities import published
 from loopsq.state.commit import Committer
 from loopsq.state.connection import connect
@@ -76,6 +82,10 @@ class Held:
     cancel: threading.Event = field(default_factory=threading.Event)
     reason: str | None = None
     renew_at: float = 0.0
+    #: The run's process, once started (set by the executing thread); recorded by the beat (``record_starts``).
+    started: SpawnInfo | None = None
+    #: The ``started`` the beat recorded (or found the run ended for).
+    recorded: SpawnInfo | None = None
 
 
 class Runtime:
@@ -283,6 +293,7 @@ class Runtime:
             if reason and not held[run_id].cancel.is_set():
                 held[run_id].reason = reason.decode() if isinstance(reason, bytes) else str(reason)
                 held[run_id].cancel.set()
+        self._record_starts(held)
         for run_id, h in held.items():
             if h.token is None or h.cancel.is_set() or now_mono < h.renew_at:
                 continue
@@ -292,6 +303,16 @@ class Runtime:
                 log.warning("run %s lease lost; stopping it", run_id)
                 h.reason = LEASE_LOST
                 h.cancel.set()
+
+    def _record_starts(self, held: dict[str, Held]) -> None:
+        """Record the process start of each held run that has one not yet recorded (``Held.started``)."""
+        for run_id, h in held.items():
+            info = h.started
+            if info is None or info is h.recorded or h.token is None:
+                continue
+            self.runs.mark_started(run_id, h.token, timeutil.now(), pid=info.pid, pid_start_time=info.start_time,
+                                   host=info.host)
+            h.recorded = info  # (None back: the run ended or its lease went; nothing to record then)
 
     def _run(self) -> None:
         delay = BEAT_S
@@ -309,6 +330,20 @@ class Runtime:
             except Exception:
                 log.exception("beat failed; continuing")
                 delay = BEAT_S
+
+
+_current: Runtime | None = None
+
+
+def current_runtime() -> Runtime | None:
+    """The Runtime of this worker process (set by ``worker_process.run_worker``)."""
+    return _current
+
+
+def set_current_runtime(rt: Runtime | None) -> None:
+    """Install the Runtime jobs use (also for tests and embedding)."""
+    global _current
+    _current = rt
 
 
 def _describe(client: redis.Redis) -> str:

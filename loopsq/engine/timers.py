@@ -23,6 +23,7 @@ from datetime import datetime
 from typing import Any
 
 import redis
+from redis.client import Pipeline
 from rq import Queue
 from rq.exceptions import NoSuchJobError
 from rq.job import Job, JobStatus
@@ -88,65 +89,85 @@ def queue(raw: redis.Redis) -> Queue:
     return Queue(QUEUE_NAME, connection=raw, default_timeout=-1)
 
 
-# Is the loop's timer already scheduled at this time? One round trip instead of creating a new entry. If so, the
-# loop's maintenance watch moves past the timer's time, as a new arm would move it.
-_ARMED_AT = """
+# Arm a loop's timer in one round trip. When the entry armed already is for the same millisecond and still
+# scheduled, nothing is written but the loop's maintenance watch, which moves past the timer's time as a new arm
+# would move it. Otherwise: the new job hash, its rq-scheduler entry, the swap of the loop's timer, and the drop of
+# the entry it replaces if that is still scheduled, or if it was taken by a worker that is gone (``take_fire``; RQ
+# never saw it, so nothing else would delete it). A scheduled entry rq-scheduler is moving right now (it enqueues
+# the job before it removes the entry) keeps its job hash: a worker may be running it, and RQ deletes it when done
+# (fire jobs keep no result).
+#
+# With an expected loop (ARGV[8] not empty) the timer is armed only while the loop's JSON is exactly that: the
+# arm that follows a claim or a finalize in the same round trip (``arm_after``) then applies only when that
+# transition's loop is the loop now, so it can never arm a loop that someone else has moved since.
+#
+# KEYS: the loop's timer key, the scheduled set, the loop watch, the new job's hash, the loop.
+# ARGV: job id prefix (loop and ms), watch score, loop id, new job id, score (s), job key prefix, worker key
+#       prefix, expected loop JSON or '', then the job hash's fields and values.
+# Returns the armed job id, or 0 when the loop was not the one expected.
+_ARM = """
+if ARGV[8] ~= '' and redis.call('GET', KEYS[5]) ~= ARGV[8] then return 0 end
 local id = redis.call('GET', KEYS[1])
 if id and string.sub(id, 1, #ARGV[1]) == ARGV[1] and redis.call('ZSCORE', KEYS[2], id) then
   redis.call('ZADD', KEYS[3], ARGV[2], ARGV[3])
   return id
 end
-return false
-"""
-
-
-# Schedule the new entry, make it the loop's timer, and drop the entry it replaces if that is still scheduled, or
-# if it was taken by a worker that is gone (``take_fire``; RQ never saw it, so nothing else would delete it). A
-# scheduled entry rq-scheduler is moving right now (it enqueues the job before it removes the entry) keeps its
-# job hash: a worker may be running it, and RQ deletes it when done (fire jobs keep no result).
-_SWAP = """
-redis.call('ZADD', KEYS[1], ARGV[2], ARGV[1])
-local previous = redis.call('GETSET', KEYS[2], ARGV[1])
-if previous and previous ~= ARGV[1] then
-  if redis.call('ZREM', KEYS[1], previous) == 1 then
-    local status = redis.call('HGET', ARGV[3] .. previous, 'status')
-    if status ~= 'queued' and status ~= 'started' then redis.call('DEL', ARGV[3] .. previous) end
+redis.call('HSET', KEYS[4], unpack(ARGV, 9))
+redis.call('ZADD', KEYS[2], ARGV[5], ARGV[4])
+redis.call('SET', KEYS[1], ARGV[4])
+if id and id ~= ARGV[4] then
+  if redis.call('ZREM', KEYS[2], id) == 1 then
+    local status = redis.call('HGET', ARGV[6] .. id, 'status')
+    if status ~= 'queued' and status ~= 'started' then redis.call('DEL', ARGV[6] .. id) end
   else
-    local taken = redis.call('HMGET', ARGV[3] .. previous, 'loopsq_taken', 'worker_name')
-    if taken[1] and taken[2] and redis.call('EXISTS', ARGV[4] .. taken[2]) == 0 then
-      redis.call('DEL', ARGV[3] .. previous)
+    local taken = redis.call('HMGET', ARGV[6] .. id, 'loopsq_taken', 'worker_name')
+    if taken[1] and taken[2] and redis.call('EXISTS', ARGV[7] .. taken[2]) == 0 then
+      redis.call('DEL', ARGV[6] .. id)
     end
   end
 end
-return 1
+redis.call('ZADD', KEYS[3], ARGV[2], ARGV[3])
+return ARGV[4]
 """
 
 
-def arm(raw: redis.Redis, keys: Keys, loop_id: str, at: datetime) -> str:
-    """Arm the loop's single timer at ``at``, replacing any previous entry. Returns the timer's job id.
+def _arm_command(raw: redis.Redis, keys: Keys, loop_id: str, at: datetime,
+                 expect_loop: str | None) -> tuple[list[str], list[Any]]:
+    """KEYS and ARGV of ``_ARM`` for the loop's timer at ``at``: the job is made as ``MsScheduler.enqueue_at``
+    makes it (rq-scheduler's ``_create_job``), not saved, its hash written by the script."""
+    sched = scheduler(raw)
+    prefix = f"{FIRE_PREFIX}{loop_id}-{to_ms(at)}-"
+    watch = str(armed_score_ms(to_ms(at), int(time.time() * 1000)))
+    job_id = f"{prefix}{gen_id()[:6]}"
+    job = sched._create_job(FIRE, args=(loop_id,), timeout=-1, id=job_id, result_ttl=NO_RESULT_TTL,
+                            queue_name=QUEUE_NAME, commit=False)
+    fields: list[Any] = []
+    for name, value in job.to_dict(include_meta=True).items():
+        fields += (name, value)
+    keys_ = [keys.timer(loop_id), sched.scheduled_jobs_key, keys.loop_watch, job.key, keys.loop(loop_id)]
+    args = [prefix, watch, loop_id, job_id, str(to_ms(at) / 1000.0), Job.key_for(""), keys.worker(""),
+            expect_loop or "", *fields]
+    return keys_, args
+
+
+def arm(raw: redis.Redis, keys: Keys, loop_id: str, at: datetime, *, expect_loop: str | None = None) -> str | None:
+    """Arm the loop's single timer at ``at``, replacing any previous entry, in one round trip. Returns the
+    timer's job id; None when ``expect_loop`` (a loop's JSON) was given and the loop is no longer that.
 
     When the entry already armed is for the same millisecond and still scheduled, no timer is written. Either way
     the loop's maintenance watch (``state.loop_watch``) moves to a grace after ``at``.
     """
-    sched = scheduler(raw)
-    prefix = f"{FIRE_PREFIX}{loop_id}-{to_ms(at)}-"
-    watch = str(armed_score_ms(to_ms(at), int(time.time() * 1000)))
-    armed = raw.eval(_ARMED_AT, 3, keys.timer(loop_id), sched.scheduled_jobs_key, keys.loop_watch, prefix, watch,
-                     loop_id)
-    if armed:
-        return _text(armed)
-    job_id = f"{prefix}{gen_id()[:6]}"
-    # The job, its rq-scheduler entry and the swap of the loop's timer in one round trip (what
-    # ``MsScheduler.enqueue_at`` does, pipelined); a replaced entry that is still scheduled is dropped with it.
-    job = sched._create_job(FIRE, args=(loop_id,), timeout=-1, id=job_id, result_ttl=NO_RESULT_TTL,
-                            queue_name=QUEUE_NAME, commit=False)
-    pipe = raw.pipeline(transaction=True)
-    job.save(pipeline=pipe)
-    pipe.eval(_SWAP, 2, sched.scheduled_jobs_key, keys.timer(loop_id), job_id, str(to_ms(at) / 1000.0),
-              Job.key_for(""), keys.worker(""))
-    pipe.zadd(keys.loop_watch, {loop_id: int(watch)})
-    pipe.execute()
-    return job_id
+    keys_, args = _arm_command(raw, keys, loop_id, at, expect_loop)
+    armed = raw.eval(_ARM, len(keys_), *keys_, *args)
+    return _text(armed) if armed else None
+
+
+def arm_after(pipe: Pipeline, raw: redis.Redis, keys: Keys, loop_id: str, at: datetime, loop_json: str) -> None:
+    """Queue ``arm`` of the loop's timer at ``at`` on ``pipe``, right behind the transition that wrote the loop
+    as ``loop_json``: it applies only while the loop is exactly that (see ``_ARM``). The pipeline's reply for it
+    is the armed job id, or 0. ``raw``: RQ's client, for the job's serializer."""
+    keys_, args = _arm_command(raw, keys, loop_id, at, loop_json)
+    pipe.eval(_ARM, len(keys_), *keys_, *args)
 
 
 def disarm(raw: redis.Redis, keys: Keys, loop_id: str) -> None:
@@ -312,6 +333,32 @@ _FINISH = _SETTLE + """
 settle(ARGV[4], ARGV[3], ARGV[5], ARGV[6])
 return 1
 """
+
+# A timer job that RQ dequeued for this worker is run as loopsq runs the ones it takes (``take_fire``), without RQ's
+# per-job bookkeeping: out of RQ's intermediate list (RQ's dequeue moved it there), marked started by this worker,
+# and the worker shown busy with it, as RQ would show it. KEYS: the intermediate list, the job, the RQ worker.
+_START_DEQUEUED = """
+redis.call('LREM', KEYS[1], 1, ARGV[1])
+if redis.call('EXISTS', KEYS[2]) == 1 then
+  redis.call('HSET', KEYS[2], 'status', 'started', 'worker_name', ARGV[2], 'started_at', ARGV[3], 'loopsq_taken', '1')
+end
+if redis.call('EXISTS', KEYS[3]) == 1 then redis.call('HSET', KEYS[3], 'state', 'busy', 'current_job', ARGV[1]) end
+return 1
+"""
+
+
+def is_fire_job(job: Job) -> bool:
+    """Whether ``job`` is a loop timer's fire job."""
+    return str(job.id).startswith(FIRE_PREFIX) and job.func_name == FIRE
+
+
+def start_dequeued(raw: redis.Redis, job: Job, worker: str) -> None:
+    """Take a fire job RQ dequeued for ``worker`` as ``take_fire`` takes one (see ``_START_DEQUEUED``); it is
+    settled the same way (``take_fire``'s ``done``, ``finish_taken``, ``fail_taken``)."""
+    q = queue(raw)
+    raw.eval(_START_DEQUEUED, 3, q.intermediate_queue_key, job.key, f"{Worker.redis_worker_namespace_prefix}{worker}",
+             job.id, worker, utcformat(utcnow()))
+
 
 #: How long RQ's failed registry keeps a taken timer job that failed (its error and loop), as RQ's
 #: ``failure_ttl``: a day, so failures are seen on the dashboard without accumulating (issue 12).

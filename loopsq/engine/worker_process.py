@@ -15,23 +15,12 @@ import redis
 
 from loopsq.engine import rq_worker, timers
 from loopsq.engine.recovery import kill_orphans_of, reap_host, recovery_paused
-from loopsq.engine.runtime import Runtime
+from loopsq.engine.runtime import Runtime, current_runtime, set_current_runtime
 from loopsq.state.outages import is_transient, wait_for_redis
 
 log = logging.getLogger("loopsq.worker")
 
-_current: Runtime | None = None
-
-
-def current_runtime() -> Runtime | None:
-    """The Runtime of this worker process (set by ``run_worker``)."""
-    return _current
-
-
-def set_current_runtime(rt: Runtime | None) -> None:
-    """Install the Runtime jobs use (also for tests and embedding)."""
-    global _current
-    _current = rt
+__all__ = ["current_runtime", "kill_orphans", "run_worker", "set_current_runtime"]
 
 
 def kill_orphans(rt: Runtime) -> int:

@@ -10,6 +10,7 @@ taken) and is returned, not raised; callers re-read and retry or report it.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -228,6 +229,9 @@ class CommitResult:
     replicated: int | None = None
     #: With ``replicas``: the (host, port) of the server that made the transition.
     server: tuple[Any, Any] | None = None
+    #: With ``then``: the replies of the commands it queued behind the transition (an exception for one that
+    #: failed; they are the caller's to judge).
+    after: list[Any] = field(default_factory=list)
 
 
 class Committer:
@@ -238,11 +242,15 @@ class Committer:
         self.keys = keys
         self._script = client.register_script(_SCRIPT)
 
-    def commit(self, tx: Tx, *, replicas: int = 0, wait_ms: int = 0) -> CommitResult:
+    def commit(self, tx: Tx, *, replicas: int = 0, wait_ms: int = 0,
+               then: Callable[[Pipeline], object] | None = None) -> CommitResult:
         """Run ``tx`` atomically. Returns ``CommitResult(ok=False, failed_guard=i)`` when guard ``i`` failed.
 
         With ``replicas``, the script is followed on the same connection (one pipeline, no extra round trip) by
-        ``WAIT replicas wait_ms``, whose answer is ``replicated``.
+        ``WAIT replicas wait_ms``, whose answer is ``replicated``. ``then`` queues further commands behind it in
+        the same round trip (their replies in ``after``). They run whether the transition applied or not, and
+        other clients' commands may come in between, so each must carry its own guard (``timers.arm_after``:
+        only while the loop is the one the transition wrote).
         """
         key_index: dict[str, int] = {self.keys.changes: 1}
         keys: list[str] = [self.keys.changes]
@@ -260,29 +268,49 @@ class Committer:
         args.extend((tx.type, tx.at, tx.change_data()))
         replicated: int | None = None
         server: tuple[Any, Any] | None = None
+        after: list[Any] = []
         if replicas > 0:
-            (ok, value), replicated, server = self._commit_and_wait(keys, args, replicas, wait_ms)
+            (ok, value), replicated, server, after = self._commit_and_wait(keys, args, replicas, wait_ms, then)
+        elif then is not None:
+            (ok, value), after = self._commit_then(keys, args, then)
         else:
             ok, value = self._script(keys=keys, args=args)
         if int(ok) == 1:
-            return CommitResult(ok=True, change_id=_text(value), replicated=replicated, server=server)
-        return CommitResult(ok=False, failed_guard=int(value), replicated=replicated, server=server)
+            return CommitResult(ok=True, change_id=_text(value), replicated=replicated, server=server, after=after)
+        return CommitResult(ok=False, failed_guard=int(value), replicated=replicated, server=server, after=after)
 
-    def _commit_and_wait(self, keys: list[str], args: list[str | bytes], replicas: int,
-                         wait_ms: int) -> tuple[Any, int, tuple[Any, Any]]:
+    def _commit_then(self, keys: list[str], args: list[str | bytes],
+                     then: Callable[[Pipeline], object]) -> tuple[Any, list[Any]]:
+        for attempt in range(2):
+            pipe = self.client.pipeline(transaction=False)
+            pipe.evalsha(self._script.sha, len(keys), *keys, *args)
+            then(pipe)
+            replies = pipe.execute(raise_on_error=False)
+            if isinstance(replies[0], redis.exceptions.NoScriptError) and not attempt:
+                self.client.script_load(_SCRIPT)  # a restarted or new master: load it, then once more
+                continue
+            if isinstance(replies[0], Exception):
+                raise replies[0]
+            return replies[0], replies[1:]
+        raise AssertionError("unreachable")
+
+    def _commit_and_wait(self, keys: list[str], args: list[str | bytes], replicas: int, wait_ms: int,
+                         then: Callable[[Pipeline], object] | None) -> tuple[Any, int, tuple[Any, Any], list[Any]]:
         def build(pipe: Pipeline) -> None:
             pipe.evalsha(self._script.sha, len(keys), *keys, *args)
             pipe.wait(replicas, wait_ms)
+            if then is not None:
+                then(pipe)
 
         for attempt in range(2):
-            try:
-                server, (reply, acked) = pipelined(self.client, build)
-            except redis.exceptions.NoScriptError:
-                if attempt:
-                    raise
+            server, (reply, acked, *after) = pipelined(self.client, build, raise_on_error=False)
+            if isinstance(reply, redis.exceptions.NoScriptError) and not attempt:
                 self.client.script_load(_SCRIPT)  # a restarted or new master: load it, then once more
                 continue
-            return reply, int(acked), server
+            for answer in (reply, acked):
+                if isinstance(answer, Exception):
+                    raise answer
+            return reply, int(acked), server, after
         raise AssertionError("unreachable")
 
 

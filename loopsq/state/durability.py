@@ -60,9 +60,11 @@ def claim_replicas(client: redis.Redis) -> int:
 Server = tuple[Any, Any]
 
 
-def pipelined(client: redis.Redis, build: Callable[[Pipeline], object]) -> tuple[Server, list[Any]]:
+def pipelined(client: redis.Redis, build: Callable[[Pipeline], object],
+              raise_on_error: bool = True) -> tuple[Server, list[Any]]:
     """Run the commands ``build`` queues as one pipeline on one connection; returns the address of the server
-    that answered (host, port: where a Sentinel connection went) and the replies.
+    that answered (host, port: where a Sentinel connection went) and the replies (with ``raise_on_error`` False,
+    a failed command's exception in its place).
 
     The address is that of the connection, not the pool's latest discovery: after a failover a pool holds
     connections to the old master while it already names the new one.
@@ -72,7 +74,7 @@ def pipelined(client: redis.Redis, build: Callable[[Pipeline], object]) -> tuple
     pipe.connection = conn  # executed on this connection (redis-py's retry may reconnect it), then released
     try:
         build(pipe)
-        replies = pipe.execute()
+        replies = pipe.execute(raise_on_error=raise_on_error)
     finally:
         pipe.reset()
     return (getattr(conn, "host", None), getattr(conn, "port", None)), replies

@@ -8,11 +8,13 @@ that requires the lease checks the token in the same script. A worker that lost 
 from __future__ import annotations
 
 import random
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from typing import Any
 
 import redis
+from redis.client import Pipeline
 
 from loopsq.domain import run_rules as rules
 from loopsq.domain.budget import account
@@ -56,6 +58,20 @@ class Claim:
     run: LoopRun
     loop: Loop
     token: str
+    #: The replies of what ``after`` queued behind the claim (empty when nothing was).
+    after: list[Any] = field(default_factory=list)
+
+
+#: Commands to queue behind a transition that wrote a loop, in its round trip: called with the pipeline, the loop
+#: as written and its JSON (an arm of the loop's timer: ``engine.timers.arm_after``). They run even when the
+#: transition did not apply, so each must be guarded by that JSON.
+After = Callable[[Pipeline, Loop, str], object]
+
+
+def _then(after: After | None, loop: Loop, loop_json: str) -> Callable[[Pipeline], object] | None:
+    if after is None:
+        return None
+    return lambda pipe: after(pipe, loop, loop_json)
 
 
 @dataclass(frozen=True)
@@ -121,6 +137,9 @@ class RunStore(LoopMoves):
         nonce: str | None = None,
         trigger_request: str | None = None,
         retry: bool = True,
+        known_loop: str | None = None,
+        fresh_slot: bool = False,
+        after: After | None = None,
     ) -> Claim | Refusal:
         """Claim the next attempt of ``(loop, slot)`` for ``owner``: at most one claimer ever wins an attempt.
 
@@ -131,14 +150,23 @@ class RunStore(LoopMoves):
         claim consumes; a trigger already consumed is refused ``claimed``. ``retry=False`` marks the run ``noRetry``.
         A row a worker shutdown gave up is re-run under the same attempt (``run_rules.next_attempt``), claimed as
         ``(loop, slot, attempt, rerun)``.
+
+        ``known_loop``: the loop's JSON as the caller read it just now, and ``fresh_slot``: the caller expects no
+        run at this slot yet (a scheduled slot reached for the first time). The first try then reads nothing and
+        goes straight to the transition, whose guards check both; a wrong guess costs a retry that reads.
+        ``after``: queued behind the transition in its round trip with the loop it wrote (``After``).
         """
         slot_iso = to_iso(slot)
-        for _ in range(MAX_RETRIES):
-            pipe = self.client.pipeline(transaction=False)
-            pipe.get(self.keys.loop(loop_id))
-            pipe.hget(self.keys.slots(loop_id), slot_iso)
-            loop_reply, slot_reply = pipe.execute()
-            loop_raw = _s(loop_reply)
+        for attempt in range(MAX_RETRIES):
+            loop_raw: str | None
+            if attempt == 0 and known_loop is not None and fresh_slot:
+                loop_raw, slot_reply = known_loop, None
+            else:
+                pipe = self.client.pipeline(transaction=False)
+                pipe.get(self.keys.loop(loop_id))
+                pipe.hget(self.keys.slots(loop_id), slot_iso)
+                loop_reply, slot_reply = pipe.execute()
+                loop_raw = _s(loop_reply)
             if loop_raw is None:
                 return Refusal("gone")
             loop = Loop.from_json(loop_raw)
@@ -195,6 +223,8 @@ class RunStore(LoopMoves):
                 .set(self.keys.lease(run.id), token, px=rules.lease_ttl_ms(loop.lease_ms))
                 .sadd(self.keys.running, run.id)
                 .sadd(self.keys.loop_active(loop_id), run.id)
+                # Its host's worker reaps it should we die, from the claim on (its pid comes later: ``mark_started``).
+                .sadd(self.keys.host_runs(owner.host), run.id)
                 .put("loop_runs", run.to_dict())
             )
             if existing is None:
@@ -203,17 +233,20 @@ class RunStore(LoopMoves):
             if trigger_key is not None:
                 # The trigger is consumed with its claim: a duplicate of its job finds nothing left to run.
                 tx.expect(trigger_key, trigger_request).delete_key(trigger_key).zrem(self.keys.triggers, run.id)
+            then = None
             if new_loop != loop:
-                tx.set(self.keys.loop(loop_id), new_loop.to_json()).put("loops", new_loop.to_dict())
+                new_json = new_loop.to_json()
+                tx.set(self.keys.loop(loop_id), new_json).put("loops", new_loop.to_dict())
                 tx.note("loop_advanced")
+                then = _then(after, new_loop, new_json)
             # Across a failover an unreplicated claim is lost, and its slot would run again (``durability``).
             replicas = self.claim_replicas
-            result = self.committer.commit(tx, replicas=replicas, wait_ms=durability.WAIT_MS)
+            result = self.committer.commit(tx, replicas=replicas, wait_ms=durability.WAIT_MS, then=then)
             if result.ok:
                 if (result.replicated or 0) < replicas and not durability.confirm(
                         self.client, result.server or (None, None), claim_key, token, CLAIM_TTL_MS, replicas):
                     return Refusal("claimed", None)
-                return Claim(run, new_loop, token)
+                return Claim(run, new_loop, token, after=result.after)
             if result.failed_guard == 0:  # another claimer won this attempt: name its run
                 winner = _s(self.client.hget(self.keys.slots(loop_id), slot_iso))
                 return Refusal("claimed", (self.get(winner) if winner else None) or existing)
@@ -346,8 +379,11 @@ class RunStore(LoopMoves):
         expect_lease: str | None = None,
         rng: random.Random | None = None,
         known: tuple[str, str] | None = None,
+        after: After | None = None,
+        replies: list[Any] | None = None,
     ) -> tuple[LoopRun, Loop | None] | None:
-        """End a running run and advance its loop, atomically.
+        """End a running run and advance its loop, atomically. ``after`` is queued behind the transition when it
+        changes the loop (``claim``); ``replies`` receives what those commands answered.
 
         ``token``: fence on our own lease (finalize). Otherwise ``expect_lease`` is the lease value recovery saw
         (None: expired), so a run that was renewed or finalized meanwhile is left alone.
@@ -371,13 +407,16 @@ class RunStore(LoopMoves):
             tx = Tx(change_type, to_iso(now)).expect(self.keys.lease(run_id), token if token else expect_lease)
             tx.expect(self.keys.run(run_id), raw)
             new_loop: Loop | None = None
+            then = None
             if loop_raw is not None:
                 loop = Loop.from_json(loop_raw)
                 advance = account(steer(rules.after_finish(loop, final, now, rng), final, now), final, now)
                 tx.expect(self.keys.loop(run.loop_id), loop_raw)
                 if advance.loop != loop:
                     new_loop = advance.loop
-                    tx.set(self.keys.loop(run.loop_id), new_loop.to_json()).put("loops", new_loop.to_dict())
+                    new_json = new_loop.to_json()
+                    tx.set(self.keys.loop(run.loop_id), new_json).put("loops", new_loop.to_dict())
+                    then = _then(after, new_loop, new_json)
                 tx.note(advance.transition)
             (
                 tx.set(self.keys.run(run_id), run_codec.encode(final))
@@ -395,11 +434,13 @@ class RunStore(LoopMoves):
             # A finalize (``token``) waits for a replica as the claim did; one a failover will discard is recorded
             # again on the new master (``durability``).
             replicas = self.claim_replicas if token else 0
-            result = self.committer.commit(tx, replicas=replicas, wait_ms=durability.WAIT_MS)
+            result = self.committer.commit(tx, replicas=replicas, wait_ms=durability.WAIT_MS, then=then)
             if result.ok and (result.replicated or 0) < replicas and not durability.replicated(
                     self.client, result.server or (None, None), self.keys.probe, replicas):
                 continue
             if result.ok:
+                if replies is not None:
+                    replies[:] = result.after
                 return final, new_loop
             if result.failed_guard == 0:
                 return None
@@ -421,21 +462,28 @@ class RunStore(LoopMoves):
         rng: random.Random | None = None,
         known: tuple[str, str] | None = None,
         fields: Mapping[str, object] | None = None,
+        pid_start_time: float | None = None,
+        after: After | None = None,
+        replies: list[Any] | None = None,
     ) -> tuple[LoopRun, Loop | None] | None:
         """Record a run's outcome and advance its loop, fenced by the lease. None: the lease was lost.
 
         ``known``: the run's and the loop's JSON as the caller last saw them (saves two reads when current).
         ``fields``: further run fields to record (the control file's outcome, ``engine.steering``).
+        ``pid``/``pid_start_time``: the process's, recorded here when ``mark_started`` has not yet.
+        ``after``/``replies``: commands queued behind the transition when it moves the loop (``_finish``).
         """
 
         def build(run: LoopRun) -> LoopRun:
             return run.with_changes(
                 status=status, finished_at=to_iso(now), exit_code=exit_code, duration_ms=duration_ms,
                 stdout=stdout, stderr=stderr, error=error, pid=pid if pid is not None else run.pid,
+                pid_start_time=run.pid_start_time if run.pid_start_time is not None else pid_start_time,
                 lease_expires_at=None, updated_at=to_iso(now), **(fields or {}),
             )
 
-        return self._finish(run_id, f"run_{status}", now, build, token=token, rng=rng, known=known)
+        return self._finish(run_id, f"run_{status}", now, build, token=token, rng=rng, known=known, after=after,
+                            replies=replies)
 
     def recorded_end(self, run_id: str, *, attempt: int, worker_id: str, status: str,
                      finished_at: datetime) -> tuple[LoopRun, Loop | None] | None:
@@ -453,7 +501,8 @@ class RunStore(LoopMoves):
         return run, Loop.from_json(loop_raw) if loop_raw else None
 
     def abandon(
-        self, run_id: str, now: datetime, *, error: str, seen_lease: str | None, change_type: str = "run_abandoned"
+        self, run_id: str, now: datetime, *, error: str, seen_lease: str | None, change_type: str = "run_abandoned",
+        after: After | None = None, replies: list[Any] | None = None,
     ) -> tuple[LoopRun, Loop | None] | None:
         """Recovery: mark a run whose owner is gone ``abandoned`` and advance its loop (retry if attempts left).
 
@@ -471,4 +520,5 @@ class RunStore(LoopMoves):
                 duration_ms=duration, updated_at=to_iso(now),
             )
 
-        return self._finish(run_id, change_type, now, build, token=None, expect_lease=seen_lease)
+        return self._finish(run_id, change_type, now, build, token=None, expect_lease=seen_lease, after=after,
+                            replies=replies)

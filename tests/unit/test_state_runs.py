@@ -178,13 +178,14 @@ def test_a_cancel_request_is_visible_to_the_executor(client: redis.Redis, store:
     assert store.cancel_reason("r1") == "cancelled by user"
 
 
-def test_a_run_is_listed_under_its_host_from_its_process_start_until_it_ends(
+def test_a_run_is_listed_under_its_host_from_its_claim_until_it_ends(
     client: redis.Redis, store: RunStore
 ) -> None:
+    """From the claim on, before any process: its host's worker reaps it should its worker die meanwhile."""
     loop_id = make_loop(client, maxAttempts=2)
     first = store.claim(loop_id, at(10), W1, at(10))
     assert isinstance(first, Claim)
-    assert client.smembers(KEYS.host_runs("host-a")) == set()  # claimed, no process yet
+    assert client.smembers(KEYS.host_runs("host-a")) == {first.run.id}  # claimed, no process yet
     assert store.mark_started(first.run.id, first.token, at(11), pid=7, pid_start_time=1.0, host="host-a")
     assert client.smembers(KEYS.host_runs("host-a")) == {first.run.id}
     assert store.abandon(first.run.id, at(20), error="worker worker:a died", seen_lease=first.token)
