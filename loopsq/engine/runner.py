@@ -116,10 +116,11 @@ def execute_claim(rt: Runtime, claim: Claim, *, rearm: bool = True) -> LoopRun:
     return _execute(rt, claim, rearm=rearm)[0]
 
 
-def _execute(rt: Runtime, claim: Claim, *, rearm: bool = True) -> tuple[LoopRun, Loop | None, datetime | None]:
+def _execute(rt: Runtime, claim: Claim, *,
+             rearm: bool = True) -> tuple[LoopRun, Loop | None, datetime | str | None]:
     """Execute a claimed run with its lease held, then finalize it (fenced) and advance its loop. Returns the
-    run as recorded, the loop as the finalize wrote it (None: unchanged or not written) and the time the
-    finalize's round trip armed the loop's timer at (None: not armed there).
+    run as recorded, the loop as the finalize wrote it (None: unchanged or not written) and what became of the
+    arm in the finalize's round trip (``ArmAfter.outcome``: the time armed, ``MOVED``, or None).
 
     The finalize arms the loop's timer in its own round trip (``ArmAfter``) when the next due time is ahead. With
     ``rearm`` the timer is otherwise armed once the run is recorded. ``fire`` passes False and arms once its due
@@ -134,7 +135,7 @@ def _execute(rt: Runtime, claim: Claim, *, rearm: bool = True) -> tuple[LoopRun,
     blocked = hold_workspace(rt, claim, held)  # None: no workspace, or its lease is ours
     if blocked is not None:
         rt.release(run.id)
-        return blocked, None, None
+        return blocked, None, None  # (nothing armed)
     # The run's JSON as the claim wrote it: the finalize tries it first instead of reading it back. (The beat's
     # lease renewal or start record may change it meanwhile; a stale guess only costs a retry.)
     known_run = run.to_json()
@@ -195,13 +196,11 @@ def _execute(rt: Runtime, claim: Claim, *, rearm: bool = True) -> tuple[LoopRun,
     log.info("run %s %s loop=%s slot=%s attempt=%d%s", final.id, final.status, loop.name, final.scheduled_for,
              final.attempt, f" error={final.error}" if final.error and final.status != "succeeded" else "")
     armed = arm.outcome(replies)
-    if armed == MOVED:
-        if rearm:
-            ensure_timer(rt, rt.loops.get(loop.id))
-        return final, None, None  # (None: ``fire`` re-reads the loop it did not write last)
-    if new_loop is not None and rearm and armed is None:
+    if rearm and armed == MOVED:
+        ensure_timer(rt, rt.loops.get(loop.id))
+    elif new_loop is not None and rearm and armed is None:
         ensure_timer(rt, new_loop)
-    return final, new_loop, armed if isinstance(armed, datetime) else None
+    return final, new_loop, armed
 
 
 def _run_workflow_target(
@@ -302,12 +301,14 @@ def fire(rt: Runtime, loop_id: str) -> FireResult:
             if next_at is not None and next_at > now and not rules.advances_at_finish(claim.loop):
                 ensure_timer(rt, claim.loop)  # the next slot keeps its time while this run goes on
                 armed_at = next_at
-        final, written, finalize_armed = _execute(rt, claim, rearm=False)  # armed below, once every due slot ran
+        final, written, finalize_arm = _execute(rt, claim, rearm=False)  # armed below, once every due slot ran
         known = written or claim.loop
-        if written is None:
+        if finalize_arm == MOVED:
+            reread = True  # the loop is no longer the one the finalize wrote
+        elif written is None:
             armed_at = None
-        elif finalize_armed is not None:
-            armed_at = finalize_armed
+        elif isinstance(finalize_arm, datetime):
+            armed_at = finalize_arm
         out.completed += 1
         out.runs.append(final)
         if final.status in rules.RETRYABLE and final.attempt < claim.loop.max_attempts:

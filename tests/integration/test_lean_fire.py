@@ -163,6 +163,36 @@ def test_a_fire_whose_loop_moved_between_finalize_and_arm_re_reads_it(rt: Runtim
     assert rt.raw.zcard("rq:scheduler:scheduled_jobs") == 0
 
 
+def test_a_fire_whose_loop_moved_between_its_finalize_and_that_arm_re_reads_it(rt: Runtime) -> None:
+    """The claim's arm of the next slot applies; then the run fails, its finalize schedules the retry, and another
+    writer pauses the loop before the finalize's arm: the fire re-reads the loop (paused: no timer) instead of
+    keeping the claim's timer, which would fire a paused loop."""
+    body = {"name": "raced-finalize", "schedule": {"type": "interval", "everyMs": 3_600_000},
+            "target": {"type": "command", "command": "exit 1", "shell": True}, "timezone": "UTC",
+            "maxAttempts": 2, "retryDelayMs": 60_000}
+    loop = rt.loops.create(new_loop(body, timeutil.now() - timedelta(hours=1, seconds=1)))
+    timers.arm(rt.raw, rt.keys, loop.id, from_iso(str(loop.next_run_at)))
+    original = timers.arm_after
+    calls: list[str] = []
+
+    def paused_before_the_second(pipe: Any, raw: Any, keys: Any, loop_id: str, at: Any, loop_json: str) -> None:
+        calls.append(loop_json)
+        if len(calls) == 2:  # the finalize's
+            pipe.set(keys.loop(loop_id), Loop.from_json(loop_json).with_changes(status="paused").to_json())
+        original(pipe, raw, keys, loop_id, at, loop_json)
+
+    timers.arm_after = paused_before_the_second  # type: ignore[assignment]
+    try:
+        result = runner.fire(rt, loop.id)
+    finally:
+        timers.arm_after = original  # type: ignore[assignment]
+    assert len(calls) == 2 and result.runs[0].status == "failed"
+    after = rt.loops.get(loop.id)
+    assert after is not None and after.status == "paused"
+    assert rt.client.get(rt.keys.timer(loop.id)) is None
+    assert rt.raw.zcard("rq:scheduler:scheduled_jobs") == 0
+
+
 def test_a_runs_process_start_is_recorded_by_the_beat_while_it_runs(rt: Runtime) -> None:
     loop = due_loop(rt, "sleeper", {"type": "interval", "everyMs": 3_600_000}, command="sleep 1.5")
     done: list[Any] = []
