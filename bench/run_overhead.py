@@ -130,13 +130,11 @@ class Bench:
 
     def measure(self, side: str, k: int) -> tuple[float, float, int, int, Counter[str]]:
         """(seconds, CPU seconds, main-thread round trips, background round trips, server commands) of a burst."""
-        import worker.jobs
         from loopsq.engine import runner
 
         (self.prepare_bare if side == "bare" else self.prepare_loopsq)(k)
         original_fire_queued = runner.fire_queued
         if side == "loopsq-1job":
-            worker.jobs.runner = _OneJobRunner(runner)  # type: ignore[assignment]
             runner.fire_queued = _take_nothing(original_fire_queued)  # type: ignore[assignment]
         self.rt.runs.claim_replicas = 1 if side == "loopsq-wait" else 0
         before_cmds = commandstats(self.stats_conn)
@@ -145,7 +143,6 @@ class Bench:
         try:
             elapsed = self.burst("bare" if side == "bare" else self.timers.QUEUE_NAME)
         finally:
-            worker.jobs.runner = runner
             runner.fire_queued = original_fire_queued  # type: ignore[assignment]
             self.rt.runs.claim_replicas = 0
         cpu = cpu_seconds(self.stats_conn) - cpu0
@@ -190,19 +187,6 @@ def _take_nothing(fire_queued: Callable[..., Any]) -> Callable[..., Any]:
     return take_nothing
 
 
-class _OneJobRunner:
-    """``loopsq.engine.runner`` with ``fire_queued`` taking nothing: one RQ job per fire."""
-
-    def __init__(self, runner: Any) -> None:
-        self._runner = runner
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._runner, name)
-
-    def fire_queued(self, rt: Any) -> Any:
-        return self._runner.FireResult()
-
-
 class SelfTimer:
     """Wraps functions to accumulate self time (time minus wrapped callees) per label, main thread only."""
 
@@ -240,14 +224,13 @@ class SelfTimer:
 
 def breakdown(b: Bench, k: int) -> tuple[float, SelfTimer]:
     """One instrumented burst of k loopsq runs."""
-    import worker.jobs
-    from loopsq.engine import runner, steering, timers
+    from loopsq.engine import rq_worker, runner, steering, timers
     from loopsq.state.loops import LoopStore
     from loopsq.state.runs import RunStore
 
     b.prepare_loopsq(k)  # arms and moves the timers: not part of the runs
     st = SelfTimer()
-    st.wrap(worker.jobs, "fire", "worker.jobs.fire")
+    st.wrap(rq_worker._Worker, "execute_job", "rq_worker._Worker.execute_job")
     st.wrap(runner, "fire", "runner.fire (rest)")
     st.wrap(LoopStore, "get", "LoopStore.get (loop reads)")
     st.wrap(RunStore, "active_ids", "RunStore.active_ids")

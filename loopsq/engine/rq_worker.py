@@ -150,18 +150,18 @@ class _Worker(SimpleWorker):
         self._ride(lambda: timers.start_dequeued(self.connection, job, self.name))
         beat = _JobBeat(self, job, self.job_monitoring_interval,
                         beat=lambda: self.heartbeat(self.job_monitoring_interval + 60))
-        failed = False
+        error: str | None = None
         try:
             runner.fire(rt, timers.fire_loop_id(job.id))
         except Exception:
-            failed = True
             log.exception("fire job %s failed", job.id)
-            beat.stop()
-            runner.fail_taken(rt, job.id, traceback.format_exc(), time.monotonic() - started)
+            error = traceback.format_exc()
         finally:
             beat.stop()
-        if not failed:
+        if error is None:
             runner.fire_queued(rt, done_job=(job.id, time.monotonic() - started))
+        else:
+            runner.fail_taken(rt, job.id, error, time.monotonic() - started)
         self._state = WorkerStatus.IDLE
         self._best_effort(self._idle)
 

@@ -19,7 +19,7 @@ from rq.registry import FailedJobRegistry, StartedJobRegistry
 from loopsq.domain import timeutil
 from loopsq.domain.loop_spec import new_loop
 from loopsq.domain.timeutil import from_iso
-from loopsq.engine import rq_worker, runner, steering, timers
+from loopsq.engine import rq_worker, steering, timers
 from loopsq.engine.runtime import Runtime, set_current_runtime
 
 pytestmark = pytest.mark.integration
@@ -92,8 +92,8 @@ def test_without_loopsqs_runtime_a_fire_job_goes_rqs_way(real_redis: redis.Redis
     set_current_runtime(None)
     rt = Runtime(client=real_redis, role="scheduler")
     _, job_id = queued_fire(rt, "plain")
-    called: list[str] = []
-    monkeypatch.setattr(runner, "fire_queued", lambda *a, **k: called.append("mine") or runner.FireResult())
+    taken: list[str] = []
+    monkeypatch.setattr(timers, "start_dequeued", lambda *a, **k: taken.append("loopsq's way"))
     worker = rq_worker.make_worker(rt.raw, rt.owner.worker_id)
     try:
         assert rq_worker.work(worker, burst=True)
@@ -104,5 +104,6 @@ def test_without_loopsqs_runtime_a_fire_job_goes_rqs_way(real_redis: redis.Redis
         if made is not None:
             made.stop()
         set_current_runtime(None)
+    assert taken == []
     assert int(worker_hash(rt, rt.owner.worker_id)["successful_job_count"]) == 1
     assert not real_redis.exists(Job.key_for(job_id))
