@@ -9,7 +9,7 @@ moved onto loopsq's queue, as the scheduler does; K ``subprocess.run(['true'])``
 time of ``worker.work(burst=True)`` over each queue, divided by K, is the per-run cost (arming, moving and
 enqueueing are not timed, on either side). Three sides:
 
-- ``loopsq``: as deployed. A fire job goes on to fire the timer jobs queued behind it (``runner.fire_queued``).
+- ``loopsq``: as deployed. A fire job goes on to fire the timer jobs queued behind it (``fire_queue.fire_queued``).
 - ``loopsq-1job``: every fire is its own RQ job (``fire_queued`` takes nothing): the cost of a fire that
   arrives alone on an idle worker (RQ dequeues it; loopsq's worker runs it without RQ's per-job bookkeeping,
   ``rq_worker._Worker.execute_job``).
@@ -130,12 +130,12 @@ class Bench:
 
     def measure(self, side: str, k: int) -> tuple[float, float, int, int, Counter[str]]:
         """(seconds, CPU seconds, main-thread round trips, background round trips, server commands) of a burst."""
-        from loopsq.engine import runner
+        from loopsq.engine import fire_queue
 
         (self.prepare_bare if side == "bare" else self.prepare_loopsq)(k)
-        original_fire_queued = runner.fire_queued
+        original_fire_queued = fire_queue.fire_queued
         if side == "loopsq-1job":
-            runner.fire_queued = _take_nothing(original_fire_queued)  # type: ignore[assignment]
+            fire_queue.fire_queued = _take_nothing(original_fire_queued)  # type: ignore[assignment]
         self.rt.runs.claim_replicas = 1 if side == "loopsq-wait" else 0
         before_cmds = commandstats(self.stats_conn)
         cpu0 = cpu_seconds(self.stats_conn)
@@ -143,7 +143,7 @@ class Bench:
         try:
             elapsed = self.burst("bare" if side == "bare" else self.timers.QUEUE_NAME)
         finally:
-            runner.fire_queued = original_fire_queued  # type: ignore[assignment]
+            fire_queue.fire_queued = original_fire_queued  # type: ignore[assignment]
             self.rt.runs.claim_replicas = 0
         cpu = cpu_seconds(self.stats_conn) - cpu0
         trips = Counter(_trips)
@@ -179,7 +179,7 @@ def hx_wait_link(replica: hx.RedisServer) -> None:
 
 
 def _take_nothing(fire_queued: Callable[..., Any]) -> Callable[..., Any]:
-    """``runner.fire_queued`` with no time to take anything: it only settles the job it was handed (loopsq's
+    """``fire_queue.fire_queued`` with no time to take anything: it only settles the job it was handed (loopsq's
     worker runs a dequeued fire job and then calls it with that job done)."""
     def take_nothing(rt: Any, budget_s: float = 0.0, **kwargs: Any) -> Any:
         return fire_queued(rt, 0.0, **kwargs)

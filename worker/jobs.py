@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from loopsq.engine import runner
+from loopsq.engine import fire_queue, runner
 from loopsq.engine.recovery import reap_host
 from loopsq.engine.runtime import Runtime
 from loopsq.engine.worker_process import current_runtime, set_current_runtime
@@ -33,10 +33,10 @@ def _runtime() -> Runtime:
 
 def fire(loop_id: str) -> dict[str, int]:
     """A loop's timer fired: run its due slots, then the timer jobs queued right behind this one
-    (``runner.fire_queued``)."""
+    (``fire_queue.fire_queued``)."""
     rt = _runtime()
     result = runner.fire(rt, loop_id)
-    result.absorb(runner.fire_queued(rt))
+    result.absorb(fire_queue.fire_queued(rt))
     return {"claimed": result.claimed, "completed": result.completed, "skipped": result.skipped,
             "taken": result.taken}
 

@@ -37,7 +37,7 @@ from rq.registry import (
 )
 from rq.worker import WorkerStatus
 
-from loopsq.engine import runner, timers
+from loopsq.engine import fire_queue, runner, timers
 from loopsq.engine.runtime import current_runtime
 from loopsq.engine.timers import queue
 from loopsq.state.outages import OutageLog, is_transient, ride
@@ -135,7 +135,7 @@ class _Worker(SimpleWorker):
         super().request_stop(signum, frame)  # type: ignore[no-untyped-call]
 
     def execute_job(self, job: Job, queue: Queue) -> None:
-        """A loop timer's fire job is run as the ones a fire takes from the queue (``runner.fire_queued``), not
+        """A loop timer's fire job is run as the ones a fire takes from the queue (``fire_queue.fire_queued``), not
         through RQ's per-job bookkeeping (an execution, the started registry, the job's status read back and
         written again: 13 round trips a job): one script takes it, and it is settled as RQ settles a job in the
         round trip that looks for the next one. RQ's registries and the worker's counts and state show it as RQ
@@ -159,9 +159,9 @@ class _Worker(SimpleWorker):
         finally:
             beat.stop()
         if error is None:
-            runner.fire_queued(rt, done_job=(job.id, time.monotonic() - started))
+            fire_queue.fire_queued(rt, done_job=(job.id, time.monotonic() - started))
         else:
-            runner.fail_taken(rt, job.id, error, time.monotonic() - started)
+            fire_queue.fail_taken(rt, job.id, error, time.monotonic() - started)
         self._state = WorkerStatus.IDLE
         self._best_effort(self._idle)
 

@@ -1,4 +1,4 @@
-"""A fire job goes on to fire the timer jobs queued behind it (``runner.fire_queued`` over ``timers.take_fire``),
+"""A fire job goes on to fire the timer jobs queued behind it (``fire_queue.fire_queued`` over ``timers.take_fire``),
 in this process against the session's private redis-server: which jobs it takes, in what order, what it leaves
 for RQ, and what is left in Redis when it stops."""
 
@@ -15,7 +15,7 @@ from loopsq.domain import timeutil
 from loopsq.domain.loop_spec import new_loop
 from loopsq.domain.models import Loop
 from loopsq.domain.timeutil import from_iso
-from loopsq.engine import maintenance, runner, timers
+from loopsq.engine import fire_queue, maintenance, runner, timers
 from loopsq.engine.runtime import Runtime
 
 pytestmark = pytest.mark.integration
@@ -86,7 +86,7 @@ def test_fire_queued_runs_every_queued_timer_in_queue_order_and_leaves_nothing_b
     order = [timers.fire_loop_id(job_id) for job_id in queued(rt)]
     taken_jobs = queued(rt)
 
-    result = runner.fire_queued(rt)
+    result = fire_queue.fire_queued(rt)
 
     assert (result.taken, result.claimed, result.completed) == (5, 5, 5)
     assert [run.loop_id for run in result.runs] == order
@@ -106,7 +106,7 @@ def test_fire_queued_takes_nothing_once_a_shutdown_is_requested(rt: Runtime) -> 
     due_loop(rt, "a")
     assert timers.move_due(rt.raw) == 1
     rt.begin_shutdown(60)
-    result = runner.fire_queued(rt)
+    result = fire_queue.fire_queued(rt)
     assert result.taken == 0
     assert len(queued(rt)) == 1  # left for another worker
 
@@ -115,9 +115,9 @@ def test_fire_queued_stops_after_its_budget(rt: Runtime) -> None:
     for i in range(3):
         due_loop(rt, f"l{i}")
     assert timers.move_due(rt.raw) == 3
-    result = runner.fire_queued(rt, budget_s=0.0)
+    result = fire_queue.fire_queued(rt, budget_s=0.0)
     assert result.taken == 0 and len(queued(rt)) == 3
-    result = runner.fire_queued(rt, budget_s=60.0)
+    result = fire_queue.fire_queued(rt, budget_s=60.0)
     assert result.taken == 3 and queued(rt) == []
 
 
@@ -132,7 +132,7 @@ def test_a_taken_fire_that_fails_is_failed_in_rq_under_its_own_id_and_maintenanc
         raise redis.ConnectionError("connection lost")
 
     monkeypatch.setattr(runner, "fire", broken)
-    assert runner.fire_queued(rt).taken == 1  # the host job is not failed with the taken job's error
+    assert fire_queue.fire_queued(rt).taken == 1  # the host job is not failed with the taken job's error
     monkeypatch.undo()
     job = Job.fetch(job_id, connection=rt.raw)
     result = job.latest_result()
@@ -187,14 +187,14 @@ def test_dropping_a_taken_job_rides_out_a_short_redis_outage_and_gives_up_after_
         return runner.FireResult()
 
     monkeypatch.setattr(timers, "finish_taken", flaky)
-    monkeypatch.setattr(runner, "FINISH_WAIT_S", 1.0)
+    monkeypatch.setattr(fire_queue, "FINISH_WAIT_S", 1.0)
     monkeypatch.setattr(runner, "fire", fire_then_stop)
-    assert runner.fire_queued(rt).taken == 1
+    assert fire_queue.fire_queued(rt).taken == 1
     assert failures["left"] == 0 and not rt.raw.exists(Job.key_for(first))
 
     # Redis stays away longer than the retries: the error goes up (to RQ); the job stays marked for the orphan path.
     assert timers.take_fire(rt.raw, rt.owner.worker_id) == (second, timers.fire_loop_id(second))
     failures["left"] = 10
     with pytest.raises(redis.ConnectionError):
-        runner._finish_taken(rt, second)
+        fire_queue._finish_taken(rt, second)
     assert rt.raw.hget(Job.key_for(second), "status") == b"started"

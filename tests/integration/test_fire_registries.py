@@ -1,5 +1,5 @@
 """RQ's own view stays true under batching: the timer jobs a fire job takes from the queue behind it
-(``runner.fire_queued``) are settled as RQ settles the jobs it runs itself — the worker's successful and failed
+(``fire_queue.fire_queued``) are settled as RQ settles the jobs it runs itself — the worker's successful and failed
 counts, the finished registry by the job's own ``result_ttl``, the failed registry under the taken job's own id
 and error. Compared with a bare RQ ``SimpleWorker`` working the same number of plain jobs, in this process
 against the session's private redis-server."""

@@ -127,7 +127,7 @@ def test_a_worker_killed_in_a_fire_it_took_from_the_queue_has_that_run_retried_a
     cluster: Cluster,
 ) -> None:
     # Both timers reach the queue before any worker runs. The victim's RQ job fires "quick", then takes the timer
-    # job of "slow" from the queue behind it (runner.fire_queued) and is killed while that run goes on.
+    # job of "slow" from the queue behind it (fire_queue.fire_queued) and is killed while that run goes on.
     cmd = f'echo "start $LOOPS_SCHEDULED_FOR" >> {cluster.ledger_dir}/ledger-slow; sleep 4'
     now = timeutil.now()
     cluster.create("quick", "true", "--at", to_iso(now + timedelta(seconds=2)))
