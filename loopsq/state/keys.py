@@ -140,6 +140,40 @@ class Keys:
         """String with a TTL: the run id a run-now request produced (the CLI waits on it)."""
         return self._k("request", request_id)
 
+    # -- the fleet: queues, pools, missed slots -------------------------------------------------------------------
+    @property
+    def queues(self) -> str:
+        """Hash: RQ queue name -> JSON ``{"labels": [...], "since": iso}``: every requirement set a run has been
+        routed by (``domain.labels.queue_name``); workers listen on each one their labels satisfy."""
+        return self._k("queues")
+
+    @property
+    def pools(self) -> str:
+        """Hash: pool name -> JSON ``{"limit": N, ...}``: the fleet-wide pools (``loopsq pool set``)."""
+        return self._k("pools")
+
+    def pool_holders(self, pool: str) -> str:
+        """Hash: holder id -> ``<lease key>|<token>|<fence>``: who holds a slot of ``pool``; a holder is live while
+        its lease key holds its token (``state.pools``)."""
+        return self._k("pool", pool, "holders")
+
+    def pool_waiters(self, pool: str) -> str:
+        """Sorted set: holders waiting for a slot of ``pool``, by when they started waiting (ms): a fair queue."""
+        return self._k("pool", pool, "waiters")
+
+    def pool_seen(self, pool: str) -> str:
+        """Hash: waiter id -> when it last asked (ms); a waiter that stops asking leaves the queue."""
+        return self._k("pool", pool, "seen")
+
+    def pool_fence(self, pool: str) -> str:
+        """String: the last fencing number handed out for ``pool`` (one more per acquisition)."""
+        return self._k("pool", pool, "fence")
+
+    @property
+    def missed_counts(self) -> str:
+        """Hash: missed-slot reason kind -> how many slots were missed for it (``loopsq_slots_missed_total``)."""
+        return self._k("missed", "counts")
+
     # -- processes ---------------------------------------------------------------------------------------------
     @property
     def hosts(self) -> str:
