@@ -36,7 +36,10 @@ def fire(loop_id: str) -> dict[str, int]:
     (``fire_queue.fire_queued``)."""
     rt = _runtime()
     result = runner.fire(rt, loop_id)
-    result.absorb(fire_queue.fire_queued(rt))
+    from rq import get_current_job
+
+    job = get_current_job()
+    result.absorb(fire_queue.fire_queued(rt, queue_name=job.origin if job is not None else "loopsq"))
     return {"claimed": result.claimed, "completed": result.completed, "skipped": result.skipped,
             "taken": result.taken}
 

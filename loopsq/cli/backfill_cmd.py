@@ -16,7 +16,7 @@ from loopsq.domain.lifecycle import ensure_not_archived
 from loopsq.domain.run_rules import TERMINAL
 from loopsq.domain.schedules import parse_time
 from loopsq.domain.timeutil import gen_id, to_iso
-from loopsq.engine import timers
+from loopsq.engine.routing import enqueue_for_loop
 from loopsq.errors import LoopsqError, ValidationError
 from loopsq.state.runs import RunStore
 
@@ -81,7 +81,6 @@ def _run_slots(app: App, loop_id: str, slots: list[str], *, parallel: int, force
     """Enqueue one job per slot, at most ``parallel`` in flight, oldest first; each slot's (outcome, run id,
     final status)."""
     client = app.client()
-    raw = timers.raw_from(client)
     store = RunStore(client, app.keys)
     out: list[tuple[str, str | None, str | None] | None] = [None] * len(slots)
     pending = list(range(len(slots)))
@@ -90,8 +89,8 @@ def _run_slots(app: App, loop_id: str, slots: list[str], *, parallel: int, force
         while pending and len(flight) < parallel:
             index = pending.pop(0)
             request = gen_id()
-            timers.enqueue(raw, "worker.jobs.run_backfill", loop_id, slots[index], request, force, overlap,
-                           result_ttl=0)
+            enqueue_for_loop(client, app.keys, loop_id, "worker.jobs.run_backfill", loop_id, slots[index], request,
+                             force, overlap, result_ttl=0)
             flight[index] = (request, time.monotonic() + wait_s)
         for index, (request, deadline) in list(flight.items()):
             answer = client.get(app.keys.run_request(request))

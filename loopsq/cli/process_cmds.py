@@ -10,6 +10,7 @@ from types import FrameType
 import click
 
 from loopsq.cli.app import get_app
+from loopsq.engine.slots import DEFAULT_CONCURRENCY
 
 
 def _logging(name: str) -> None:
@@ -47,13 +48,23 @@ def scheduler(poll_ms: int) -> None:
 @click.option("--grace", metavar="DURATION",
               help="On SIGTERM, how long the current run may finish before it is cancelled and retried elsewhere "
                    "[the kill timeout (LOOPSQ_KILL_TIMEOUT, 30s on Heroku, else honcho's 5s) minus 2.5s].")
-def worker(burst: bool, grace: str | None) -> None:
-    """Run a worker: execute runs from loopsq's queue (scale horizontally)."""
+@click.option("--concurrency", metavar="N",
+              help="How many runs this worker holds at once, each a child process it supervises "
+                   f"(LOOPSQ_WORKER_CONCURRENCY) [{DEFAULT_CONCURRENCY}].")
+@click.option("--label", "labels", multiple=True, metavar="LABEL",
+              help="A label runs may require of this worker, e.g. gpu or repo:web (repeat; LOOPSQ_WORKER_LABELS, "
+                   "comma-separated). host:<name> and provider:<cli> for each agent CLI on PATH are added.")
+def worker(burst: bool, grace: str | None, concurrency: str | None, labels: tuple[str, ...]) -> None:
+    """Run a worker: execute runs from loopsq's queues (scale horizontally)."""
     import os
 
     from loopsq.cli.options import duration_flag
     from loopsq.engine.worker_process import run_worker
     from loopsq.ops import shutdown
+    from loopsq.ops.fleet_config import worker_concurrency, worker_declared_labels
+
+    slots = worker_concurrency(concurrency, os.environ)
+    declared = worker_declared_labels(labels, os.environ)
 
     if grace is not None:
         grace_ms, why = duration_flag("--grace", grace) or 0, "--grace"
@@ -64,5 +75,6 @@ def worker(burst: bool, grace: str | None) -> None:
     app = get_app()  # as the scheduler: Redis is waited for, a configuration error ends it (exit status 3)
     url = app.redis_url  # resolved first: with no Redis configured, the one error line comes before anything
     _logging("worker")
-    run_worker(url, burst=burst, grace_s=grace_ms / 1000.0,
-               announce=f"on SIGTERM the current run gets {shutdown.describe_ms(grace_ms)} to finish ({why})")
+    run_worker(url, burst=burst, grace_s=grace_ms / 1000.0, concurrency=slots, labels=declared,
+               announce=f"{slots} slot(s); on SIGTERM the current runs get {shutdown.describe_ms(grace_ms)} to finish "
+                        f"({why})")

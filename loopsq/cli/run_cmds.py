@@ -18,7 +18,7 @@ from loopsq.domain.redaction import public_run
 from loopsq.domain.run_rules import RETRYABLE, RUN_STATUSES, TERMINAL, LoopRun, attempt_label
 from loopsq.domain.text import shown
 from loopsq.domain.timeutil import gen_id
-from loopsq.engine import timers
+from loopsq.engine.routing import enqueue_for_loop
 from loopsq.errors import LoopsqError, NotFoundError, ValidationError
 from loopsq.mirror import queries
 
@@ -87,7 +87,8 @@ def _run_on_worker(app: App, loop_id: str, wait_s: float, *, retry: bool = True)
     client = app.client()
     request_id = gen_id()
     # Positional: RQ's enqueue keeps a keyword named ``retry`` for itself.
-    timers.enqueue(timers.raw_from(client), "worker.jobs.run_now", loop_id, request_id, *(() if retry else (False,)))
+    enqueue_for_loop(client, app.keys, loop_id, "worker.jobs.run_now", loop_id, request_id,
+                     *(() if retry else (False,)))
     deadline = time.monotonic() + wait_s
     run_id = None
     while run_id is None:

@@ -14,8 +14,8 @@ from loopsq.domain import limits, timeutil
 from loopsq.domain.redaction import public_event, public_step_run, public_workflow_run
 from loopsq.domain.text import shown
 from loopsq.domain.timeutil import gen_id
-from loopsq.engine import timers
 from loopsq.engine.recovery import step_alive
+from loopsq.engine.routing import enqueue_for_workflow
 from loopsq.errors import NotFoundError
 from loopsq.mirror import queries
 from loopsq.state.workflow_runs import WorkflowRunStore
@@ -57,7 +57,7 @@ def run(id_or_name: str, local: bool, show_output: bool, wait_s: float) -> None:
         finally:
             rt.stop()
     else:
-        timers.enqueue(timers.raw_from(app.client()), "worker.jobs.run_workflow", spec["id"], run_id)
+        enqueue_for_workflow(app.client(), app.keys, spec, run_id)
         _wait_terminal(app, run_id, wait_s)
     state = _store(app).require(run_id)
     steps = state.ordered_steps()

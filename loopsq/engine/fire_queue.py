@@ -18,7 +18,7 @@ DRAIN_BUDGET_S = 5.0
 
 
 def fire_queued(rt: Runtime, budget_s: float = DRAIN_BUDGET_S, *,
-                done_job: tuple[str, float] | None = None) -> runner.FireResult:
+                done_job: tuple[str, float] | None = None, queue_name: str = timers.QUEUE_NAME) -> runner.FireResult:
     """Fire the loops whose timer jobs wait at the head of loopsq's queue, one after another, as this worker
     would once RQ dequeued them, but without RQ's per-job bookkeeping (about half the cost of a short run).
 
@@ -31,7 +31,8 @@ def fire_queued(rt: Runtime, budget_s: float = DRAIN_BUDGET_S, *,
     (``timers.fail_taken``) and the next is taken, so the host job never carries another job's error.
 
     ``done_job``: (id, seconds) of a taken job this worker has finished already (the fire job loopsq's worker
-    took from RQ itself: ``rq_worker._Worker``), settled in the first round trip.
+    took from RQ itself: ``rq_worker._Worker``), settled in the first round trip. ``queue_name``: the queue it
+    came from, the one drained (every job there is one this worker may run).
     """
     out = runner.FireResult()
     deadline = time.monotonic() + budget_s
@@ -40,7 +41,7 @@ def fire_queued(rt: Runtime, budget_s: float = DRAIN_BUDGET_S, *,
     worker = rt.owner.worker_id
     try:
         while not rt.stopping and time.monotonic() < deadline:
-            taken = timers.take_fire(rt.raw, worker, done, took)
+            taken = timers.take_fire(rt.raw, worker, done, took, queue_name)
             done = None
             if taken is None:
                 break

@@ -20,6 +20,7 @@ from loopsq.domain.timeutil import from_iso, to_iso, to_ms
 from loopsq.engine import timers
 from loopsq.engine.faults import crash_point
 from loopsq.engine.recovery import live_worker_hosts, recover_runs, recover_workflow_runs, recovery_paused
+from loopsq.engine.routing import enqueue_for_loop, loop_queue
 from loopsq.engine.runtime import Runtime
 from loopsq.state.commit import Tx
 from loopsq.state.loop_watch import armed_score_ms
@@ -190,7 +191,8 @@ def check_loops(rt: Runtime, loop_ids: list[str], now: datetime, report: Report,
         elif on_time:
             index.zadd(rt.keys.loop_watch, {loop.id: max(armed_score_ms(to_ms(want), now_ms), now_ms + RECHECK_MS)})
         else:
-            timers.arm(rt.raw, rt.keys, loop.id, want)  # (moves its watch entry past the new timer's time)
+            # (moves its watch entry past the new timer's time)
+            timers.arm(rt.raw, rt.keys, loop.id, want, queue_name=loop_queue(loop))
             report.armed += 1
     if reindex and len(index):
         index.execute()
@@ -216,7 +218,20 @@ def retrigger(rt: Runtime, now: datetime) -> int:
             # Claimed (its claim consumed the request), or its request expired: nothing is left to run.
             rt.client.zrem(rt.keys.triggers, run_id)
             continue
-        timers.enqueue(rt.raw, "worker.jobs.run_triggered", run_id, result_ttl=timers.NO_RESULT_TTL)
+        loop_id = _trigger_loop(rt, run_id)
+        enqueue_for_loop(rt.client, rt.keys, loop_id or "", "worker.jobs.run_triggered", run_id,
+                         result_ttl=timers.NO_RESULT_TTL)
         rt.client.zadd(rt.keys.triggers, {run_id: to_ms(now)})
         count += 1
     return count
+
+
+def _trigger_loop(rt: Runtime, run_id: str) -> str | None:
+    """The loop a pending trigger is for (its request's ``loopId``), None when unreadable."""
+    import json
+
+    raw = rt.client.get(rt.keys.trigger(run_id))
+    try:
+        return str(json.loads(raw)["loopId"]) if raw else None
+    except (ValueError, KeyError, TypeError):
+        return None

@@ -1,5 +1,15 @@
-"""loopsq's RQ worker: RQ's ``SimpleWorker`` (no fork per job) on loopsq's queue, which renews RQ's heartbeats
-of the job it runs, tells loopsq when a warm shutdown starts, and rides out Redis outages.
+"""loopsq's RQ worker: RQ's ``SimpleWorker`` (no fork per job) on loopsq's queues, which runs several jobs at once
+(its slots), renews RQ's heartbeats of the jobs it runs, tells loopsq when a warm shutdown starts, and rides out
+Redis outages.
+
+- **Slots** (``engine.slots``): the main thread dequeues from RQ only while a slot is free, and hands each job to a
+  slot's thread, where a worker of its own (``_SlotWorker``: the same RQ name, its own execution) runs it as
+  RQ's ``SimpleWorker`` would. RQ's worker hash shows the worker busy while any slot is, with the newest job.
+- **Queues**: it listens on the queues its labels qualify it for (``routing.QueueWatch``), refreshed between
+  dequeues, so a requirement set created while it runs is served without a restart. Each blocking dequeue waits
+  ``DEQUEUE_BLOCK_S`` at most: a stop request, a new queue or a freed slot is seen within it.
+- **Stops**: a SIGTERM never interrupts the main thread (RQ raises ``StopRequested`` into it when idle, which can
+  drop a job between its dequeue and its start): it is noticed by the dequeue loop instead.
 
 - ``_JobBeat`` renews RQ's heartbeats of the running job, which RQ's ``SimpleWorker`` does not do by itself.
 - RQ's bookkeeping around a job (its end, its failure) is retried until Redis is back, so a job that ran is
@@ -24,7 +34,7 @@ from typing import Any
 
 import redis
 from rq import Queue, SimpleWorker
-from rq.exceptions import StopRequested
+from rq.exceptions import DequeueTimeout, StopRequested
 from rq.executions import Execution, ExecutionRegistry
 from rq.job import Job
 from rq.registry import (
@@ -35,14 +45,32 @@ from rq.registry import (
     ScheduledJobRegistry,
     StartedJobRegistry,
 )
+from rq.timeouts import BaseDeathPenalty
 from rq.worker import WorkerStatus
 
 from loopsq.engine import fire_queue, runner, timers
 from loopsq.engine.runtime import current_runtime
+from loopsq.engine.slots import Slots
 from loopsq.engine.timers import queue
 from loopsq.state.outages import OutageLog, is_transient, ride
 
 log = logging.getLogger("loopsq.timers")
+
+#: The longest one blocking dequeue waits (whole seconds: RQ's BLPOP/BLMOVE timeout).
+DEQUEUE_BLOCK_S = 1
+#: How often the dequeue loop renews the worker's own RQ heartbeat while it waits.
+HEARTBEAT_EVERY_S = 5.0
+
+
+class _NoDeathPenalty(BaseDeathPenalty):
+    """No RQ job timeout on a slot's thread (RQ's default uses SIGALRM, main thread only): loopsq's jobs never
+    time out in RQ (``timers.queue``), their targets' timeouts are loopsq's own."""
+
+    def setup_death_penalty(self) -> None:
+        return None
+
+    def cancel_death_penalty(self) -> None:
+        return None
 
 
 class _JobBeat:
@@ -127,6 +155,17 @@ class _Worker(SimpleWorker):
     #: A stop was requested (RQ raises StopRequested inside its loop when idle, leaving no other trace).
     stop_requested = False
     _beat: _JobBeat | None = None
+    #: The worker's slots; None: one job at a time on the main thread, RQ's own dequeue (a plain worker).
+    slots: Slots | None = None
+    #: The queue names to listen on now (``routing.QueueWatch.names``); None: the ones it was made with.
+    listen_on: Callable[[], list[str]] | None = None
+    #: On a slot's worker: the worker that dequeued (it shows the state; the slot's worker runs the job).
+    main: _Worker | None = None
+    _slot_workers: dict[int, _Worker] | None = None
+    _next_heartbeat = 0.0
+    #: What ``_show_state`` last wrote (state, job).
+    _shown: tuple[str, str | None] | None = None
+    _show_lock = threading.Lock()
 
     def request_stop(self, signum: Any, frame: Any) -> None:
         self.stop_requested = True
@@ -134,7 +173,124 @@ class _Worker(SimpleWorker):
             self.on_stop()
         super().request_stop(signum, frame)  # type: ignore[no-untyped-call]
 
+    def _shutdown(self) -> None:
+        if self.slots is None:
+            super()._shutdown()  # type: ignore[no-untyped-call]
+            return
+        # Never StopRequested into the main thread (it could drop a job between its dequeue and its start): the
+        # dequeue loop sees the request within DEQUEUE_BLOCK_S and ends RQ's loop; the slots then drain.
+        self._stop_requested = True
+        self._best_effort(self.set_shutdown_requested_date)
+
+    # -- slots and queues ----------------------------------------------------------------------------------------
+    def dequeue_job_and_maintain_ttl(self, timeout: int | None,
+                                     max_idle_time: int | None = None) -> tuple[Job, Queue] | None:
+        """RQ's dequeue, taking a job only while a slot is free, from the queues this worker listens on now."""
+        if self.slots is None:
+            return super().dequeue_job_and_maintain_ttl(timeout, max_idle_time)
+        burst = timeout is None
+        idle_since = time.monotonic()
+        wait_s = 1.0
+        while True:
+            if time.monotonic() >= self._next_heartbeat:
+                self._next_heartbeat = time.monotonic() + HEARTBEAT_EVERY_S
+                self.heartbeat()
+            if self._stop_requested:
+                return None
+            if not self.slots.wait_free(DEQUEUE_BLOCK_S):
+                continue
+            self._listen()
+            with self._show_lock:
+                self._show_state()
+            try:
+                result = self.queue_class.dequeue_any(
+                    self._ordered_queues, None if burst else DEQUEUE_BLOCK_S, connection=self.connection,
+                    job_class=self.job_class, serializer=self.serializer,
+                    death_penalty_class=self.death_penalty_class)
+            except DequeueTimeout:
+                if max_idle_time is not None and time.monotonic() - idle_since >= max_idle_time:
+                    return None
+                continue
+            except redis.exceptions.ConnectionError as exc:
+                self.log.error("Worker %s: could not connect to Redis instance: %s retrying in %d seconds...",
+                               self.name, exc, wait_s)
+                time.sleep(wait_s)
+                wait_s = min(wait_s * 2, self.max_connection_wait_time)
+                continue
+            if result is not None:
+                self.reorder_queues(reference_queue=result[1])
+            return result
+
+    def _listen(self) -> None:
+        """Listen on the queues ``listen_on`` gives now (RQ's worker hash shows them)."""
+        if self.listen_on is None:
+            return
+        names = self.listen_on()
+        if names == [q.name for q in self.queues]:
+            return
+        self.queues = [queue(self.connection, name) for name in names]
+        self._ordered_queues = self.queues[:]
+        self._best_effort(lambda: self.connection.hset(self.key, "queues", ",".join(names)))
+
+    def _show_state(self, without: str | None = None) -> None:
+        """RQ's worker hash: busy with the newest job while any slot runs one (but ``without``, a job that is
+        ending), else idle; written when it changes."""
+        if self.slots is None:
+            return
+        jobs = [job for job in self.slots.jobs() if job != without]
+        self._state = WorkerStatus.BUSY if jobs else WorkerStatus.IDLE
+        shown = ("busy", jobs[-1]) if jobs else ("idle", None)
+        if shown == self._shown:
+            return
+
+        def write() -> None:
+            with self.connection.pipeline() as pipe:
+                pipe.hset(self.key, "state", shown[0])
+                if shown[1] is not None:
+                    pipe.hset(self.key, "current_job", shown[1])
+                else:
+                    pipe.hdel(self.key, "current_job")
+                pipe.execute()
+            self._shown = shown
+
+        self._best_effort(write)
+
     def execute_job(self, job: Job, queue: Queue) -> None:
+        """On a worker with slots, the job runs on a free slot's thread (the main thread goes back to dequeuing);
+        otherwise here (``execute_here``)."""
+        if self.slots is None or self.main is not None:
+            self.execute_here(job, queue)
+            return
+        listened = self.queues  # (as dequeued: RQ judges by their number whether the job sits in an intermediate list)
+        self.slots.start(job.id, lambda number: self._run_on_slot(number, job, queue, listened))
+        with self._show_lock:
+            self._shown = None  # (a fire job's start wrote the hash itself)
+            self._show_state()
+
+    def _run_on_slot(self, number: int, job: Job, queue: Queue, listened: list[Queue]) -> None:
+        try:
+            self._slot_worker(number, listened).execute_here(job, queue)
+        finally:
+            with self._show_lock:
+                self._shown = None  # (the slot's job wrote the hash itself)
+                self._show_state(without=job.id)
+
+    def _slot_worker(self, number: int, listened: list[Queue]) -> _Worker:
+        """The worker a slot runs its jobs with: RQ's per-job state (its execution, its job) is its own; its
+        name, connection and queues are this worker's."""
+        if self._slot_workers is None:
+            self._slot_workers = {}
+        worker = self._slot_workers.get(number)
+        if worker is None:
+            worker = _SlotWorker(self.queues, connection=self.connection, name=self.name,
+                                 exception_handlers=self._exc_handlers or None)
+            worker.main, worker.outage, worker.on_stop = self, self.outage, None
+            worker.job_monitoring_interval = self.job_monitoring_interval
+            self._slot_workers[number] = worker
+        worker.queues = listened
+        return worker
+
+    def execute_here(self, job: Job, queue: Queue) -> None:
         """A loop timer's fire job is run as the ones a fire takes from the queue (``fire_queue.fire_queued``), not
         through RQ's per-job bookkeeping (an execution, the started registry, the job's status read back and
         written again: 13 round trips a job): one script takes it, and it is settled as RQ settles a job in the
@@ -146,10 +302,12 @@ class _Worker(SimpleWorker):
             super().execute_job(job, queue)
             return
         started = time.monotonic()
-        self._state = WorkerStatus.BUSY  # (what set_state records here; the script records it in Redis)
+        if self.main is None:
+            self._state = WorkerStatus.BUSY  # (what set_state records here; the script records it in Redis)
         self._ride(lambda: timers.start_dequeued(self.connection, job, self.name))
+        # (On a slot, the dequeuing worker's loop renews the worker's heartbeat.)
         beat = _JobBeat(self, job, self.job_monitoring_interval,
-                        beat=lambda: self.heartbeat(self.job_monitoring_interval + 60))
+                        beat=lambda: self.heartbeat(self.job_monitoring_interval + 60)) if self.main is None else None
         error: str | None = None
         try:
             runner.fire(rt, timers.fire_loop_id(job.id))
@@ -157,11 +315,14 @@ class _Worker(SimpleWorker):
             log.exception("fire job %s failed", job.id)
             error = traceback.format_exc()
         finally:
-            beat.stop()
+            if beat is not None:
+                beat.stop()
         if error is None:
-            fire_queue.fire_queued(rt, done_job=(job.id, time.monotonic() - started))
+            fire_queue.fire_queued(rt, done_job=(job.id, time.monotonic() - started), queue_name=queue.name)
         else:
             fire_queue.fail_taken(rt, job.id, error, time.monotonic() - started)
+        if self.main is not None:
+            return  # (the dequeuing worker shows the state)
         self._state = WorkerStatus.IDLE
         self._best_effort(self._idle)
 
@@ -233,6 +394,17 @@ class _Worker(SimpleWorker):
         self._best_effort(super().set_shutdown_requested_date)
 
 
+class _SlotWorker(_Worker):
+    """The worker a slot runs its job with (``_Worker._slot_worker``): never registered nor dequeuing; the state
+    RQ shows is the dequeuing worker's to write, and RQ's job timeout (SIGALRM) is off on a thread."""
+
+    death_penalty_class = _NoDeathPenalty
+
+    def set_state(self, state: str, pipeline: Any = None) -> None:
+        if str(getattr(state, "value", state)) == "busy":
+            super().set_state(state, pipeline)
+
+
 class _OutageFilter(logging.Filter):
     """Drops RQ's per-try lines about an unreachable Redis, and reports the failure to the ``OutageLog``."""
 
@@ -263,8 +435,12 @@ def _install_filter(outage: OutageLog) -> None:
 
 
 def make_worker(raw: redis.Redis, name: str, exception_handler: Callable[..., Any] | None = None,
-                on_stop: Callable[[], None] | None = None, outage: OutageLog | None = None) -> SimpleWorker:
+                on_stop: Callable[[], None] | None = None, outage: OutageLog | None = None,
+                slots: Slots | None = None, queue_names: Callable[[], list[str]] | None = None) -> SimpleWorker:
     """An RQ worker on loopsq's queue that runs jobs in its own process (no fork per job).
+
+    With ``slots`` it runs up to that many jobs at once, each on a slot's thread, and listens on the queues
+    ``queue_names`` gives (refreshed between dequeues; default: the base queue).
 
     loopsq's jobs start their targets as separate process groups already, and its leases, heartbeats and cancel
     polling live in this process, so RQ's fork-per-job isolation would only add ~12 ms per job. On SIGTERM RQ
@@ -272,9 +448,12 @@ def make_worker(raw: redis.Redis, name: str, exception_handler: Callable[..., An
     ``outage``, RQ's bookkeeping around a job rides out Redis outages, reported there.
     """
     handlers = [exception_handler] if exception_handler else None
-    worker = _Worker([queue(raw)], connection=raw, name=name, exception_handlers=handlers)
+    names = queue_names() if queue_names is not None else [timers.QUEUE_NAME]
+    worker = _Worker([queue(raw, n) for n in names], connection=raw, name=name, exception_handlers=handlers)
     worker.on_stop = on_stop
     worker.outage = outage
+    worker.slots, worker.listen_on = slots, queue_names
+    worker._show_lock = threading.Lock()
     # RQ waits up to 60 s between reconnection tries by default; a restarted Redis should be used at once.
     worker.max_connection_wait_time = 2.0
     if outage is not None:

@@ -28,6 +28,7 @@ from loopsq.engine import timers
 from loopsq.engine.faults import crash_point
 from loopsq.engine.live import LiveWriter
 from loopsq.engine.prechecks import precheck_slot
+from loopsq.engine.routing import loop_queue
 from loopsq.engine.runtime import LEASE_LOST, SHUTTING_DOWN, Runtime
 from loopsq.engine.steering import execute_with_control
 from loopsq.engine.workflow_runner import execute_workflow
@@ -68,7 +69,7 @@ def ensure_timer(rt: Runtime, loop: Loop | None) -> None:
     if at is None:
         timers.disarm(rt.raw, rt.keys, loop.id)
     else:
-        timers.arm(rt.raw, rt.keys, loop.id, at)
+        timers.arm(rt.raw, rt.keys, loop.id, at, queue_name=loop_queue(loop))
 
 
 class ArmAfter:
@@ -89,7 +90,7 @@ class ArmAfter:
         at = rules.timer_at(loop)
         if at is None or at <= self.not_before or (self.wanted is not None and not self.wanted(loop)):
             return
-        timers.arm_after(pipe, self.rt.raw, self.rt.keys, loop.id, at, loop_json)
+        timers.arm_after(pipe, self.rt.raw, self.rt.keys, loop.id, at, loop_json, loop_queue(loop))
         self.at = at
 
     def outcome(self, replies: list[object]) -> datetime | str | None:

@@ -146,6 +146,8 @@ class Runtime:
         self._reaper = reaper
         #: The server's time of this runtime's latest beat (``outages.note_seen``); 0 before the first.
         self.seen_ms = 0
+        #: More of this process's liveness record (a worker's labels, slots and queues), read on every beat.
+        self.describe: Callable[[], dict[str, object]] | None = None
         self.started_at = timeutil.to_iso(timeutil.now())
 
     @property
@@ -258,6 +260,8 @@ class Runtime:
         }
         if self.role == "worker":
             record["can"] = published()  # what its targets can find: PATH, provider CLIs, accounts CLI
+        if self.describe is not None:
+            record.update(self.describe())
         pipe = self.client.pipeline(transaction=False)
         note_seen(pipe, self.keys, OUTAGE_GAP_MS, OUTAGE_GRACE_MS, self.seen_ms)
         pipe.set(self._liveness_key(), json.dumps(record), px=LIVENESS_TTL_MS)

@@ -17,6 +17,7 @@ Switching the timer (for example to RQ's own scheduler) touches this file only.
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from datetime import datetime
@@ -32,14 +33,17 @@ from rq.utils import utcformat
 from rq.worker import Worker
 from rq_scheduler import Scheduler
 
-from loopsq.domain.timeutil import gen_id, to_ms
+from loopsq.domain import labels
+from loopsq.domain.timeutil import gen_id, now, to_iso, to_ms
 from loopsq.state.connection import sibling
 from loopsq.state.keys import Keys
 from loopsq.state.loop_watch import TIMER_PREFIX, armed_score_ms
 
 log = logging.getLogger("loopsq.timers")
 
-QUEUE_NAME = "loopsq"
+#: The queue of runs that require nothing of their worker; a requirement set has a queue of its own
+#: (``domain.labels.queue_name``), listed in ``keys.queues``.
+QUEUE_NAME = labels.BASE_QUEUE
 FIRE = "worker.jobs.fire"
 #: Every timer's job id starts with this, then ``<loop id>-<due ms>-<random>``.
 FIRE_PREFIX = TIMER_PREFIX
@@ -84,9 +88,33 @@ def scheduler(raw: redis.Redis) -> MsScheduler:
     return MsScheduler(queue_name=QUEUE_NAME, connection=raw, interval=1)
 
 
-def queue(raw: redis.Redis) -> Queue:
-    """loopsq's RQ queue. Jobs never time out in RQ: loopsq enforces target timeouts itself."""
-    return Queue(QUEUE_NAME, connection=raw, default_timeout=-1)
+def queue(raw: redis.Redis, name: str = QUEUE_NAME) -> Queue:
+    """One of loopsq's RQ queues (the base one by default). Jobs never time out in RQ: loopsq enforces target
+    timeouts itself."""
+    return Queue(name, connection=raw, default_timeout=-1)
+
+
+def queue_entry(name: str) -> str:
+    """The registry entry (``keys.queues``) of a queue: its requirement set and when it was first used."""
+    return json.dumps({"labels": list(labels.queue_requirements(name) or ()), "since": to_iso(now())},
+                      separators=(",", ":"))
+
+
+def register_queue(client: redis.Redis, keys: Keys, name: str) -> None:
+    """List ``name`` in the queue registry (a no-op for the base queue, and for one listed already)."""
+    if name != QUEUE_NAME:
+        client.hsetnx(keys.queues, name, queue_entry(name))
+
+
+def registered_queues(client: redis.Redis, keys: Keys) -> dict[str, tuple[str, ...]]:
+    """Every queue a run has been routed to, with its requirement set (the base queue, with none, included)."""
+    found: dict[str, tuple[str, ...]] = {QUEUE_NAME: ()}
+    for name in client.hkeys(keys.queues):
+        text = name.decode() if isinstance(name, bytes) else str(name)
+        requirements = labels.queue_requirements(text)
+        if requirements is not None:
+            found[text] = requirements
+    return found
 
 
 # Arm a loop's timer in one round trip. When the entry armed already is for the same millisecond and still
@@ -101,9 +129,13 @@ def queue(raw: redis.Redis) -> Queue:
 # arm that follows a claim or a finalize in the same round trip (``arm_after``) then applies only when that
 # transition's loop is the loop now, so it can never arm a loop that someone else has moved since.
 #
-# KEYS: the loop's timer key, the scheduled set, the loop watch, the new job's hash, the loop.
+# The job's queue (its ``origin``) is the loop's requirement set's (``domain.labels.queue_name``); a queue other
+# than the base one is listed in loopsq's queue registry (``keys.queues``), where workers find what to listen on.
+#
+# KEYS: the loop's timer key, the scheduled set, the loop watch, the new job's hash, the loop, the queue registry.
 # ARGV: job id prefix (loop and ms), watch score, loop id, new job id, score (s), job key prefix, worker key
-#       prefix, expected loop JSON or '', then the job hash's fields and values.
+#       prefix, expected loop JSON or '', the queue to list ('' for the base one) and its registry entry, then
+#       the job hash's fields and values.
 # Returns the armed job id, or 0 when the loop was not the one expected.
 _ARM = """
 if ARGV[8] ~= '' and redis.call('GET', KEYS[5]) ~= ARGV[8] then return 0 end
@@ -112,7 +144,8 @@ if id and string.sub(id, 1, #ARGV[1]) == ARGV[1] and redis.call('ZSCORE', KEYS[2
   redis.call('ZADD', KEYS[3], ARGV[2], ARGV[3])
   return id
 end
-redis.call('HSET', KEYS[4], unpack(ARGV, 9))
+if ARGV[9] ~= '' then redis.call('HSETNX', KEYS[6], ARGV[9], ARGV[10]) end
+redis.call('HSET', KEYS[4], unpack(ARGV, 11))
 redis.call('ZADD', KEYS[2], ARGV[5], ARGV[4])
 redis.call('SET', KEYS[1], ARGV[4])
 if id and id ~= ARGV[4] then
@@ -131,42 +164,47 @@ return ARGV[4]
 """
 
 
-def _arm_command(raw: redis.Redis, keys: Keys, loop_id: str, at: datetime,
-                 expect_loop: str | None) -> tuple[list[str], list[Any]]:
-    """KEYS and ARGV of ``_ARM`` for the loop's timer at ``at``: the job is made as ``MsScheduler.enqueue_at``
-    makes it (rq-scheduler's ``_create_job``), not saved, its hash written by the script."""
+def _arm_command(raw: redis.Redis, keys: Keys, loop_id: str, at: datetime, expect_loop: str | None,
+                 queue_name: str) -> tuple[list[str], list[Any]]:
+    """KEYS and ARGV of ``_ARM`` for the loop's timer at ``at`` on ``queue_name``: the job is made as
+    ``MsScheduler.enqueue_at`` makes it (rq-scheduler's ``_create_job``), not saved, its hash written by the
+    script."""
     sched = scheduler(raw)
     prefix = f"{FIRE_PREFIX}{loop_id}-{to_ms(at)}-"
     watch = str(armed_score_ms(to_ms(at), int(time.time() * 1000)))
     job_id = f"{prefix}{gen_id()[:6]}"
     job = sched._create_job(FIRE, args=(loop_id,), timeout=-1, id=job_id, result_ttl=NO_RESULT_TTL,
-                            queue_name=QUEUE_NAME, commit=False)
+                            queue_name=queue_name, commit=False)
     fields: list[Any] = []
     for name, value in job.to_dict(include_meta=True).items():
         fields += (name, value)
-    keys_ = [keys.timer(loop_id), sched.scheduled_jobs_key, keys.loop_watch, job.key, keys.loop(loop_id)]
+    keys_ = [keys.timer(loop_id), sched.scheduled_jobs_key, keys.loop_watch, job.key, keys.loop(loop_id),
+             keys.queues]
+    listed = "" if queue_name == QUEUE_NAME else queue_name
     args = [prefix, watch, loop_id, job_id, str(to_ms(at) / 1000.0), Job.key_for(""), keys.worker(""),
-            expect_loop or "", *fields]
+            expect_loop or "", listed, queue_entry(queue_name) if listed else "", *fields]
     return keys_, args
 
 
-def arm(raw: redis.Redis, keys: Keys, loop_id: str, at: datetime, *, expect_loop: str | None = None) -> str | None:
+def arm(raw: redis.Redis, keys: Keys, loop_id: str, at: datetime, *, expect_loop: str | None = None,
+        queue_name: str = QUEUE_NAME) -> str | None:
     """Arm the loop's single timer at ``at``, replacing any previous entry, in one round trip. Returns the
     timer's job id; None when ``expect_loop`` (a loop's JSON) was given and the loop is no longer that.
 
     When the entry already armed is for the same millisecond and still scheduled, no timer is written. Either way
     the loop's maintenance watch (``state.loop_watch``) moves to a grace after ``at``.
     """
-    keys_, args = _arm_command(raw, keys, loop_id, at, expect_loop)
+    keys_, args = _arm_command(raw, keys, loop_id, at, expect_loop, queue_name)
     armed = raw.eval(_ARM, len(keys_), *keys_, *args)
     return _text(armed) if armed else None
 
 
-def arm_after(pipe: Pipeline, raw: redis.Redis, keys: Keys, loop_id: str, at: datetime, loop_json: str) -> None:
+def arm_after(pipe: Pipeline, raw: redis.Redis, keys: Keys, loop_id: str, at: datetime, loop_json: str,
+              queue_name: str = QUEUE_NAME) -> None:
     """Queue ``arm`` of the loop's timer at ``at`` on ``pipe``, right behind the transition that wrote the loop
     as ``loop_json``: it applies only while the loop is exactly that (see ``_ARM``). The pipeline's reply for it
     is the armed job id, or 0. ``raw``: RQ's client, for the job's serializer."""
-    keys_, args = _arm_command(raw, keys, loop_id, at, loop_json)
+    keys_, args = _arm_command(raw, keys, loop_id, at, loop_json, queue_name)
     pipe.eval(_ARM, len(keys_), *keys_, *args)
 
 
@@ -234,8 +272,9 @@ def armed_state(raw: redis.Redis, keys: Keys, loop_ids: list[str]) -> dict[str, 
     }
 
 
-# Move due timers onto the queue: what rq-scheduler's ``enqueue_jobs`` does (the job marked queued with its
-# enqueue time, its id pushed onto the queue, the entry removed), for a batch in one round trip and atomically
+# Move due timers onto their queues: what rq-scheduler's ``enqueue_jobs`` does (the job marked queued with its
+# enqueue time, its id pushed onto its queue, the one its ``origin`` names, the entry removed), for a batch in one
+# round trip and atomically
 # per entry: ZREM decides who moves an entry, so any number of schedulers may move at once without duplicating
 # one. (Stock rq-scheduler fetches and unpickles each job, saves it whole, then ZREMs it: ~3 round trips a timer,
 # and two schedulers can both enqueue one entry.)
@@ -245,14 +284,17 @@ local moved = 0
 for _, id in ipairs(ids) do
   if redis.call('ZREM', KEYS[1], id) == 1 then
     local key = ARGV[3] .. id
-    if redis.call('EXISTS', key) == 1 then
-      redis.call('HSET', key, 'status', 'queued', 'enqueued_at', ARGV[4], 'origin', ARGV[5])
-      redis.call('RPUSH', KEYS[2], id)
+    local origin = redis.call('HGET', key, 'origin')
+    if origin then
+      if origin == '' then origin = ARGV[5] end
+      redis.call('HSET', key, 'status', 'queued', 'enqueued_at', ARGV[4])
+      local qkey = ARGV[6] .. origin
+      redis.call('RPUSH', qkey, id)
+      redis.call('SADD', KEYS[3], qkey)
       moved = moved + 1
     end
   end
 end
-if moved > 0 then redis.call('SADD', KEYS[3], KEYS[2]) end
 return {moved, #ids}
 """
 
@@ -268,7 +310,8 @@ def move_due(raw: redis.Redis, now_s: float | None = None) -> int:
     moved = 0
     while True:
         done, seen = raw.eval(_MOVE_DUE, 3, sched.scheduled_jobs_key, q.key, q.redis_queues_keys, until,
-                              MOVE_BATCH, Job.key_for(""), utcformat(utcnow()), q.name)
+                              MOVE_BATCH, Job.key_for(""), utcformat(utcnow()), q.name,
+                              Queue.redis_queue_namespace_prefix)
         moved += int(done)
         if int(seen) < MOVE_BATCH:
             return moved
@@ -355,7 +398,7 @@ def is_fire_job(job: Job) -> bool:
 def start_dequeued(raw: redis.Redis, job: Job, worker: str) -> None:
     """Take a fire job RQ dequeued for ``worker`` as ``take_fire`` takes one (see ``_START_DEQUEUED``); it is
     settled the same way (``take_fire``'s ``done``, ``finish_taken``, ``fail_taken``)."""
-    q = queue(raw)
+    q = queue(raw, job.origin or QUEUE_NAME)
     raw.eval(_START_DEQUEUED, 3, q.intermediate_queue_key, job.key, f"{Worker.redis_worker_namespace_prefix}{worker}",
              job.id, worker, utcformat(utcnow()))
 
@@ -365,14 +408,15 @@ def start_dequeued(raw: redis.Redis, job: Job, worker: str) -> None:
 TAKEN_FAILURE_TTL = 24 * 3600
 
 
-def take_fire(raw: redis.Redis, worker: str, done: str | None = None, took_s: float = 0.0) -> tuple[str, str] | None:
-    """Take the timer job at the head of loopsq's queue for ``worker`` to fire without another RQ job:
-    (job id, loop id), or None when the head is not a timer's job (or the queue is empty).
+def take_fire(raw: redis.Redis, worker: str, done: str | None = None, took_s: float = 0.0,
+              queue_name: str = QUEUE_NAME) -> tuple[str, str] | None:
+    """Take the timer job at the head of loopsq's queue ``queue_name`` for ``worker`` to fire without another RQ
+    job: (job id, loop id), or None when the head is not a timer's job (or the queue is empty).
 
     ``done``: the job this worker took before and has finished (in ``took_s`` seconds); it is settled in the same
     round trip as RQ would settle it (pass it to ``finish_taken`` instead when not taking another).
     """
-    q = queue(raw)
+    q = queue(raw, queue_name)
     taken = raw.eval(_TAKE_FIRE, 2, q.key, q.finished_job_registry.key, Job.key_for(""), FIRE_PREFIX, worker,
                      done or "", utcformat(utcnow()), repr(took_s), Worker.redis_worker_namespace_prefix)
     if not taken:
@@ -424,10 +468,12 @@ def next_due_in(raw: redis.Redis) -> float | None:
 
 
 def enqueue(raw: redis.Redis, func: str, *args: Any, job_id: str | None = None, result_ttl: int = RESULT_TTL,
-            **kwargs: Any) -> str:
-    """Enqueue a loopsq job now; returns its id. ``result_ttl``: seconds RQ keeps the finished job and its
-    result (0: deleted when done)."""
-    job = queue(raw).enqueue(
+            queue_name: str = QUEUE_NAME, keys: Keys | None = None, **kwargs: Any) -> str:
+    """Enqueue a loopsq job now on ``queue_name`` (the queue of the run's requirement set, listed in the queue
+    registry of ``keys``); returns its id. ``result_ttl``: seconds RQ keeps the finished job and its result (0:
+    deleted when done)."""
+    register_queue(raw, keys or Keys(), queue_name)
+    job = queue(raw, queue_name).enqueue(
         func, *args, job_id=job_id, job_timeout=-1, result_ttl=result_ttl, failure_ttl=FAILURE_TTL, **kwargs
     )
     return str(job.id)

@@ -65,6 +65,8 @@ def trigger_with(
         return trigger_with(client, keys, id_or_name, idempotency_key, window_ms=window_ms, enqueue=enqueue,
                             retry=retry)
     if enqueue:
-        timers.enqueue(timers.raw_from(client), "worker.jobs.run_triggered", run_id, job_id=f"loopsq-trigger-{run_id}",
-                       result_ttl=timers.NO_RESULT_TTL)
+        from loopsq.engine.routing import enqueue_for_loop
+
+        enqueue_for_loop(client, keys, loop, "worker.jobs.run_triggered", run_id, job_id=f"loopsq-trigger-{run_id}",
+                         result_ttl=timers.NO_RESULT_TTL)
     return run_id, True

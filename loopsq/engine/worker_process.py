@@ -15,7 +15,10 @@ import redis
 
 from loopsq.engine import rq_worker, timers
 from loopsq.engine.recovery import kill_orphans_of, reap_host, recovery_paused
+from loopsq.engine.routing import QueueWatch, worker_labels
 from loopsq.engine.runtime import Runtime, current_runtime, set_current_runtime
+from loopsq.engine.slots import DEFAULT_CONCURRENCY, Slots
+from loopsq.executor.capabilities import published
 from loopsq.state.outages import is_transient, wait_for_redis
 
 log = logging.getLogger("loopsq.worker")
@@ -39,9 +42,13 @@ def kill_orphans(rt: Runtime) -> int:
 
 
 def run_worker(url: str, *, burst: bool = False, stop: threading.Event | None = None, grace_s: float = 30.0,
-               announce: str | None = None) -> None:
-    """Run the worker until SIGTERM/SIGINT: it stops taking jobs, lets the current run finish within
-    ``grace_s``, then cancels it so it is recorded and retried elsewhere (nothing is left running unowned).
+               announce: str | None = None, concurrency: int = DEFAULT_CONCURRENCY,
+               labels: list[str] | None = None) -> None:
+    """Run the worker until SIGTERM/SIGINT: it stops taking jobs, lets the current runs finish within
+    ``grace_s``, then cancels them so they are recorded and retried elsewhere (nothing is left running unowned).
+
+    It holds up to ``concurrency`` runs at once (``engine.slots``) and takes them from the queues its labels
+    (``labels``, declared, plus ``host:`` and ``provider:`` ones found here) qualify it for (``engine.routing``).
 
     Redis being unreachable or restarting never ends it: it waits (one log line when the outage starts, one
     when it ends) and goes on under the same worker id, so the runs it holds stay its own; a run that ends
@@ -55,6 +62,11 @@ def run_worker(url: str, *, burst: bool = False, stop: threading.Event | None = 
     if not _between_incarnations(stop, lambda: wait_for_redis(rt.direct, rt.outage, stop)):
         return
     set_current_runtime(rt)
+    slots = Slots(concurrency)
+    every = worker_labels(published(), rt.owner.host, labels or ())
+    watch = QueueWatch(rt.direct, rt.keys, every)
+    rt.describe = lambda: {"labels": every, "slots": slots.capacity, "busy": slots.in_use,
+                           "queues": watch.names()}
     try:
         try:
             rt.start()
@@ -71,17 +83,31 @@ def run_worker(url: str, *, burst: bool = False, stop: threading.Event | None = 
         while not stop.is_set():
             # RQ gets a plain client of its own: its loop handles a failing Redis itself (and quits on some).
             worker = rq_worker.make_worker(timers.raw_from(rt.direct), rt.owner.worker_id, on_stop=on_stop,
-                                           outage=rt.outage)
+                                           outage=rt.outage, slots=slots, queue_names=watch.names)
             if rq_worker.work(worker, burst=burst) or rt.stopping:
+                _drain(rt, slots, grace_s, cancel=False)  # (a stop request started the grace already)
                 return
             # RQ's loop quit (Redis went away under it): the same worker again, once Redis answers.
             if not _between_incarnations(stop, partial(_restart, rt, worker, stop)):
                 return
     finally:
+        _drain(rt, slots, grace_s, cancel=True)
         set_current_runtime(None)
         with contextlib.suppress(Exception):
             rt.stop()
         log.info("stopped")
+
+
+def _drain(rt: Runtime, slots: Slots, grace_s: float, *, cancel: bool) -> None:
+    """Wait for the runs still on slots to be recorded. A stop request gave them the grace already
+    (``Runtime.begin_shutdown``: then they are cancelled and retried elsewhere); a burst lets them finish;
+    ``cancel`` (the worker ends on an error) starts the grace here."""
+    if not slots.in_use:
+        return
+    log.info("waiting for %d running run(s) to end", slots.in_use)
+    if cancel:
+        rt.begin_shutdown(grace_s)
+    slots.drain()
 
 
 def _restart(rt: Runtime, worker: object, stop: threading.Event) -> bool:

@@ -17,7 +17,7 @@ import anyio.to_thread
 from loopsq.domain.redaction import public_run, public_step_run, public_workflow_run
 from loopsq.domain.run_rules import TERMINAL, LoopRun
 from loopsq.domain.timeutil import gen_id
-from loopsq.engine import timers
+from loopsq.engine.routing import enqueue_for_loop, enqueue_for_workflow
 from loopsq.errors import LoopsqError
 from loopsq.mcp import schemas as s
 from loopsq.mcp.context import McpContext
@@ -98,7 +98,8 @@ async def loop_run_now(call: Call) -> dict[str, Any]:
     deadline = reporter.started + wait_s
     loop = await anyio.to_thread.run_sync(LoopStore(ctx.client, ctx.keys).require, args["idOrName"])
     request_id = gen_id()
-    await anyio.to_thread.run_sync(lambda: timers.enqueue(ctx.raw(), "worker.jobs.run_now", loop.id, request_id))
+    await anyio.to_thread.run_sync(
+        lambda: enqueue_for_loop(ctx.client, ctx.keys, loop, "worker.jobs.run_now", loop.id, request_id))
     run_id = await _await_pickup(ctx, request_id, reporter)
     while True:
         run_id, run, tail = await anyio.to_thread.run_sync(_read_loop_run, ctx, request_id, run_id)
@@ -134,7 +135,7 @@ async def workflow_run(call: Call) -> dict[str, Any]:
     deadline = reporter.started + wait_s
     spec = await anyio.to_thread.run_sync(WorkflowStore(ctx.client, ctx.keys).require, args["idOrName"])
     run_id = gen_id()
-    await anyio.to_thread.run_sync(lambda: timers.enqueue(ctx.raw(), "worker.jobs.run_workflow", spec["id"], run_id))
+    await anyio.to_thread.run_sync(lambda: enqueue_for_workflow(ctx.client, ctx.keys, spec, run_id))
     result: dict[str, Any] = {"runId": run_id, "workflowId": spec["id"], "workflowName": spec["name"],
                               "status": "queued", "finished": False}
     store = WorkflowRunStore(ctx.client, ctx.keys)

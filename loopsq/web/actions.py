@@ -20,9 +20,9 @@ from fastapi.responses import RedirectResponse, Response
 
 from loopsq.domain.lifecycle import ensure_not_archived
 from loopsq.domain.timeutil import gen_id
-from loopsq.engine import timers
 from loopsq.engine.cancel import cancel_run
 from loopsq.engine.recovery import step_alive
+from loopsq.engine.routing import enqueue_for_loop
 from loopsq.engine.triggers import trigger_with
 from loopsq.errors import ConflictError, ValidationError
 from loopsq.state.loops import LoopStore
@@ -88,7 +88,7 @@ def _loop_action(ctx: WebContext, loop: str, verb: str) -> str:
 def _run_now(ctx: WebContext, loop_id: str) -> str | None:
     """Hand a run-now to a worker (as ``loopsq run-now``); the run id once one took it, None if none did yet."""
     request_id = gen_id()
-    timers.enqueue(ctx.raw(), "worker.jobs.run_now", loop_id, request_id)
+    enqueue_for_loop(ctx.client, ctx.keys, loop_id, "worker.jobs.run_now", loop_id, request_id)
     deadline = time.monotonic() + PICKUP_S
     while time.monotonic() < deadline:
         value: Any = ctx.client.get(ctx.keys.run_request(request_id))

@@ -12,8 +12,8 @@ from loopsq.domain.redaction import public_event, public_step_run, public_workfl
 from loopsq.domain.text import shown
 from loopsq.domain.timeutil import gen_id
 from loopsq.domain.workflow_spec import workflow_body_from_json
-from loopsq.engine import timers
 from loopsq.engine.recovery import step_alive
+from loopsq.engine.routing import enqueue_for_workflow
 from loopsq.errors import NotFoundError
 from loopsq.mirror import queries
 from loopsq.state.workflow_runs import WorkflowRunStore
@@ -67,7 +67,7 @@ def run_workflow(ctx: Ctx, workflow: WorkflowRef) -> JSONResponse:
     """Enqueue a new run for a worker and return its id at once; every call makes a new run."""
     spec = WorkflowStore(ctx.client, ctx.keys).require(workflow)
     run_id = gen_id()
-    timers.enqueue(ctx.raw(), RUN_WORKFLOW_JOB, spec["id"], run_id)
+    enqueue_for_workflow(ctx.client, ctx.keys, spec, run_id)
     return JSONResponse({"runId": run_id, "workflowId": spec["id"], "workflowName": spec["name"], "status": "queued"},
                         status_code=202, headers={"Location": f"/api/workflow-runs/{run_id}"})
 

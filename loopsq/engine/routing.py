@@ -1,0 +1,104 @@
+"""Placement: which RQ queue a run goes to, and which queues a worker listens on.
+
+A run is routed through RQ's own multi-queue dequeue: it goes to the queue of its requirement set
+(``domain.labels``), and a worker listens on every queue whose requirements its labels satisfy, most specific
+first (a worker with a GPU serves GPU runs before anyone's), the base queue last. Queues are found in the queue
+registry (``keys.queues``), which every arm and enqueue of a new requirement set writes, so a worker picks up a
+requirement set created while it runs within ``QUEUE_REFRESH_S``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import redis
+
+from loopsq.domain import labels
+from loopsq.domain.models import Loop
+from loopsq.engine import timers
+from loopsq.executor.spec import PROVIDER_EXECUTABLES
+from loopsq.state.keys import Keys
+
+#: How often a worker looks for requirement sets created since (one HKEYS).
+QUEUE_REFRESH_S = 1.0
+
+
+def loop_requirements(loop: Loop) -> tuple[str, ...]:
+    """What a run of ``loop`` needs of its worker (its ``requires`` and, for an agent, its provider)."""
+    declared = getattr(loop, "requires", None)
+    if declared is None:
+        declared = loop.extra.get("requires")
+    return labels.requirement_set(loop.target, declared or ())
+
+
+def loop_queue(loop: Loop) -> str:
+    """The RQ queue of ``loop``'s runs."""
+    return labels.queue_name(loop_requirements(loop))
+
+
+def workflow_queue(spec: Mapping[str, Any]) -> str:
+    """The RQ queue of a workflow run of its own (its spec's top-level ``requires``)."""
+    return labels.queue_name(labels.requirement_set(None, spec.get("requires") or ()))
+
+
+def worker_labels(can: Mapping[str, Any], host: str, declared: Iterable[str]) -> list[str]:
+    """A worker's labels: ``host:<host>``, ``provider:<p>`` for each provider CLI on its targets' PATH (``can``:
+    ``executor.capabilities.probe``), and the declared ones."""
+    tools = can.get("tools") or {}
+    found = {labels.provider_label(provider) for provider, executable in PROVIDER_EXECUTABLES.items()
+             if executable in tools}
+    return sorted({labels.host_label(host), *found, *declared})
+
+
+def listening_order(queues: Mapping[str, tuple[str, ...]], worker: Iterable[str]) -> list[str]:
+    """The queues a worker with labels ``worker`` serves, most requirements first, the base queue last."""
+    have = set(worker)
+    served = [name for name, needs in queues.items() if labels.satisfies(have, needs)]
+    return sorted(served, key=lambda name: (-len(queues[name]), name))
+
+
+class QueueWatch:
+    """The queues one worker listens on, refreshed from the registry at most every ``QUEUE_REFRESH_S``."""
+
+    def __init__(self, client: redis.Redis, keys: Keys, worker: Iterable[str]) -> None:
+        self.client, self.keys = client, keys
+        self.labels = sorted(set(worker))
+        self._lock = threading.Lock()
+        self._names: list[str] = [timers.QUEUE_NAME]
+        self._next = 0.0
+
+    def names(self) -> list[str]:
+        """The queue names to listen on now (a failed refresh keeps the last known ones)."""
+        with self._lock:
+            now = time.monotonic()
+            if now >= self._next:
+                self._next = now + QUEUE_REFRESH_S
+                # (On an error the dequeue itself meets the outage and reports it.)
+                with contextlib.suppress(redis.RedisError):
+                    self._names = listening_order(timers.registered_queues(self.client, self.keys), self.labels)
+            return list(self._names)
+
+
+def enqueue_for_loop(client: redis.Redis, keys: Keys, loop: Loop | str, func: str, *args: Any,
+                     **kwargs: Any) -> str:
+    """Enqueue a job of one of ``loop``'s runs (``worker.jobs.run_now``, ``run_triggered``, ``run_backfill``) on
+    the loop's queue (``loop``: the loop, or its id: read here; a loop that is gone goes to the base queue, where
+    its job finds it gone). Returns the job id."""
+    if isinstance(loop, str):
+        from loopsq.state.loops import LoopStore
+
+        found = LoopStore(client, keys).get(loop)
+        name = loop_queue(found) if found is not None else timers.QUEUE_NAME
+    else:
+        name = loop_queue(loop)
+    return timers.enqueue(timers.raw_from(client), func, *args, queue_name=name, keys=keys, **kwargs)
+
+
+def enqueue_for_workflow(client: redis.Redis, keys: Keys, spec: Mapping[str, Any], run_id: str) -> str:
+    """Enqueue a workflow run of its own (``worker.jobs.run_workflow``) on its workflow's queue."""
+    return timers.enqueue(timers.raw_from(client), "worker.jobs.run_workflow", spec["id"], run_id,
+                          queue_name=workflow_queue(spec), keys=keys)
