@@ -98,10 +98,7 @@ def _run_on_worker(app: App, loop_id: str, wait_s: float, *, retry: bool = True)
             raise LoopsqError(run_id[1:])
         if run_id is None:
             if time.monotonic() > deadline:
-                raise LoopsqError(
-                    f"no worker picked up the run within {wait_s:g}s; is `loopsq worker` running? "
-                    "(--local runs it here)"
-                )
+                raise LoopsqError(_not_picked_up(app, loop_id, wait_s))
             time.sleep(0.05)
     store = RunStore(client, app.keys)
     while True:
@@ -114,6 +111,18 @@ def _run_on_worker(app: App, loop_id: str, wait_s: float, *, retry: bool = True)
                 continue
             return run
         time.sleep(0.05)
+
+
+def _not_picked_up(app: App, loop_id: str, wait_s: float) -> str:
+    """Why a run-now waited in vain: no worker can run the loop's runs (naming the labels), or none took it."""
+    from loopsq.engine.routing import waiting_note
+    from loopsq.state.loops import LoopStore
+
+    loop = LoopStore(app.client(), app.keys).get(loop_id)
+    note = waiting_note(app.client(), app.keys, loop) if loop is not None else None
+    if note is not None:
+        return f"no worker picked up the run within {wait_s:g}s: {note}; the run waits in its queue (--local runs it here)"
+    return f"no worker picked up the run within {wait_s:g}s; is `loopsq worker` running? (--local runs it here)"
 
 
 @click.command("tick")

@@ -10,6 +10,7 @@ requirement set created while it runs within ``QUEUE_REFRESH_S``.
 from __future__ import annotations
 
 import contextlib
+import json
 import threading
 import time
 from collections.abc import Iterable, Mapping
@@ -102,3 +103,42 @@ def enqueue_for_workflow(client: redis.Redis, keys: Keys, spec: Mapping[str, Any
     """Enqueue a workflow run of its own (``worker.jobs.run_workflow``) on its workflow's queue."""
     return timers.enqueue(timers.raw_from(client), "worker.jobs.run_workflow", spec["id"], run_id,
                           queue_name=workflow_queue(spec), keys=keys)
+
+
+def live_worker_labels(client: redis.Redis, keys: Keys) -> dict[str, list[str]]:
+    """Every live worker's labels, by worker id (from their liveness records)."""
+    ids = sorted(str(i.decode() if isinstance(i, bytes) else i) for i in client.smembers(keys.workers))
+    if not ids:
+        return {}
+    out: dict[str, list[str]] = {}
+    for worker_id, raw in zip(ids, client.mget([keys.worker(i) for i in ids]), strict=True):
+        if raw is None:
+            continue
+        try:
+            record = json.loads(raw)
+        except ValueError:
+            continue
+        out[worker_id] = [str(label) for label in record.get("labels") or ()]
+    return out
+
+
+def unserved(client: redis.Redis, keys: Keys, requirements: Iterable[str]) -> list[str] | None:
+    """The labels no live worker has all of, for runs needing ``requirements`` (those no single live worker
+    covers, fewest missing first); None when a live worker can run them."""
+    needs = sorted(set(requirements))
+    workers = live_worker_labels(client, keys)
+    if any(labels.satisfies(have, needs) for have in workers.values()):
+        return None
+    if not workers:
+        return needs
+    return min((labels.missing(have, needs) for have in workers.values()), key=len)
+
+
+def waiting_note(client: redis.Redis, keys: Keys, loop: Loop) -> str | None:
+    """``no live worker has labels gpu, repo:web`` when no live worker can run ``loop``'s runs (they wait in
+    their queue), None otherwise (or when the loop requires nothing)."""
+    needs = loop_requirements(loop)
+    if not needs:
+        return None
+    lacking = unserved(client, keys, needs)
+    return f"no live worker has labels {', '.join(lacking)}" if lacking else None
