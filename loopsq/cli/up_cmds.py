@@ -13,8 +13,10 @@ import click
 
 from loopsq.cli.app import get_app, json_flag
 from loopsq.cli.options import duration_flag, positive_int_flag
+from loopsq.engine.slots import DEFAULT_CONCURRENCY
 from loopsq.errors import LoopsqError, RedisNotConfiguredError, ValidationError
 from loopsq.ops import install
+from loopsq.ops.fleet_config import worker_concurrency
 from loopsq.ops.up import API_TOKEN_ENV, API_TOKEN_FILENAME, UpConfig, api_token, run_up
 from loopsq.system import config
 from loopsq.system.exec_path import normalize_execution_path
@@ -26,14 +28,17 @@ def _root_param(name: str) -> str | None:
 
 
 @click.command("up")
-@click.option("--workers", default="2", show_default=True, metavar="N", help="How many workers to run.")
+@click.option("--workers", default="1", show_default=True, metavar="N",
+              help="How many worker processes to run (one holds several runs: --concurrency).")
+@click.option("--concurrency", default=str(DEFAULT_CONCURRENCY), show_default=True, metavar="N",
+              help="How many runs each worker holds at once.")
 @click.option("--demo", is_flag=True,
               help="Create demo-hello (every 10s), demo-workflow and demo-workflow-loop (every 30s) if absent.")
 @click.option("--stop-timeout", default="10s", show_default=True, metavar="DURATION",
               help="On stop, how long each process has after SIGTERM before SIGKILL.")
 @click.option("--web-port", default="8080", show_default=True, metavar="PORT", help="The web app's port (loopback).")
 @click.option("--no-web", is_flag=True, help="Do not run the web app.")
-def up(workers: str, demo: bool, stop_timeout: str, web_port: str, no_web: bool) -> None:
+def up(workers: str, concurrency: str, demo: bool, stop_timeout: str, web_port: str, no_web: bool) -> None:
     """Run everything on this machine: Redis, a scheduler, workers, a mirror and the web app, restarted if they crash.
 
     With no Redis configured (--redis-url, LOOPSQ_REDIS_URL, REDIS_URL), an embedded redis-server keeps its
@@ -41,6 +46,7 @@ def up(workers: str, demo: bool, stop_timeout: str, web_port: str, no_web: bool)
     Ctrl-C or SIGTERM stops everything.
     """
     count = positive_int_flag("--workers", workers)
+    slots = worker_concurrency(concurrency, {})  # (up's flag has a default: the variable is not read)
     grace_ms = duration_flag("--stop-timeout", stop_timeout)
     port = positive_int_flag("--web-port", web_port)
     if port > 65535:
@@ -60,6 +66,7 @@ def up(workers: str, demo: bool, stop_timeout: str, web_port: str, no_web: bool)
         data_dir=app.data_dir,
         redis_url=config.configured_redis_url(app.redis_flag),
         workers=count,
+        concurrency=slots,
         demo=demo,
         web=has_web and not no_web,
         web_port=port,

@@ -15,6 +15,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from loopsq.engine.slots import DEFAULT_CONCURRENCY
 from loopsq.errors import LoopsqError
 from loopsq.ops.embedded_redis import EmbeddedRedis, find_redis_server, server_version, write_private
 from loopsq.ops.shutdown import grace_for
@@ -81,7 +82,9 @@ class UpConfig:
 
     data_dir: Path
     redis_url: str | None = None
-    workers: int = 2
+    workers: int = 1
+    #: Slots of each worker (``loopsq worker --concurrency``): one process holds several runs.
+    concurrency: int = DEFAULT_CONCURRENCY
     demo: bool = False
     web: bool = False
     web_port: int = 8080
@@ -146,7 +149,8 @@ def app_specs(cfg: UpConfig, url: str) -> list[ChildSpec]:
     # rather than killed with it.
     grace = f"{grace_for(int(cfg.stop_grace_s * 1000))}ms"
     worker_env = child_env("worker", url, cfg.data_dir)
-    specs += [ChildSpec(f"worker.{i}", (*loopsq, "worker", "--grace", grace), worker_env)
+    specs += [ChildSpec(f"worker.{i}", (*loopsq, "worker", "--grace", grace, "--concurrency", str(cfg.concurrency)),
+                        worker_env)
               for i in range(1, cfg.workers + 1)]
     specs.append(ChildSpec("mirror", (*loopsq, "mirror"), child_env("mirror", url, cfg.data_dir)))
     if cfg.web:

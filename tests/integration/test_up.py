@@ -417,13 +417,14 @@ def test_up_prints_what_it_starts_and_each_child_s_lines_under_its_name(demo: tu
     assert "up | demo: created workflow demo-workflow (steps fetch -> transform -> report)\n" in text
     assert re.search(r"^up \| demo: created loop demo-workflow-loop \(every 30s: workflow demo-workflow\)", text,
                      re.MULTILINE)
-    for name in ("redis", "scheduler", "worker.1", "worker.2", "mirror"):
+    for name in ("redis", "scheduler", "worker.1", "mirror"):
         assert up.pid_of(name) > 0
-    up.wait_for(r"^worker\.[12] \| \[loopsq-worker\] run \w+ succeeded loop=demo-hello", 20)
+    assert re.search(r"^worker\.1 \| \[loopsq-worker\] 4 slot\(s\);", text, re.MULTILINE)
+    up.wait_for(r"^worker\.1 \| \[loopsq-worker\] run \w+ succeeded loop=demo-hello", 20)
     assert re.search(r"^scheduler \| \[loopsq-scheduler\] started id=", text, re.MULTILINE)
     assert re.search(r"^mirror \| \[loopsq-mirror\] following redis://:\*\*\*@", text, re.MULTILINE)
     assert re.search(r"^redis \| .*Ready to accept connections", text, re.MULTILINE)
-    expected = {"redis", "scheduler", "worker.1", "worker.2", "mirror"} | ({"web"} if "web" in cli.commands else set())
+    expected = {"redis", "scheduler", "worker.1", "mirror"} | ({"web"} if "web" in cli.commands else set())
     assert set(re.findall(r"^up \| started (\S+)", text, re.MULTILINE)) == expected
 
 
