@@ -148,6 +148,9 @@ class Runtime:
         self.seen_ms = 0
         #: More of this process's liveness record (a worker's labels, slots and queues), read on every beat.
         self.describe: Callable[[], dict[str, object]] | None = None
+        #: This process's labels (``engine.routing.worker_labels``); None: not a fleet worker (``run-now --local``,
+        #: ``tick``, a plain ``rq worker``), which runs whatever it is handed.
+        self.labels: list[str] | None = None
         self.started_at = timeutil.to_iso(timeutil.now())
 
     @property

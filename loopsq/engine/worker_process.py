@@ -64,6 +64,7 @@ def run_worker(url: str, *, burst: bool = False, stop: threading.Event | None = 
     set_current_runtime(rt)
     slots = Slots(concurrency)
     every = worker_labels(published(), rt.owner.host, labels or ())
+    rt.labels = every
     watch = QueueWatch(rt.direct, rt.keys, every)
     rt.describe = lambda: {"labels": every, "slots": slots.capacity, "busy": slots.in_use,
                            "queues": watch.names()}
