@@ -49,7 +49,9 @@ class LoopsClient:
         self.runs_store = RunStore(self.client, self.keys)
 
     def create(self, body: Mapping[str, Any]) -> Loop:
-        """Create a loop from a camelCase body (``name``, ``schedule``, ``target``, policies).
+        """Create a loop from a camelCase body (``name``, ``schedule``, ``target``, policies), as ``POST
+        /api/loops`` takes it: e.g. ``"requires": ["gpu"]`` (worker labels every run needs) and ``"pool": "gpu"``
+        (a fleet-wide pool, which must exist; ``ValidationError`` otherwise, and nothing is written).
 
         An agent target may give ``promptFile`` instead of ``prompt``: the file is read here (a relative path
         against the working directory) and stored as the prompt with ``promptSource``.

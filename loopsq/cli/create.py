@@ -36,6 +36,7 @@ from loopsq.domain.redaction import public_loop
 from loopsq.domain.targets import PROVIDERS
 from loopsq.domain.text import shown
 from loopsq.errors import ValidationError
+from loopsq.state.pool_registry import require_pools
 
 
 @click.group("create")
@@ -63,6 +64,8 @@ def _timeouts(target: dict[str, Any], opts: dict[str, Any]) -> None:
 def _store(body: dict[str, Any], preflight: bool) -> Loop:
     app = get_app()
     loop = new_loop(body, app.now())
+    # Named as the flag here; the store checks again, guarded, in its own words (``pool``).
+    require_pools(app.client(), app.keys, [loop.pool], "--pool", quote)
     warning = None
     if preflight:
         from loopsq.executor.preflight import preflight_loop_target

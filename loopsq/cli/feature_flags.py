@@ -1,12 +1,14 @@
 """``create`` flags for the beyond-the-reference features: steering (``--steerable``, ``--min-interval``,
-``--max-interval``) and the change gate (``--gate``, ``--gate-timeout``).
+``--max-interval``), the change gate (``--gate``, ``--gate-timeout``), the workspace, budgets, jitter, and where
+runs may go (``--requires``, ``--pool``).
 
 Each flag is checked here with a message naming it and quoting its value, before anything touches Redis.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import re
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import click
@@ -16,6 +18,7 @@ from loopsq.domain import limits
 from loopsq.domain.budget import parse_budget_flag
 from loopsq.domain.checks import check_visible
 from loopsq.domain.jitter import MAX_JITTER_MS
+from loopsq.domain.labels import LABEL_PATTERN, MAX_LABELS
 from loopsq.errors import ValidationError
 
 
@@ -47,10 +50,30 @@ def feature_options(fn: Callable[..., Any]) -> Callable[..., Any]:
                      help="Pause the loop once its agent runs have cost AMOUNT USD this day (or week)."),
         click.option("--jitter", metavar="DURATION",
                      help="Spread the slots by a deterministic per-loop offset below DURATION (--every, --cron)."),
+        click.option("--requires", "requires", multiple=True, metavar="LABEL[,LABEL...]",
+                     help="Run only on workers carrying every one of these labels (repeat, or comma-separated)."),
+        click.option("--pool", metavar="NAME",
+                     help="Count runs against this fleet-wide pool (made with: loopsq pool set NAME --limit N)."),
     ]
     for opt in reversed(opts):
         fn = opt(fn)
     return fn
+
+
+def label_flag(flag: str, text: str) -> str:
+    """A label (``domain.labels``): ``<flag> must be a label (<pattern>), got '<value>'`` otherwise."""
+    if re.fullmatch(LABEL_PATTERN, text) is None:
+        raise ValidationError(f"{flag} must be a label ({LABEL_PATTERN}), got {quote(text)}")
+    return text
+
+
+def requires_flag(values: Sequence[str]) -> list[str]:
+    """The labels of every ``--requires`` (each one label or a comma-separated list), sorted, without
+    duplicates, at most ``MAX_LABELS``."""
+    found = {label_flag("--requires", part.strip()) for value in values for part in value.split(",")}
+    if len(found) > MAX_LABELS:
+        raise ValidationError(f"--requires must have at most {MAX_LABELS} labels, got {len(found)}")
+    return sorted(found)
 
 
 def _interval(flag: str, text: str) -> int:
@@ -111,4 +134,9 @@ def feature_body(opts: dict[str, Any]) -> dict[str, Any]:
         if opts.get("every") is None and opts.get("cron") is None:
             raise ValidationError(f"--jitter needs --every or --cron, got {quote(jitter)}")
         body["jitterMs"] = ms
+    requires = requires_flag(opts.get("requires") or ())
+    if requires:
+        body["requires"] = requires
+    if opts.get("pool") is not None:
+        body["pool"] = label_flag("--pool", opts["pool"])
     return body

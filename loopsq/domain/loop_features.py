@@ -1,5 +1,6 @@
 """Validation of a create request's beyond-the-reference fields: steering bounds (``steerable``,
-``minIntervalMs``, ``maxIntervalMs``) and the change gate (``gate``).
+``minIntervalMs``, ``maxIntervalMs``), the change gate (``gate``), the workspace, budgets, and where runs may go
+(``requires``, ``pool``: ``domain.placement``).
 
 Each problem raises ``ValidationError`` naming the field and quoting the value; ``loop_spec.new_loop`` calls
 ``feature_fields`` and stores what it returns on the loop.
@@ -14,6 +15,7 @@ from loopsq.domain import limits
 from loopsq.domain.budget import validate_budget
 from loopsq.domain.checks import check_length, check_visible, whole
 from loopsq.domain.durations import format_duration
+from loopsq.domain.placement import placement_fields
 from loopsq.domain.text import quoted
 from loopsq.errors import ValidationError
 
@@ -122,4 +124,5 @@ def feature_fields(body: Mapping[str, Any]) -> dict[str, Any]:
     gate = validate_gate(body.get("gate"))
     if gate is not None:
         out["gate"] = gate
+    out.update(placement_fields(body))
     return out

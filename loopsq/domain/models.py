@@ -58,6 +58,8 @@ _FIELDS: tuple[tuple[str, str], ...] = (
     ("jitter_ms", "jitterMs"),
     ("workspace", "workspace"),
     ("workspace_wait_ms", "workspaceWaitMs"),
+    ("requires", "requires"),
+    ("pool", "pool"),
     ("budget_runs", "budgetRuns"),
     ("budget_cost", "budgetCost"),
     ("usage", "usage"),
@@ -113,6 +115,10 @@ class Loop:
     #: busy follows the overlap policy (``allow``: waits up to ``workspace_wait_ms`` in a fair queue).
     workspace: str | None = None
     workspace_wait_ms: int | None = None
+    #: The worker labels every run needs (sorted, without duplicates; ``domain.labels``) and the fleet-wide pool
+    #: its runs count against (``keys.pools``); None: none. Loops stored before these fields read as None.
+    requires: list[str] | None = None
+    pool: str | None = None
     #: Budgets ``{"limit", "per": "day"|"week"}`` and the usage of the current windows (``domain.budget``).
     budget_runs: dict[str, Any] | None = None
     budget_cost: dict[str, Any] | None = None

@@ -4,10 +4,11 @@ Validation follows OpenLoops 0.3 §5.2: the reference's checks run in its order 
 extra checks are interleaved where they cannot change which reference message a spec gets, except that an extra
 check may fire first when a spec has both an extra problem and a later reference problem:
 
-- ``maxParallel`` (optional, default 1) is checked right after check 5, so top-level problems come before step
-  problems;
-- ``dependsOn``, ``continueOnFailure``, ``timeoutMs`` and ``account`` of step ``i`` are checked right after step
-  ``i``'s target, before step ``i + 1`` and before the dependency checks (7) and the cycle check (8).
+- ``maxParallel`` (optional, default 1), then ``requires`` and ``pool`` (``domain.placement``), are checked right
+  after check 5, so top-level problems come before step problems;
+- ``dependsOn``, ``continueOnFailure``, ``timeoutMs``, ``account``, ``gate``, ``workspace``, ``requires`` and
+  ``pool`` of step ``i`` are checked right after step ``i``'s target, before step ``i + 1`` and before the
+  dependency checks (7) and the cycle check (8).
 
 As with the reference's ``??``, ``dependsOn``, ``continueOnFailure`` and ``account`` given as ``null`` count as
 absent. ``timeoutMs: null`` means "no timeout" and is kept.
@@ -27,6 +28,7 @@ from loopsq.domain import limits
 from loopsq.domain.agent_options import with_creation_defaults
 from loopsq.domain.checks import check_length, check_visible, whole
 from loopsq.domain.loop_features import step_workspace_fields, validate_gate
+from loopsq.domain.placement import placement_fields
 from loopsq.domain.targets import (
     is_positive_int,
     js_trim,
@@ -98,6 +100,10 @@ def _normalise_step(raw: Any, index: int, seen: set[str]) -> dict[str, Any]:
     else:
         step.pop("gate", None)
     step.update(step_workspace_fields(step, label))  # a per-step workspace lease (engine.step_workspaces)
+    placement = placement_fields(step, f"{label}.")  # where the step may run; "none" values are dropped
+    for name in ("requires", "pool"):
+        step.pop(name, None)
+    step.update(placement)
     return step
 
 
@@ -118,9 +124,11 @@ def workflow_body_from_json(value: Any, name_override: str | None = None) -> dic
         name_override: A name that replaces ``value["name"]`` (the reference's ``nameOverride ?? value.name``).
 
     Returns:
-        ``{name, description?, version, maxParallel, steps}``: the name trimmed, ``version`` 1 unless a number was
-        given, ``maxParallel`` 1 unless given, and each step copied with ``dependsOn`` (default ``[]``),
-        ``continueOnFailure`` (default ``False``) and a validated target; unknown step fields are kept as-is.
+        ``{name, description?, version, maxParallel, requires?, pool?, steps}``: the name trimmed, ``version`` 1
+        unless a number was given, ``maxParallel`` 1 unless given, ``requires`` sorted and ``pool`` (left out when
+        they name none), and each step copied with ``dependsOn`` (default ``[]``), ``continueOnFailure`` (default
+        ``False``), a validated target and its own ``requires``/``pool`` (likewise); unknown step fields are kept
+        as-is.
 
     Raises:
         ValidationError: With the message of the first failed check, in the order described in the module doc.
@@ -156,6 +164,7 @@ def workflow_body_from_json(value: Any, name_override: str | None = None) -> dic
     if max_parallel > limits.MAX_PARALLEL:
         raise ValidationError(f"workflow.maxParallel must be at most {limits.MAX_PARALLEL}, got {max_parallel}")
     body["maxParallel"] = max_parallel
+    body.update(placement_fields(value, "workflow."))
 
     seen: set[str] = set()
     steps = [_normalise_step(raw, index, seen) for index, raw in enumerate(raw_steps)]

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from loopsq.domain.durations import MAX_DURATION_MS
+from loopsq.domain.labels import LABEL_PATTERN, MAX_LABELS
 from loopsq.domain.models import LOOP_STATUSES, OVERLAP_POLICIES, RETRY_BACKOFFS
 from loopsq.domain.run_rules import RUN_STATUSES
 from loopsq.domain.schedules import ANCHORS, CATCH_UP_POLICIES
@@ -86,6 +87,9 @@ SCHEDULE: Schema = {
     ],
 }
 
+#: A worker label or a pool name (``domain.labels``).
+LABEL: Schema = {"type": "string", "pattern": f"^{LABEL_PATTERN}$"}
+
 #: Options every loop create takes (the CLI's schedule and policy option group, camelCase as the API's body).
 LOOP_POLICIES: dict[str, Schema] = {
     "description": {"type": "string", "description": "Description (default: a Why/How/Outcome summary)."},
@@ -102,6 +106,10 @@ LOOP_POLICIES: dict[str, Schema] = {
     "leaseMs": milliseconds("Run lease length (default 1800000)."),
     "expiresAt": string("Stop scheduling after this ISO-8601 time."),
     "pauseAfterFailures": integer("Pause the loop after this many consecutive failed runs."),
+    "requires": {"type": "array", "maxItems": MAX_LABELS, "items": LABEL,
+                 "description": "Run only on workers carrying every one of these labels (e.g. gpu, repo:web)."},
+    "pool": {**LABEL, "description": "Count runs against this fleet-wide pool; it must exist "
+                                     "(loopsq pool set NAME --limit N)."},
 }
 
 TIMEOUT_MS: Schema = {"type": ["integer", "null"], "minimum": 1, "maximum": MAX_DURATION_MS,

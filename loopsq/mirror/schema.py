@@ -202,6 +202,11 @@ LOOPSQ_COLUMNS: tuple[tuple[str, str, str], ...] = (
     ("loop_runs", "input_tokens", "INTEGER"),
     ("loop_runs", "output_tokens", "INTEGER"),
     ("loop_runs", "cost_usd", "REAL"),
+    # The fleet: where runs may go (``domain.placement``).
+    ("loops", "requires_json", "TEXT"),
+    ("loops", "pool", "TEXT"),
+    ("workflow_specs", "requires_json", "TEXT"),
+    ("workflow_specs", "pool", "TEXT"),
 )
 
 _MIRRORED_TABLES = (
@@ -236,7 +241,8 @@ BOOLEAN_COLUMNS = frozenset({"no_retry", "steerable"})
 
 # Columns holding JSON text; the entity key drops the ``_json`` suffix.
 JSON_COLUMNS = frozenset({"schedule_json", "target_json", "steps_json", "payload_json", "previous_attempts_json",
-                          "gate_json", "control_json", "budget_runs_json", "budget_cost_json", "usage_json"})
+                          "gate_json", "control_json", "budget_runs_json", "budget_cost_json", "usage_json",
+                          "requires_json"})
 
 
 @contextlib.contextmanager

@@ -20,9 +20,12 @@ from loopsq.domain.timeutil import gen_id, to_iso, to_ms
 from loopsq.errors import ConflictError, NotFoundError
 from loopsq.state.commit import Committer, Tx
 from loopsq.state.keys import Keys
+from loopsq.state.pool_registry import expect_pools, require_pools
 
 MAX_RETRIES = 20
 TABLE = "loops"
+#: How many guards ``create`` puts before the pool guards (name free, name not an id, id free, id not a name).
+_ID_GUARDS = 4
 
 
 def _unarchived(loop: Loop, ref: str, doing: str) -> Loop:
@@ -82,15 +85,20 @@ class LoopStore:
     def create(self, loop: Loop) -> Loop:
         """Store a new loop. Raises ConflictError when its name is taken (loop names are unique in loopsq) or is
         another loop's id; a new id that happens to be an existing name is drawn again, so an id lookup never
-        meets a name and a name lookup never meets an id."""
+        meets a name and a name lookup never meets an id. Raises ValidationError, writing nothing, when its
+        ``pool`` does not exist (``pool_registry``); the write is guarded on the pool's record as read."""
         for _ in range(MAX_RETRIES):
+            pools = require_pools(self.client, self.keys, [loop.pool], "pool")
             tx = (
                 Tx("loop_created", loop.created_at)
                 .expect_field(self.keys.loop_names, loop.name, None)
                 .expect_absent(self.keys.loop(loop.name))
                 .expect_absent(self.keys.loop(loop.id))
                 .expect_field(self.keys.loop_names, loop.id, None)
-                .set(self.keys.loop(loop.id), loop.to_json())
+            )
+            expect_pools(tx, self.keys, pools)  # guards from _ID_GUARDS on: the pool is still as read
+            (
+                tx.set(self.keys.loop(loop.id), loop.to_json())
                 .sadd(self.keys.loops, loop.id)
                 .hset(self.keys.loop_names, loop.name, loop.id)
                 .put(TABLE, loop.to_dict())
@@ -102,6 +110,8 @@ class LoopStore:
                 raise ConflictError(f"loop name already exists: {shown(loop.name)}")
             if result.failed_guard == 1:
                 raise ConflictError(f"loop name is another loop's id: {shown(loop.name)}")
+            if result.failed_guard is not None and result.failed_guard >= _ID_GUARDS:
+                continue  # check the pool again: refused if it went, guarded on its new record if it changed
             loop = loop.with_changes(id=gen_id())
         raise ConflictError(f"no free loop id after {MAX_RETRIES} attempts; try again")
 

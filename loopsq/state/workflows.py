@@ -9,14 +9,18 @@ from typing import Any
 
 import redis
 
+from loopsq.domain.placement import workflow_pools
 from loopsq.domain.text import shown
 from loopsq.domain.timeutil import gen_id, to_iso
 from loopsq.errors import ConflictError, NotFoundError
 from loopsq.state.commit import Committer, Tx
 from loopsq.state.keys import Keys
+from loopsq.state.pool_registry import expect_pools, require_named_pools
 
 MAX_RETRIES = 20
 TABLE = "workflow_specs"
+#: How many guards ``create`` puts before the pool guards (name free, name not an id, id free, id not a name).
+_ID_GUARDS = 4
 
 
 def _dumps(value: Mapping[str, Any]) -> str:
@@ -64,19 +68,25 @@ class WorkflowStore:
 
         Raises:
             ConflictError: when an active workflow already has that name.
+            ValidationError: when the spec or one of its steps names a pool that does not exist
+                (``pool_registry``); nothing is written, and the write is guarded on the pools' records as read.
         """
         stamp = to_iso(now)
         spec: dict[str, Any] = {"id": gen_id(), **body, "status": "active", "createdAt": stamp, "updatedAt": stamp}
         spec.setdefault("version", 1)
         name = str(spec["name"])
         for _ in range(MAX_RETRIES):
+            pools = require_named_pools(self.client, self.keys, workflow_pools(spec))
             tx = (
                 Tx("workflow_created", stamp)
                 .expect_field(self.keys.workflow_names, name, None)
                 .expect_absent(self.keys.workflow(name))
                 .expect_absent(self.keys.workflow(spec["id"]))
                 .expect_field(self.keys.workflow_names, spec["id"], None)
-                .set(self.keys.workflow(spec["id"]), _dumps(spec))
+            )
+            expect_pools(tx, self.keys, pools)  # guards from _ID_GUARDS on: the pools are still as read
+            (
+                tx.set(self.keys.workflow(spec["id"]), _dumps(spec))
                 .sadd(self.keys.workflows, spec["id"])
                 .hset(self.keys.workflow_names, name, spec["id"])
                 .put(TABLE, spec)
@@ -84,6 +94,8 @@ class WorkflowStore:
             result = self.committer.commit(tx)
             if result.ok:
                 return spec
+            if result.failed_guard is not None and result.failed_guard >= _ID_GUARDS:
+                continue  # check the pools again: refused if one went, guarded on its new record if it changed
             if result.failed_guard == 0:
                 existing = self.client.hget(self.keys.workflow_names, name)
                 existing = existing.decode() if isinstance(existing, bytes) else existing

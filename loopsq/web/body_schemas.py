@@ -24,6 +24,7 @@ from loopsq.domain.budget import MAX_COST_USD, PERIODS
 from loopsq.domain.checks import INVISIBLE_CATEGORIES
 from loopsq.domain.cron import MACROS
 from loopsq.domain.jitter import JITTERED_TYPES, MAX_JITTER_MS
+from loopsq.domain.labels import LABEL_PATTERN, MAX_LABELS
 from loopsq.domain.models import OVERLAP_POLICIES, RETRY_BACKOFFS
 from loopsq.domain.schedules import ANCHORS, CATCH_UP_POLICIES
 from loopsq.domain.targets import CONFIG_ISOLATIONS, PROMPT_VIAS, PROVIDERS, is_js_whitespace
@@ -100,6 +101,7 @@ def patterns() -> dict[str, str]:
         "cron": f"^(?:@(?:{macros})|{' '.join(field(v) for v in (minute, hour, dom, month, dow))})$",
         "stepId": f"^{limits.STEP_ID_PATTERN}$",
         "envKey": f"^{limits.ENV_KEY_PATTERN}$",
+        "label": f"^{LABEL_PATTERN}$",
     }
 
 
@@ -245,6 +247,17 @@ def _schedules() -> dict[str, dict[str, Any]]:
     }
 
 
+def placement_properties(what: str) -> dict[str, Any]:
+    """``requires`` and ``pool`` of a loop, a workflow or a step (``domain.placement``); ``what`` says whose runs."""
+    label = _string(64, "label")
+    return {
+        "requires": {"type": ["array", "null"], "maxItems": MAX_LABELS, "items": label,
+                     "description": f"Worker labels {what} needs, all of them (kept sorted, without duplicates)."},
+        "pool": _nullable({**label, "description": f"The fleet-wide pool {what} counts against; it must exist "
+                                                   "(`loopsq pool set NAME --limit N`), else 400."}),
+    }
+
+
 def feature_properties() -> dict[str, Any]:
     """The loop create body's steering and gate fields (``domain.loop_features``)."""
     interval = _int(limits.MIN_EVERY_MS, limits.MAX_MS, nullable=True)
@@ -273,6 +286,7 @@ def feature_properties() -> dict[str, Any]:
         "jitterMs": _int(1, MAX_JITTER_MS, nullable=True,
                          description="Spread the slots by a deterministic per-loop offset below this (interval and "
                                      "cron schedules)."),
+        **placement_properties("each run"),
     }
 
 
@@ -331,6 +345,7 @@ def components() -> dict[str, dict[str, Any]]:
             "workspace": feature_properties()["workspace"],
             "workspaceWaitMs": {**feature_properties()["workspaceWaitMs"],
                                 "description": "How long the step waits for its busy workspace (600000)."},
+            **placement_properties("the step"),
         },
         "allOf": [{"if": {"required": ["workspaceWaitMs"], "properties": {"workspaceWaitMs": {"type": "integer"}}},
                    "then": {"required": ["workspace"], "properties": {"workspace": {"type": "string"}}}}],
@@ -343,6 +358,7 @@ def components() -> dict[str, dict[str, Any]]:
             "description": _string(limits.MAX_DESCRIPTION_LENGTH),
             "version": {"type": "number", "minimum": -limits.MAX_VERSION, "maximum": limits.MAX_VERSION},
             "maxParallel": _int(1, limits.MAX_PARALLEL, nullable=True),
+            **placement_properties("the workflow"),
             "steps": {"type": "array", "minItems": 1, "maxItems": limits.MAX_STEPS, "items": step},
         },
     }

@@ -59,6 +59,8 @@ class LoopOut(Entity):
     jitterMs: int | None = Field(None, description="The spread of the slots; the offset is schedule.offsetMs.")
     workspace: str | None = Field(None, description="Loops sharing this key never run at once.")
     workspaceWaitMs: int | None = None
+    requires: list[str] | None = Field(None, description="Worker labels every run needs (sorted).")
+    pool: str | None = Field(None, description="The fleet-wide pool its runs count against.")
     budgetRuns: dict[str, Any] | None = Field(None, description="{limit, per: day|week}: runs per window.")
     budgetCost: dict[str, Any] | None = Field(None, description="{limit (USD), per: day|week}: cost per window.")
     usage: dict[str, Any] | None = Field(None, description="Runs, tokens and cost of the current day and week.")
@@ -124,6 +126,8 @@ class WorkflowOut(Entity):
     id: str
     name: str
     status: str = Field(json_schema_extra={"enum": ["active", "archived"]})
+    requires: list[str] | None = Field(None, description="Worker labels its runs need (sorted).")
+    pool: str | None = Field(None, description="The fleet-wide pool its runs count against.")
     steps: list[dict[str, Any]]
 
 

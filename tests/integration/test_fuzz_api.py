@@ -47,21 +47,24 @@ TARGETS = st.one_of(
                                     "provider": JSON | st.sampled_from(["claude", "codex", "gpt"]),
                                     "prompt": JSON, "workflowId": JSON}),
 )
+REQUIRES = JSON | st.lists(st.sampled_from(["gpu", "GPU!", "repo:web", ""]), max_size=3)
+POOLS = JSON | st.sampled_from(["gpu", "Big Pool"])
 LOOP_BODIES = st.one_of(
     JSON,
     st.fixed_dictionaries({}, optional={
         "name": JSON | st.sampled_from(["a", " ", "x" * 300]), "schedule": SCHEDULES, "target": TARGETS,
         "catchUp": JSON | st.sampled_from(["none", "latest", "all"]), "overlap": JSON, "maxAttempts": JSON,
         "retryDelayMs": JSON, "leaseMs": JSON, "timezone": JSON | st.sampled_from(["UTC", "Mars/Base"]),
-        "expiresAt": JSON, "description": JSON,
+        "expiresAt": JSON, "description": JSON, "requires": REQUIRES, "pool": POOLS,
     }),
 )
 SPEC_BODIES = st.one_of(
     JSON,
     st.fixed_dictionaries({}, optional={
-        "name": JSON | st.just("wf"), "maxParallel": JSON,
+        "name": JSON | st.just("wf"), "maxParallel": JSON, "requires": REQUIRES, "pool": POOLS,
         "steps": JSON | st.lists(st.fixed_dictionaries({"id": JSON | st.sampled_from(["a", "b"]), "target": TARGETS},
-                                                       optional={"dependsOn": JSON}), max_size=3),
+                                                       optional={"dependsOn": JSON, "requires": REQUIRES,
+                                                                 "pool": POOLS}), max_size=3),
     }),
 )
 
@@ -110,10 +113,10 @@ LOOP_PATHS = [("name",), ("description",), ("timezone",), ("expiresAt",), ("sche
               ("schedule", "expression"), ("target", "command"), ("target", "args", 0), ("target", "cwd"),
               ("target", "env", "KEY"), ("target", "env", None), ("target", "account", "profile"),
               ("target", "prompt"), ("target", "model"), ("target", "agent"), ("target", "provider"),
-              ("target", "extraArgs", 0), ("target", "workflowId")]
+              ("target", "extraArgs", 0), ("target", "workflowId"), ("pool",)]
 SPEC_PATHS = [("name",), ("description",), ("steps", 0, "id"), ("steps", 0, "dependsOn", 0),
               ("steps", 0, "target", "command"), ("steps", 0, "target", "env", None), ("steps", 0, "target", "cwd"),
-              ("steps", 1, "target", "prompt"), ("steps", 1, "target", "extraArgs", 0)]
+              ("steps", 1, "target", "prompt"), ("steps", 1, "target", "extraArgs", 0), ("pool",), ("steps", 0, "pool")]
 
 
 def _loop_for(path: tuple[Any, ...]) -> dict[str, Any]:

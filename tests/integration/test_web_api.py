@@ -201,6 +201,42 @@ def test_bad_loop_bodies_are_400_naming_the_field_and_change_nothing(web: Web, b
     assert redis_state(web.redis) == before
 
 
+POOL_HINT = "(create it with: loopsq pool set gpu --limit N)"
+LABEL = "[a-z0-9][a-z0-9._:/-]{0,63}"
+
+
+def test_a_loop_or_workflow_naming_a_pool_that_does_not_exist_is_400_and_changes_nothing(web: Web) -> None:
+    web.redis.hset(Keys().pools, "cpu", json.dumps({"limit": 2}))
+    before = redis_state(web.redis)
+    assert_error(web.client.post("/api/loops", json=loop_body(pool="gpu")), 400,
+                 f'pool "gpu" does not exist {POOL_HINT}')
+    assert_error(web.client.post("/api/loops", json=loop_body(requires=["GPU!"])), 400,
+                 f'requires must be a label ({LABEL}), got "GPU!"')
+    assert_error(web.client.post("/api/loops", json=loop_body(pool="Big")), 400,
+                 f'pool must be a label ({LABEL}), got "Big"')
+    step = {"id": "a", "target": {"type": "command", "command": "true"}}
+    assert_error(web.client.post("/api/workflows", json={"name": "w", "pool": "gpu", "steps": [step]}), 400,
+                 f'workflow.pool "gpu" does not exist {POOL_HINT}')
+    assert_error(web.client.post("/api/workflows", json={"name": "w", "steps": [{**step, "pool": "gpu"}]}), 400,
+                 f'workflow.steps[0].pool "gpu" does not exist {POOL_HINT}')
+    assert redis_state(web.redis) == before
+
+
+def test_requires_and_an_existing_pool_are_stored_and_shown(web: Web) -> None:
+    web.redis.hset(Keys().pools, "gpu", json.dumps({"limit": 2}))
+    created = web.client.post("/api/loops", json=loop_body(requires=["repo:web", "gpu", "gpu"], pool="gpu"))
+    assert created.status_code == 201, created.text
+    assert (created.json()["requires"], created.json()["pool"]) == (["gpu", "repo:web"], "gpu")
+    shown = web.client.get("/api/loops/hello").json()
+    assert (shown["requires"], shown["pool"]) == (["gpu", "repo:web"], "gpu")
+    step = {"id": "a", "target": {"type": "command", "command": "true"}, "requires": ["gpu"], "pool": "gpu"}
+    spec = web.client.post("/api/workflows", json={"name": "w", "requires": ["x"], "steps": [step]})
+    assert spec.status_code == 201, spec.text
+    shown_spec = web.client.get("/api/workflows/w").json()
+    assert (shown_spec["requires"], shown_spec["steps"][0]["requires"], shown_spec["steps"][0]["pool"]) == (
+        ["x"], ["gpu"], "gpu")
+
+
 def test_malformed_missing_or_non_json_bodies_are_400_and_change_nothing(web: Web) -> None:
     before = redis_state(web.redis)
     json_header = {"Content-Type": "application/json"}

@@ -21,6 +21,7 @@ from schemathesis.specs.openapi.checks import status_code_conformance
 
 from loopsq.domain import timeutil
 from loopsq.domain.loop_spec import new_loop
+from loopsq.state.keys import Keys
 from loopsq.state.loops import LoopStore
 from loopsq.state.workflow_runs import WorkflowRunStore
 from loopsq.state.workflows import WorkflowStore
@@ -79,7 +80,8 @@ UNRESOLVED_WORKFLOW = "target.workflowId must name a stored workflow, got "
 def test_at_least_80_percent_of_generated_positive_loop_bodies_are_created(
         redis_server: RedisServer, real_redis: redis.Redis, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # Every body the document calls valid is created, except those naming a workflow that does not exist: no
-    # schema can know the stored workflows (the stateful phase below creates one and links to it).
+    # schema can know the stored workflows (the stateful phase below creates one and links to it). Nor the pools:
+    # the pool a body names is made first (an unknown pool's 400 is test_web_api's).
     monkeypatch.setenv("TZ", "UTC")
     application = app_for(redis_server.url, tmp_path / "data")
     operation = schemathesis.openapi.from_asgi("/api/openapi.json", application)["/api/loops"]["POST"]
@@ -90,6 +92,9 @@ def test_at_least_80_percent_of_generated_positive_loop_bodies_are_created(
     @settings(max_examples=POSITIVE_BODIES, deadline=None, derandomize=True, database=None,
               suppress_health_check=list(HealthCheck))
     def create(case: schemathesis.Case) -> None:
+        pool = case.body.get("pool") if isinstance(case.body, dict) else None
+        if isinstance(pool, str):
+            real_redis.hset(Keys().pools, pool, '{"limit":1}')
         response = case.call(app=application, headers=AUTH)
         statuses.append(response.status_code)
         if response.status_code == 201:

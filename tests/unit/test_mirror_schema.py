@@ -56,6 +56,8 @@ EXPECTED_COLUMNS: dict[str, list[tuple[str, str, bool, bool]]] = {
         ("budget_runs_json", "TEXT", False, False),
         ("budget_cost_json", "TEXT", False, False),
         ("usage_json", "TEXT", False, False),
+        ("requires_json", "TEXT", False, False),
+        ("pool", "TEXT", False, False),
     ],
     "loop_runs": [
         ("id", "TEXT", False, True),
@@ -113,6 +115,8 @@ EXPECTED_COLUMNS: dict[str, list[tuple[str, str, bool, bool]]] = {
         ("created_at", "TEXT", True, False),
         ("updated_at", "TEXT", True, False),
         ("max_parallel", "INTEGER", False, False),
+        ("requires_json", "TEXT", False, False),
+        ("pool", "TEXT", False, False),
     ],
     "workflow_runs": [
         ("id", "TEXT", False, True),
