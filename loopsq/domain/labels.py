@@ -45,7 +45,7 @@ def check_labels(values: Any, field: str) -> list[str]:
     """A list of labels, sorted and without duplicates; ``ValidationError`` naming ``field`` otherwise."""
     if values is None:
         return []
-    if isinstance(values, str) or not isinstance(values, Iterable):
+    if isinstance(values, str | Mapping) or not isinstance(values, Iterable):
         raise ValidationError(f"{field} must be a list of labels, got {quoted(values)}")
     items = list(values)
     if len(items) > MAX_LABELS:

@@ -45,11 +45,11 @@ def fire_queued(rt: Runtime, budget_s: float = DRAIN_BUDGET_S, *,
             done = None
             if taken is None:
                 break
-            job_id, loop_id = taken
+            job_id, loop_id = taken.job_id, taken.loop_id
             out.taken += 1
             started = time.monotonic()
             try:
-                out.absorb(runner.fire(rt, loop_id))
+                out.absorb(runner.fire(rt, loop_id, taken=taken))
             except Exception:
                 # Recorded as RQ records a failed job, under the taken job's own id and error (not the host job's).
                 log.exception("fire of loop=%s (timer job %s, taken from the queue) failed", loop_id, job_id)

@@ -30,10 +30,7 @@ QUEUE_REFRESH_S = 1.0
 
 def loop_requirements(loop: Loop) -> tuple[str, ...]:
     """What a run of ``loop`` needs of its worker (its ``requires`` and, for an agent, its provider)."""
-    declared = getattr(loop, "requires", None)
-    if declared is None:
-        declared = loop.extra.get("requires")
-    return labels.requirement_set(loop.target, declared or ())
+    return labels.requirement_set(loop.target, loop.requires or ())
 
 
 def loop_queue(loop: Loop) -> str:

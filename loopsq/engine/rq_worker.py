@@ -310,7 +310,7 @@ class _Worker(SimpleWorker):
                         beat=lambda: self.heartbeat(self.job_monitoring_interval + 60)) if self.main is None else None
         error: str | None = None
         try:
-            runner.fire(rt, timers.fire_loop_id(job.id))
+            runner.fire(rt, timers.fire_loop_id(job.id), taken=timers.taken_of(job))
         except Exception:
             log.exception("fire job %s failed", job.id)
             error = traceback.format_exc()

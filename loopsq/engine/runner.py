@@ -216,7 +216,7 @@ def _run_workflow_target(
     return outcome.status, outcome.exit_code, outcome.stdout, "", outcome.error, None, outcome.duration_ms
 
 
-def fire(rt: Runtime, loop_id: str) -> FireResult:
+def fire(rt: Runtime, loop_id: str, *, taken: timers.Taken | None = None) -> FireResult:
     """A loop's timer fired: run its due slots in order, then re-arm.
 
     Like the reference's tick, slots run one after another, and a failure that will be retried stops the rest

@@ -88,6 +88,15 @@ class Held:
     recorded: SpawnInfo | None = None
 
 
+@dataclass
+class _Kept:
+    """A lease the beat renews besides the runs' (``Runtime.keep``)."""
+
+    renew: Callable[[], bool]
+    every_s: float
+    next_at: float
+
+
 class Runtime:
     """Connections, identity and the beat of a process that executes runs."""
 
@@ -137,6 +146,8 @@ class Runtime:
         self.workflows = WorkflowStore(client, self.keys, self.committer)
         self._raw: redis.Redis | None = None
         self._held: dict[str, Held] = {}
+        #: Other leases this process keeps alive (a run's pool slot), by name.
+        self._kept: dict[str, _Kept] = {}
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self._next_liveness = 0.0
@@ -212,6 +223,16 @@ class Runtime:
         """Stop renewing ``run_id``'s lease."""
         with self._lock:
             self._held.pop(run_id, None)
+
+    def keep(self, name: str, renew: Callable[[], bool], every_s: float) -> None:
+        """Renew another lease on the beat (``renew()``: False when it was lost, logged once) until ``drop``."""
+        with self._lock:
+            self._kept[name] = _Kept(renew, every_s, time.monotonic() + every_s)
+
+    def drop(self, name: str) -> None:
+        """Stop renewing a lease ``keep`` renews."""
+        with self._lock:
+            self._kept.pop(name, None)
 
     def begin_shutdown(self, grace_s: float) -> None:
         """A graceful stop was requested: the runs held now may finish for ``grace_s``; then they are cancelled
@@ -290,6 +311,7 @@ class Runtime:
         if self._reaper is not None and now_mono >= self._next_reap:
             self._next_reap = now_mono + REAP_EVERY_S
             self._reaper(self, timeutil.now())
+        self._renew_kept(now_mono)
         with self._lock:
             held = dict(self._held)
         if not held:
@@ -310,6 +332,15 @@ class Runtime:
                 log.warning("run %s lease lost; stopping it", run_id)
                 h.reason = LEASE_LOST
                 h.cancel.set()
+
+    def _renew_kept(self, now_mono: float) -> None:
+        with self._lock:
+            due = [(name, kept) for name, kept in self._kept.items() if now_mono >= kept.next_at]
+        for name, kept in due:
+            kept.next_at = now_mono + kept.every_s
+            if not kept.renew():
+                log.warning("%s lost; it is no longer renewed", name)
+                self.drop(name)
 
     def _record_starts(self, held: dict[str, Held]) -> None:
         """Record the process start of each held run that has one not yet recorded (``Held.started``)."""

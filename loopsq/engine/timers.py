@@ -20,8 +20,8 @@ from __future__ import annotations
 import json
 import logging
 import time
-from datetime import datetime
-from typing import Any
+from datetime import UTC, datetime
+from typing import Any, NamedTuple
 
 import redis
 from redis.client import Pipeline
@@ -367,7 +367,7 @@ while true do
   local key = ARGV[1] .. id
   if redis.call('EXISTS', key) == 1 then
     redis.call('HSET', key, 'status', 'started', 'worker_name', ARGV[3], 'started_at', ARGV[5], 'loopsq_taken', '1')
-    return id
+    return {id, redis.call('HGET', key, 'enqueued_at') or ''}
   end
 end
 """
@@ -408,10 +408,24 @@ def start_dequeued(raw: redis.Redis, job: Job, worker: str) -> None:
 TAKEN_FAILURE_TTL = 24 * 3600
 
 
+class Taken(NamedTuple):
+    """A timer job taken off a queue (``take_fire``) or dequeued by RQ: what its fire needs to know."""
+
+    job_id: str
+    loop_id: str
+    #: When the scheduler moved it onto its queue (None: unknown).
+    enqueued_at: datetime | None
+
+    @property
+    def due_ms(self) -> int | None:
+        """The time its timer was armed at (epoch ms, from its id)."""
+        return fire_due_ms(self.job_id)
+
+
 def take_fire(raw: redis.Redis, worker: str, done: str | None = None, took_s: float = 0.0,
-              queue_name: str = QUEUE_NAME) -> tuple[str, str] | None:
+              queue_name: str = QUEUE_NAME) -> Taken | None:
     """Take the timer job at the head of loopsq's queue ``queue_name`` for ``worker`` to fire without another RQ
-    job: (job id, loop id), or None when the head is not a timer's job (or the queue is empty).
+    job, or None when the head is not a timer's job (or the queue is empty).
 
     ``done``: the job this worker took before and has finished (in ``took_s`` seconds); it is settled in the same
     round trip as RQ would settle it (pass it to ``finish_taken`` instead when not taking another).
@@ -421,8 +435,8 @@ def take_fire(raw: redis.Redis, worker: str, done: str | None = None, took_s: fl
                      done or "", utcformat(utcnow()), repr(took_s), Worker.redis_worker_namespace_prefix)
     if not taken:
         return None
-    job_id = _text(taken)
-    return job_id, fire_loop_id(job_id)
+    job_id, enqueued = _text(taken[0]), _text(taken[1])
+    return Taken(job_id, fire_loop_id(job_id), _rq_time(enqueued))
 
 
 def finish_taken(raw: redis.Redis, job_id: str, worker: str = "", took_s: float = 0.0) -> None:
@@ -452,6 +466,30 @@ def fail_taken(raw: redis.Redis, job_id: str, worker: str, error: str, took_s: f
         pipe.hincrby(wkey, "failed_job_count", 1)
         pipe.hincrbyfloat(wkey, "total_working_time", took_s)
         pipe.execute()
+
+
+def taken_of(job: Job) -> Taken:
+    """What ``take_fire`` tells of a fire job RQ dequeued."""
+    enqueued = job.enqueued_at
+    if enqueued is not None and enqueued.tzinfo is None:
+        enqueued = enqueued.replace(tzinfo=UTC)
+    return Taken(str(job.id), fire_loop_id(str(job.id)), enqueued)
+
+
+def _rq_time(text: str) -> datetime | None:
+    """A time as RQ stores it in a job hash (``utcformat``), None when absent or unreadable."""
+    if not text:
+        return None
+    try:
+        return datetime.strptime(text, "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=UTC)
+    except ValueError:
+        return None
+
+
+def fire_due_ms(job_id: str) -> int | None:
+    """The due time (epoch ms) in a timer's job id, None when it has none."""
+    parts = job_id[len(FIRE_PREFIX):].rsplit("-", 2)
+    return int(parts[1]) if len(parts) == 3 and parts[1].isdigit() else None
 
 
 def fire_loop_id(job_id: str) -> str:

@@ -146,10 +146,11 @@ def test_a_fire_whose_loop_moved_between_finalize_and_arm_re_reads_it(rt: Runtim
     loop = due_loop(rt, "raced", {"type": "interval", "everyMs": 3_600_000})
     original = timers.arm_after
 
-    def paused_in_between(pipe: Any, raw: Any, keys: Any, loop_id: str, at: Any, loop_json: str) -> None:
+    def paused_in_between(pipe: Any, raw: Any, keys: Any, loop_id: str, at: Any, loop_json: str,
+                          queue_name: str = timers.QUEUE_NAME) -> None:
         paused = Loop.from_json(loop_json).with_changes(status="paused")
         pipe.set(keys.loop(loop_id), paused.to_json())
-        original(pipe, raw, keys, loop_id, at, loop_json)
+        original(pipe, raw, keys, loop_id, at, loop_json, queue_name)
 
     timers.arm_after = paused_in_between  # type: ignore[assignment]
     try:
@@ -175,11 +176,12 @@ def test_a_fire_whose_loop_moved_between_its_finalize_and_that_arm_re_reads_it(r
     original = timers.arm_after
     calls: list[str] = []
 
-    def paused_before_the_second(pipe: Any, raw: Any, keys: Any, loop_id: str, at: Any, loop_json: str) -> None:
+    def paused_before_the_second(pipe: Any, raw: Any, keys: Any, loop_id: str, at: Any, loop_json: str,
+                                 queue_name: str = timers.QUEUE_NAME) -> None:
         calls.append(loop_json)
         if len(calls) == 2:  # the finalize's
             pipe.set(keys.loop(loop_id), Loop.from_json(loop_json).with_changes(status="paused").to_json())
-        original(pipe, raw, keys, loop_id, at, loop_json)
+        original(pipe, raw, keys, loop_id, at, loop_json, queue_name)
 
     timers.arm_after = paused_before_the_second  # type: ignore[assignment]
     try:

@@ -129,7 +129,9 @@ def test_create_preflight_warns_when_no_live_worker_can_run_the_target(cluster: 
 
 
 def test_the_reason_a_run_failed_is_shown_by_run_now_runs_and_show(cluster: Cluster) -> None:
-    cluster.cli("create", "agent", "bot", "--provider", "claude", "--prompt", "hi", "--every", "1h")
+    # provider:any: routed to any worker although none has claude (the one below fails it, which is the point)
+    cluster.cli("create", "agent", "bot", "--provider", "claude", "--prompt", "hi", "--every", "1h",
+                "--requires", "provider:any")
     start_worker(cluster, "")
     done = cluster.cli("run-now", "bot", check=False)
     assert done.returncode == 1
