@@ -8,7 +8,8 @@ import json
 import pytest
 import redis
 
-from loopsq.errors import ValidationError
+from loopsq.errors import NotFoundError, ValidationError
+from loopsq.sdk import LoopsClient
 from loopsq.state.keys import Keys
 from loopsq.state.pools import Acquired, Pool, PoolStore, Waiting
 
@@ -345,3 +346,17 @@ def test_state_lists_live_holders_by_fence_and_waiters_still_asking_by_position(
     assert set(body["waiters"][0]) == {"holder", "position", "since", "lastAskedAt"}
     kill(client, "a")
     assert [h.holder for h in pools.state("acct").holders] == ["b"]  # type: ignore[union-attr]
+
+
+# -- the SDK -------------------------------------------------------------------------------------------------------
+def test_the_sdk_sets_lists_shows_and_deletes_pools(client: redis.Redis) -> None:
+    sdk = LoopsClient(client=client)
+    assert sdk.pool_set("claude-acct", 3) == Pool("claude-acct", 3)
+    assert sdk.pools() == [Pool("claude-acct", 3)]
+    assert sdk.pool("claude-acct").summary() == {"name": "claude-acct", "limit": 3, "inUse": 0, "waiting": 0}
+    with pytest.raises(ValidationError, match="limit must be a positive integer, got 0"):
+        sdk.pool_set("claude-acct", 0)
+    sdk.pool_delete("claude-acct")
+    for call in (sdk.pool, sdk.pool_delete):
+        with pytest.raises(NotFoundError, match="pool not found: claude-acct"):
+            call("claude-acct")
