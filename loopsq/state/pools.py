@@ -85,21 +85,25 @@ local function live_holders(holders, who)
 end
 
 -- The waiters still asking among the first `n` of the queue (up to `want` of them), in order; those that stopped
--- asking are dropped on the way.
+-- asking are dropped on the way. In batches: Lua's unpack takes a few thousand values at most.
 local function fresh_head(waiters, seen, n, want, now_ms, ttl)
   local fresh = {}
-  if n <= 0 or want <= 0 then return fresh end
-  local batch = redis.call('ZRANGE', waiters, 0, n - 1)
-  if #batch == 0 then return fresh end
-  local asked = redis.call('HMGET', seen, unpack(batch))
-  for i, w in ipairs(batch) do
-    local at = tonumber(asked[i])
-    if at and now_ms - at <= ttl then
-      fresh[#fresh + 1] = w
-      if #fresh >= want then return fresh end
-    else
-      redis.call('ZREM', waiters, w)
-      redis.call('HDEL', seen, w)
+  local kept, looked = 0, 0
+  while looked < n and #fresh < want do
+    local batch = redis.call('ZRANGE', waiters, kept, kept + math.min(200, n - looked) - 1)
+    if #batch == 0 then break end
+    local asked = redis.call('HMGET', seen, unpack(batch))
+    for i, w in ipairs(batch) do
+      looked = looked + 1
+      local at = tonumber(asked[i])
+      if at and now_ms - at <= ttl then
+        kept = kept + 1
+        fresh[#fresh + 1] = w
+        if #fresh >= want then return fresh end
+      else
+        redis.call('ZREM', waiters, w)
+        redis.call('HDEL', seen, w)
+      end
     end
   end
   return fresh

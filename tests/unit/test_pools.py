@@ -309,6 +309,21 @@ def test_an_asker_far_back_moves_up_as_the_waiters_ahead_that_stopped_asking_are
     assert client.exists(KEYS.pool_waiters("acct")) == 0
 
 
+def test_release_names_every_waiter_a_large_raise_frees_in_queue_order(pools: PoolStore, client: redis.Redis) -> None:
+    a = take(pools, "a")
+    take(pools, "b")
+    # 9,000 waiters (more values than Lua's unpack takes at once), written as acquire writes them.
+    seconds, micros = client.time()
+    now_ms = seconds * 1000 + micros // 1000
+    waiters = [f"w{n:04}" for n in range(9_000, 0, -1)]
+    client.zadd(KEYS.pool_waiters("acct"), {w: now_ms - 9_000 + i for i, w in enumerate(waiters)})
+    client.hset(KEYS.pool_seen("acct"), mapping={w: now_ms for w in waiters})
+    for waiter in waiters[:5] + waiters[250:260]:
+        stop_asking(client, waiter)
+    pools.set("acct", 10_000)
+    assert pools.release("acct", "a", a.token) == waiters[5:250] + waiters[260:]
+
+
 # -- memory --------------------------------------------------------------------------------------------------------
 def test_every_pool_key_but_the_definition_and_fence_has_a_ttl_or_goes_when_empty(
         pools: PoolStore, client: redis.Redis) -> None:
