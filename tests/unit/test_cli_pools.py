@@ -84,6 +84,7 @@ def test_rm_removes_the_pool_and_its_keys(cli: Cli) -> None:
     (("pool", "set", "acct", "--limit", "10001"), "--limit must be at most 10000, got '10001'"),
     (("pool", "set", "Claude Acct", "--limit", "3"), f'pool name must be a label ({LABEL}), got "Claude Acct"'),
     (("pool", "set", "acct|x", "--limit", "3"), f'pool name must be a label ({LABEL}), got "acct|x"'),
+    (("pool", "set", "a\nb", "--limit", "3"), f'pool name must be a label ({LABEL}), got "a\\x0ab"'),
     (("pool", "set", "-x", "--limit", "3"), "No such option '-x'."),
     (("pool", "set", "acct"), "Missing option '--limit'."),
     (("pool", "show", "Bad"), f'pool name must be a label ({LABEL}), got "Bad"'),
