@@ -1,5 +1,5 @@
 """``LoopsClient``: the Python SDK for other services — create and manage loops, trigger runs with an
-idempotency key, run now, read runs.
+idempotency key, run now, read runs, and set fleet-wide pools.
 
     from loopsq.sdk import LoopsClient
     client = LoopsClient("redis://:PASSWORD@redis.internal:6379/0")  # or redis+sentinel://…, rediss://…
@@ -21,13 +21,14 @@ from loopsq.domain import limits, timeutil
 from loopsq.domain.loop_spec import new_loop
 from loopsq.domain.models import Loop
 from loopsq.domain.run_rules import LoopRun
-from loopsq.domain.text import quoted
+from loopsq.domain.text import quoted, shown
 from loopsq.engine.cancel import cancel_run
 from loopsq.engine.triggers import DEFAULT_IDEMPOTENCY_WINDOW_MS, trigger_with
-from loopsq.errors import ValidationError
+from loopsq.errors import NotFoundError, ValidationError
 from loopsq.state.connection import connect, target_of
 from loopsq.state.keys import Keys
 from loopsq.state.loops import LoopStore
+from loopsq.state.pools import Pool, PoolState, PoolStore
 from loopsq.state.runs import RunStore
 from loopsq.system.config import resolve_redis_url
 from loopsq.system.prompt_files import resolve_prompt_file
@@ -47,6 +48,7 @@ class LoopsClient:
         self.keys = keys or Keys()
         self.loops = LoopStore(self.client, self.keys)
         self.runs_store = RunStore(self.client, self.keys)
+        self.pool_store = PoolStore(self.client, self.keys)
 
     def create(self, body: Mapping[str, Any]) -> Loop:
         """Create a loop from a camelCase body (``name``, ``schedule``, ``target``, policies), as ``POST
@@ -126,6 +128,28 @@ class LoopsClient:
         second and records it failed with ``cancelled by user[: reason]``, not retried. Returns the run as it
         stands; NotFoundError or ConflictError (not running) otherwise."""
         return cancel_run(self.client, self.keys, run_id, timeutil.now(), reason)
+
+    # -- fleet-wide pools ------------------------------------------------------------------------------------------
+    def pool_set(self, name: str, limit: int) -> Pool:
+        """Create pool ``name`` (a label) with ``limit`` slots (1 to 10000), or change its limit: at most ``limit``
+        runs naming it hold one of its slots at once, fleet-wide. ``ValidationError`` names a bad name or limit."""
+        return self.pool_store.set(name, limit)
+
+    def pools(self) -> builtins.list[Pool]:
+        """Every pool, by name."""
+        return self.pool_store.list()
+
+    def pool(self, name: str) -> PoolState:
+        """Pool ``name`` with its live holders and its waiters; ``NotFoundError('pool not found: …')`` otherwise."""
+        state = self.pool_store.state(name)
+        if state is None:
+            raise NotFoundError(f"pool not found: {shown(name)}")
+        return state
+
+    def pool_delete(self, name: str) -> None:
+        """Remove pool ``name`` (runs holding its slots finish); ``NotFoundError`` when there is none."""
+        if not self.pool_store.delete(name):
+            raise NotFoundError(f"pool not found: {shown(name)}")
 
     def close(self) -> None:
         """Close the connection."""

@@ -37,6 +37,8 @@ MIN_LEASE_MS = 5 * durations.MS_PER_UNIT["s"]
 MAX_MS = durations.MAX_DURATION_MS
 #: The largest ``catchUpLimit``, ``maxAttempts`` and ``pauseAfterFailures``.
 MAX_COUNT = 10_000
+#: The largest limit of a fleet-wide pool (``loopsq pool set --limit``, ``{"limit"}``).
+MAX_POOL_LIMIT = 10_000
 
 # -- targets ---------------------------------------------------------------------------------------------------
 #: A command target's ``command`` (``--cmd``).

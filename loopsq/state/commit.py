@@ -103,6 +103,9 @@ class Tx:
     trimmed: dict[str, list[str]] = field(default_factory=dict)
     patches: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     also: list[str] = field(default_factory=list)
+    #: What the change is about, for readers of the stream other than mirrors (which ignore it): e.g. the pool a
+    #: ``pool_set`` wrote, which no mirror table holds.
+    detail: dict[str, Any] = field(default_factory=dict)
 
     # -- guards ---------------------------------------------------------------------------------------------
     def expect(self, key: str, value: str | bytes | None) -> Tx:
@@ -202,6 +205,11 @@ class Tx:
             self.also.append(transition)
         return self
 
+    def describe(self, **facts: Any) -> Tx:
+        """Add ``facts`` to the change's ``detail`` (for readers other than mirrors, which ignore it)."""
+        self.detail.update(facts)
+        return self
+
     def change_data(self) -> str:
         """The JSON body of the change entry."""
         body: dict[str, Any] = {}
@@ -215,6 +223,8 @@ class Tx:
             body["patch"] = self.patches
         if self.trimmed:
             body["trim"] = self.trimmed
+        if self.detail:
+            body["detail"] = self.detail
         return json.dumps(body, separators=(",", ":"), ensure_ascii=False)
 
 

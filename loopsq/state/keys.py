@@ -153,8 +153,8 @@ class Keys:
         return self._k("pools")
 
     def pool_holders(self, pool: str) -> str:
-        """Hash: holder id -> ``<lease key>|<token>|<fence>``: who holds a slot of ``pool``; a holder is live while
-        its lease key holds its token (``state.pools``)."""
+        """Hash: holder id -> ``<lease key>|<token>|<fence>|<since ms>``: who holds a slot of ``pool`` (and since
+        when); a holder is live while its lease key holds its token (``state.pools``)."""
         return self._k("pool", pool, "holders")
 
     def pool_waiters(self, pool: str) -> str:
@@ -168,6 +168,11 @@ class Keys:
     def pool_fence(self, pool: str) -> str:
         """String: the last fencing number handed out for ``pool`` (one more per acquisition)."""
         return self._k("pool", pool, "fence")
+
+    def pool_lease(self, pool: str, holder: str) -> str:
+        """String with a TTL: the lease of ``holder``'s slot of ``pool``; the value is its token. ``|`` (never in a
+        pool name) joins the two, so no pool and holder make another pair's key, nor any ``pool_*`` key."""
+        return self._k("pool-lease", f"{pool}|{holder}")
 
     @property
     def missed_counts(self) -> str:

@@ -22,6 +22,7 @@ from loopsq.state.connection import mask_url
 from loopsq.web import (
     actions,
     api,
+    api_pools,
     api_workflows,
     dashboard,
     errors,
@@ -38,7 +39,7 @@ from loopsq.web.context import WebContext, WebSettings
 
 OPENAPI_PATH = "/api/openapi.json"
 DESCRIPTION = """\
-Loops, runs, workflow specs and workflow runs of one loopsq deployment.
+Loops, runs, workflow specs, workflow runs and fleet-wide pools of one loopsq deployment.
 
 Every request carries `Authorization: Bearer <LOOPSQ_API_TOKEN>`, except `GET /api/health` and this document.
 Every error is `{"error": {"status", "code", "message"}}`: 400 bad input (the message names the field),
@@ -168,7 +169,7 @@ def create_app(settings: WebSettings, *, client: redis.Redis | None = None) -> F
     app.state.ctx = ctx
     app.state.metrics_registry = metrics.registry_for(ctx, per_loop=settings.metrics_per_loop)
     errors.install(app, settings.redis_url)
-    for router in (api.router, api_workflows.router, metrics.router, dashboard.router, pages_loops.router,
+    for router in (api.router, api_workflows.router, api_pools.router, metrics.router, dashboard.router, pages_loops.router,
                    pages_runs.router, live.router, actions.router):
         app.include_router(router)
     # Starlette routes an endpoint that is not a function as an ASGI app; its type hint names functions only.

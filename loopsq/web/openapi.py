@@ -1,5 +1,6 @@
 """What loopsq adds to FastAPI's OpenAPI document so that it is exact: the create-body schemas, every 400 and 413
-an operation can answer, and the links a stateful tester follows (create -> show -> trigger -> runs).
+an operation can answer, and the links a stateful tester follows (create -> show -> trigger -> runs; set pool -> show,
+delete).
 
 The 400 is documented on every operation that takes a query, a header or a body (each can be malformed), the 413
 on every operation with a body (``limits.MAX_BODY_BYTES``). Links name their target operations by path and
@@ -52,6 +53,10 @@ LINKS: dict[tuple[str, str, str], dict[str, dict[str, Any]]] = {
                               {"path.workflow": "$response.body#/id"}),
         "RunWorkflow": _link("/api/workflows/{workflow}/runs", "post", "Run it.",
                              {"path.workflow": "$response.body#/id"}),
+    },
+    ("/api/pools/{name}", "put", "200"): {
+        "ShowPool": _link("/api/pools/{name}", "get", "The pool.", {"path.name": "$request.path.name"}),
+        "DeletePool": _link("/api/pools/{name}", "delete", "Remove it.", {"path.name": "$request.path.name"}),
     },
     ("/api/workflows/{workflow}/runs", "post", "202"): {
         "ShowWorkflowRun": _link("/api/workflow-runs/{run_id}", "get", "The run (404 until a worker picks it up).",

@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from loopsq.domain.agent_options import PERMISSION_MODES, SANDBOXES
 from loopsq.domain.control import OUTCOMES
-from loopsq.domain.limits import MAX_REASON_LENGTH
+from loopsq.domain.limits import MAX_POOL_LIMIT, MAX_REASON_LENGTH
 from loopsq.domain.models import LOOP_STATUSES
 from loopsq.domain.run_rules import RUN_STATUSES
 
@@ -214,6 +214,53 @@ class Removed(BaseModel):
     id: str
 
 
+class PoolSummary(BaseModel):
+    """A fleet-wide pool and its use: live holders (``inUse``) and waiters still asking (``waiting``)."""
+
+    name: str
+    limit: int
+    inUse: int
+    waiting: int
+
+
+class PoolList(BaseModel):
+    """Every pool, by name."""
+
+    items: list[PoolSummary]
+
+
+class PoolHolder(BaseModel):
+    """A live holder of a pool slot: its fencing number, since when it holds the slot, its lease's time left."""
+
+    holder: str
+    fence: int
+    since: str
+    expiresInMs: int
+
+
+class PoolWaiter(BaseModel):
+    """A waiter still asking: its place in the queue (0: next), since when it waits, when it last asked."""
+
+    holder: str
+    position: int
+    since: str
+    lastAskedAt: str
+
+
+class PoolOut(PoolSummary):
+    """A pool with its live holders (by fence) and its waiters (in queue order)."""
+
+    holders: list[PoolHolder]
+    waiters: list[PoolWaiter]
+
+
+class PoolRemoved(BaseModel):
+    """A removed pool (runs holding its slots finish)."""
+
+    removed: bool
+    name: str
+
+
 class Recovered(BaseModel):
     """A recovered workflow run and the steps reset to pending."""
 
@@ -259,6 +306,12 @@ AGENT_OPTION_SCHEMAS: dict[str, Any] = {
 LOOP_CREATE_SCHEMA: dict[str, Any] = {"$ref": "#/components/schemas/LoopCreate"}
 WORKFLOW_CREATE_SCHEMA: dict[str, Any] = {"$ref": "#/components/schemas/WorkflowCreate"}
 
+
+#: The body of ``PUT /api/pools/{name}``.
+POOL_SET_SCHEMA: dict[str, Any] = {
+    "type": "object", "required": ["limit"], "additionalProperties": False,
+    "properties": {"limit": {"type": "integer", "minimum": 1, "maximum": MAX_POOL_LIMIT}},
+}
 
 #: The body of ``POST /api/loops/{loop}/rename``.
 RENAME_SCHEMA: dict[str, Any] = {
