@@ -24,9 +24,10 @@ from loopsq.domain.lifecycle import ensure_not_archived
 from loopsq.domain.models import Loop
 from loopsq.domain.run_rules import LoopRun
 from loopsq.domain.timeutil import from_iso, gen_id, to_iso
-from loopsq.engine import timers
+from loopsq.engine import pool_slots, timers
 from loopsq.engine.faults import crash_point
 from loopsq.engine.live import LiveWriter
+from loopsq.engine.pool_slots import PoolHold, give_back, loop_pool
 from loopsq.engine.prechecks import precheck_slot
 from loopsq.engine.routing import loop_queue
 from loopsq.engine.runtime import LEASE_LOST, SHUTTING_DOWN, Runtime
@@ -34,6 +35,7 @@ from loopsq.engine.steering import execute_with_control
 from loopsq.engine.workflow_runner import execute_workflow
 from loopsq.engine.workspaces import hold_workspace, release_workspace
 from loopsq.executor import RunMetadata, SpawnInfo
+from loopsq.state.feature_skips import end_skipped, skip_slot
 from loopsq.state.runs import After, Claim, Refusal
 
 log = logging.getLogger("loopsq.runs")
@@ -109,12 +111,33 @@ MOVED = "moved"
 
 def execute_claim(rt: Runtime, claim: Claim, *, rearm: bool = True) -> LoopRun:
     """Execute a claimed run with its lease held, then finalize it (fenced) and advance its loop (see
-    ``_execute``); returns the run as recorded."""
+    ``_execute``); returns the run as recorded. A pooled loop's run waits here for its pool slot."""
     return _execute(rt, claim, rearm=rearm)[0]
 
 
-def _execute(rt: Runtime, claim: Claim, *,
-             rearm: bool = True) -> tuple[LoopRun, Loop | None, datetime | str | None]:
+def _execute(rt: Runtime, claim: Claim, *, rearm: bool = True,
+             pool: PoolHold | None = None) -> tuple[LoopRun, Loop | None, datetime | str | None]:
+    """``_execute_held`` with the run's pool slot: the one ``fire`` took before the claim (``pool``), else one
+    waited for here (a run started by hand); given back once the run is recorded."""
+    if pool is None and loop_pool(claim.loop) is not None:
+        taken = pool_slots.hold_for_claim(rt, claim.loop, claim.run.id)
+        if isinstance(taken, str):
+            log.info("run %s of loop=%s skipped: %s", claim.run.id, claim.loop.name, taken)
+            ended = end_skipped(rt.runs, claim.run.id, claim.token, timeutil.now(), error=taken, note=POOL_NOTE)
+            return (ended[0] if ended is not None else (rt.runs.get(claim.run.id) or claim.run)), None, None
+        pool = taken
+    try:
+        return _execute_held(rt, claim, rearm=rearm)
+    finally:
+        give_back(rt, pool)
+
+
+#: The note of a run ended ``skipped`` for its pool.
+POOL_NOTE = "pool"
+
+
+def _execute_held(rt: Runtime, claim: Claim, *,
+                  rearm: bool = True) -> tuple[LoopRun, Loop | None, datetime | str | None]:
     """Execute a claimed run with its lease held, then finalize it (fenced) and advance its loop. Returns the
     run as recorded, the loop as the finalize wrote it (None: unchanged or not written) and what became of the
     arm in the finalize's round trip (``ArmAfter.outcome``: the time armed, ``MOVED``, or None).
@@ -270,6 +293,19 @@ def fire(rt: Runtime, loop_id: str, *, taken: timers.Taken | None = None) -> Fir
                 out.skipped += 1 if row is not None else 0
                 out.runs.extend([row] if row is not None else [])
                 continue
+        pool_hold: PoolHold | None = None
+        if loop_pool(current) is not None:
+            took = pool_slots.take_for_slot(rt, current, slot, now, running=bool(active))
+            if took is None:  # the pool is gone: never run uncapped; the slot is recorded with the reason
+                reread = True
+                row = skip_slot(rt.runs, loop_id, slot, now, error=pool_slots.missing_error(str(loop_pool(current))),
+                                note=POOL_NOTE, ends_backlog=slot == cut)
+                out.skipped += 1
+                out.runs.extend([row] if row is not None else [])
+                continue
+            if not isinstance(took, PoolHold):
+                return out  # waits for its pool: its timer is armed for a recheck (a release wakes it sooner)
+            pool_hold = took
         if active and current.overlap == "replace":
             for run_id in active:
                 rt.runs.request_cancel(run_id, f"{rules.REPLACED_ERROR}{slot_iso}")
@@ -278,10 +314,15 @@ def fire(rt: Runtime, loop_id: str, *, taken: timers.Taken | None = None) -> Fir
         # A scheduled slot reached for the first time has no run yet: the claim goes straight to its transition
         # with the loop read just now (its guards check both; a retry slot has its row, and a precheck may have
         # written the loop).
-        claim = claim_slot(rt, loop_id, slot, now, source="scheduled", ends_backlog=slot == cut,
-                           known_loop=None if gated or is_retry else loop_raw, fresh_slot=not is_retry,
-                           after=arm_next)
+        try:
+            claim = claim_slot(rt, loop_id, slot, now, source="scheduled", ends_backlog=slot == cut,
+                               known_loop=None if gated or is_retry else loop_raw, fresh_slot=not is_retry,
+                               after=arm_next)
+        except BaseException:
+            give_back(rt, pool_hold)
+            raise
         if isinstance(claim, Refusal):
+            give_back(rt, pool_hold)
             reread = True
             if claim.reason in ("done", "exhausted"):
                 rt.runs.advance_past(loop_id, slot, now)
@@ -298,7 +339,8 @@ def fire(rt: Runtime, loop_id: str, *, taken: timers.Taken | None = None) -> Fir
             if next_at is not None and next_at > now and not rules.advances_at_finish(claim.loop):
                 ensure_timer(rt, claim.loop)  # the next slot keeps its time while this run goes on
                 armed_at = next_at
-        final, written, finalize_arm = _execute(rt, claim, rearm=False)  # armed below, once every due slot ran
+        # (armed below, once every due slot ran)
+        final, written, finalize_arm = _execute(rt, claim, rearm=False, pool=pool_hold)
         known = written or claim.loop
         if finalize_arm == MOVED:
             reread = True  # the loop is no longer the one the finalize wrote
