@@ -101,9 +101,11 @@ def test_a_cron_streak_keeps_the_loop_s_time_zone() -> None:
 # -- what drops nothing --------------------------------------------------------------------------------------------
 def test_nothing_is_dropped_while_a_retry_waits_or_the_loop_is_not_active() -> None:
     loop = make(EVERY_MINUTE, at(0), "latest")
-    retrying = loop.with_changes(retry_scheduled_for=to_iso(at(-1)), retry_at=to_iso(at(0)))
-    assert rules.due(retrying, at(4.5)) == [at(-1)]
-    assert missed.dropped(retrying, at(4.5)) is None
+    for policy in ("latest", "none", "all"):
+        retrying = make(EVERY_MINUTE, at(0), policy, limit=1).with_changes(retry_scheduled_for=to_iso(at(-1)),
+                                                                           retry_at=to_iso(at(0)))
+        assert rules.due(retrying, at(4.5)) == [at(-1)]
+        assert missed.dropped(retrying, at(4.5)) is None
     assert missed.dropped(loop.with_changes(status="paused"), at(4.5)) is None
     assert missed.dropped(loop.with_changes(expires_at=to_iso(at(2))), at(4.5)) is None
     assert missed.dropped(loop.with_changes(next_run_at=None), at(4.5)) is None

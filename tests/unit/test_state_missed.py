@@ -153,7 +153,7 @@ def test_a_coalescing_record_never_extends_over_a_run_created_after_it_read(
         value = real_read(conn, key)
         if key == KEYS.run(first.id) and not raced:  # the newest row was just read: a run is claimed meanwhile
             raced.append("")
-            claim = store.claim(loop_id, at(4), OWNER, at(4.5))
+            claim = claim_backfill(store, loop_id, at(4), OWNER, at(4.5))  # (which leaves the loop as it is)
             assert isinstance(claim, Claim)
             raced[0] = claim.run.id
         return value
