@@ -4,8 +4,8 @@
   ``missed`` row of the same kind, the streak extends it (its last slot, its count, its reason, ``updatedAt``);
   otherwise it starts a new row. Both are guarded on the top of the loop's runs (``Tx.expect_top``) and on the
   loop, so a run created meanwhile is never coalesced over. ``keys.missed_counts[kind]`` grows by the count in
-  the same transition. A record that repeats one already made (a retry after a lost reply, a duplicate fire)
-  changes nothing.
+  the same transition. A record that repeats one already made (a retry after a lost reply, a duplicate fire,
+  even after a run came in between: the loop's ``RECENT`` newest records are compared) changes nothing.
 - The row holds its first slot in ``keys.slots``, as every row does: that hash is Redis's side of the mirror's
   ``UNIQUE(loop_id, scheduled_for)``, so no other row can take the slot behind its back (an ad-hoc run steps
   around it). The streak's other slots are not in the hash: Redis grows with rows, not with slots.
@@ -31,6 +31,9 @@ from loopsq.state.commit import Committer, Tx
 from loopsq.state.keys import Keys
 
 MAX_RETRIES = 50
+#: The loop's newest records a new streak is compared with: one that one of them covers is recorded already (a
+#: duplicate fire that recorded after another's run was claimed).
+RECENT = 8
 
 
 def _s(value: object) -> str | None:
@@ -57,14 +60,15 @@ def record(client: redis.Redis, keys: Keys, committer: Committer, loop_id: str, 
     for _ in range(MAX_RETRIES):
         pipe = client.pipeline(transaction=False)
         pipe.get(keys.loop(loop_id))
-        pipe.zrevrange(keys.loop_runs(loop_id), 0, 0)
-        loop_reply, top = pipe.execute()
+        pipe.zrevrange(keys.loop_runs(loop_id), 0, RECENT - 1)
+        loop_reply, recent_ids = pipe.execute()
         loop_raw = _s(loop_reply)
         if loop_raw is None:
             return None
         loop = Loop.from_json(loop_raw)
-        newest_id = _s(top[0]) if top else None
-        newest_raw = run_codec.read(client, keys.run(newest_id)) if newest_id else None
+        newest_id = _s(recent_ids[0]) if recent_ids else None
+        recent_raws = run_codec.read_many(client, [keys.run(str(_s(i))) for i in recent_ids])
+        newest_raw = recent_raws[0] if recent_raws else None
         newest = run_codec.decode(newest_raw) if newest_raw is not None else None
         tx = Tx("run_missed", stamp).expect(keys.loop(loop_id), loop_raw).expect_top(keys.loop_runs(loop_id),
                                                                                       newest_id)
@@ -76,6 +80,9 @@ def record(client: redis.Redis, keys: Keys, committer: Committer, loop_id: str, 
             tx.expect(keys.run(row.id), newest_raw).set(keys.run(row.id), run_codec.encode(row))
             tx.note("missed_extended")
         else:
+            covering = _covering(recent_raws, to_iso(first))
+            if covering is not None:
+                return covering  # recorded already, before the runs that came since
             start = _unrecorded(client, keys, loop, rules.Streak(first, last, count))
             if isinstance(start, LoopRun):
                 return start  # a missed row holds the slot: this streak was recorded
@@ -102,6 +109,16 @@ def record(client: redis.Redis, keys: Keys, committer: Committer, loop_id: str, 
         )
         if committer.commit(tx).ok:
             return row
+    return None
+
+
+def _covering(raws: list[run_codec.Stored | None], slot: str) -> LoopRun | None:
+    """The missed row among ``raws`` whose streak includes ``slot``, if any."""
+    for raw in raws:
+        run = run_codec.decode(raw) if raw is not None else None
+        if run is not None and run.status == rules.MISSED and run.scheduled_for <= slot <= (
+                run.missed_last or run.scheduled_for):
+            return run
     return None
 
 

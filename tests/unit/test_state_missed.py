@@ -19,6 +19,7 @@ from loopsq.state.backfills import claim_backfill
 from loopsq.state.commit import Tx
 from loopsq.state.keys import Keys
 from loopsq.state.loops import LoopStore
+from loopsq.state.missed import RECENT
 from loopsq.state.retention import Retention, Windows
 from loopsq.state.runs import Claim, Owner, Refusal, RunStore
 
@@ -130,7 +131,25 @@ def test_a_repeated_record_changes_nothing(client: redis.Redis, store: RunStore)
     after_claim = client.xlen(KEYS.changes)
     assert record(store, loop_id, 0, 3, 4, now=102) == row
     assert client.xlen(KEYS.changes) == after_claim == before + 1
+    # ... and however many runs came since: its first slot is the missed row's.
+    for i in range(RECENT):
+        assert isinstance(store.claim(loop_id, at(50 + i), OWNER, at(103 + i), source="ad_hoc"), Claim)
+    many = client.xlen(KEYS.changes)
+    assert record(store, loop_id, 0, 3, 4, now=120) == row
+    assert client.xlen(KEYS.changes) == many
     assert client.hgetall(KEYS.missed_counts) == {"catch_up": "4"}
+
+
+def test_a_duplicate_of_a_coalesced_streak_is_recognised_after_a_run_came_in_between(client: redis.Redis,
+                                                                                     store: RunStore) -> None:
+    loop_id = make_loop(client)
+    row = record(store, loop_id, 0, 3, 4, now=4)
+    extended = record(store, loop_id, 4, 6, 3, now=7)  # (its first slot, 4, is not in keys.slots: the row holds 0)
+    assert isinstance(store.claim(loop_id, at(7), OWNER, at(7.5)), Claim)
+    before = client.xlen(KEYS.changes)
+    assert record(store, loop_id, 4, 6, 3, now=8) == extended  # a second worker's fire of the same slots
+    assert client.xlen(KEYS.changes) == before and runs_of(client, loop_id)[0] == row.id
+    assert client.hgetall(KEYS.missed_counts) == {"catch_up": "7"}
 
 
 def test_slots_that_have_a_row_already_are_not_counted_missed(client: redis.Redis, store: RunStore) -> None:
@@ -146,19 +165,19 @@ def test_a_coalescing_record_never_extends_over_a_run_created_after_it_read(
         client: redis.Redis, store: RunStore, monkeypatch: pytest.MonkeyPatch) -> None:
     loop_id = make_loop(client)
     first = record(store, loop_id, 0, 3, 4, now=4)
-    real_read = run_codec.read
+    real_read = run_codec.read_many
     raced: list[str] = []
 
-    def read_then_race(conn: Any, key: str) -> Any:
-        value = real_read(conn, key)
-        if key == KEYS.run(first.id) and not raced:  # the newest row was just read: a run is claimed meanwhile
+    def read_then_race(conn: Any, keys: list[str]) -> Any:
+        value = real_read(conn, keys)
+        if KEYS.run(first.id) in keys and not raced:  # the newest row was just read: a run is claimed meanwhile
             raced.append("")
             claim = claim_backfill(store, loop_id, at(4), OWNER, at(4.5))  # (which leaves the loop as it is)
             assert isinstance(claim, Claim)
             raced[0] = claim.run.id
         return value
 
-    monkeypatch.setattr(run_codec, "read", read_then_race)
+    monkeypatch.setattr(run_codec, "read_many", read_then_race)
     later = record(store, loop_id, 5, 8, 4, now=9)
     assert later.id != first.id and store.get(first.id) == first
     assert runs_of(client, loop_id) == [first.id, raced[0], later.id]
