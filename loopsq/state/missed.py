@@ -72,6 +72,7 @@ def record(client: redis.Redis, keys: Keys, committer: Committer, loop_id: str, 
         newest = run_codec.decode(newest_raw) if newest_raw is not None else None
         tx = Tx("run_missed", stamp).expect(keys.loop(loop_id), loop_raw).expect_top(keys.loop_runs(loop_id),
                                                                                       newest_id)
+        counted = count
         if newest is not None and newest.status == rules.MISSED and newest.missed_kind == kind:
             if to_iso(first) <= (newest.missed_last or newest.scheduled_for):
                 return newest  # recorded already
@@ -88,7 +89,7 @@ def record(client: redis.Redis, keys: Keys, committer: Committer, loop_id: str, 
                 return start  # a missed row holds the slot: this streak was recorded
             if start is None:
                 return None
-            count = start.count
+            counted = start.count  # (slots that have a row are not missed)
             row = LoopRun(id=gen_id(), loop_id=loop.id, loop_name=loop.name, scheduled_for=to_iso(start.first),
                           attempt=1, status=rules.MISSED, created_at=stamp, updated_at=stamp, finished_at=stamp,
                           error=reason, source="scheduled", missed_last=to_iso(start.last),
@@ -104,7 +105,7 @@ def record(client: redis.Redis, keys: Keys, committer: Committer, loop_id: str, 
             )
         (
             tx.zadd(keys.retention_due, to_ms(now), f"loop:{loop_id}")
-            .hincrby(keys.missed_counts, kind, count)
+            .hincrby(keys.missed_counts, kind, counted)
             .put("loop_runs", row.to_dict())
         )
         if committer.commit(tx).ok:

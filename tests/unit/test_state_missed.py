@@ -279,3 +279,23 @@ def test_the_top_guard_and_the_counter_op_are_atomic_with_the_change(client: red
     assert store.committer.commit(Tx("t", "now").expect_top("empty", None).hincrby("h", "k", 2)).ok
     assert not store.committer.commit(Tx("t", "now").expect_top("z", None)).ok
     assert client.hget("h", "k") == "5" and client.xlen(KEYS.changes) == 2
+
+
+def test_a_record_that_lost_a_race_counts_its_slots_once_when_it_tries_again(
+        client: redis.Redis, store: RunStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    loop_id = make_loop(client)
+    assert isinstance(claim_backfill(store, loop_id, at(0), OWNER, at(50)), Claim)  # slot 0 has its run
+    real_commit = store.committer.commit
+    tries: list[int] = []
+
+    def commit_after_a_change(tx: Tx, **kw: Any) -> Any:
+        if tx.type == "run_missed" and not tries:  # the loop changes between the read and the commit
+            tries.append(1)
+            LoopStore(client, KEYS).update(loop_id, "loop_updated", at(99),
+                                           lambda loop: loop.with_changes(description="moved"))
+        return real_commit(tx, **kw)
+
+    monkeypatch.setattr(store.committer, "commit", commit_after_a_change)
+    row = record(store, loop_id, 0, 3, 4)
+    assert tries and (row.scheduled_for, row.missed_count) == (to_iso(at(1)), 3)
+    assert client.hgetall(KEYS.missed_counts) == {"catch_up": "3"}
