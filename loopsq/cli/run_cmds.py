@@ -9,13 +9,13 @@ import click
 
 from loopsq.cli.app import App, echo_err, get_app, json_flag
 from loopsq.cli.options import bounded_flag, limit_flag, quote
-from loopsq.cli.run_lines import feature_lines, usage_total
+from loopsq.cli.run_lines import feature_lines, missed_head, usage_total
 from loopsq.domain import limits, timeutil
 from loopsq.domain.checks import check_visible
 from loopsq.domain.control import OUTCOMES
 from loopsq.domain.lifecycle import ensure_not_archived
 from loopsq.domain.redaction import public_run
-from loopsq.domain.run_rules import RETRYABLE, RUN_STATUSES, TERMINAL, LoopRun, attempt_label
+from loopsq.domain.run_rules import MISSED, RETRYABLE, RUN_STATUSES, TERMINAL, LoopRun, attempt_label
 from loopsq.domain.text import shown
 from loopsq.domain.timeutil import gen_id
 from loopsq.engine.routing import enqueue_for_loop
@@ -181,7 +181,10 @@ def runs(id_or_name: str | None, limit: int, status: str | None, outcome: str | 
         lines = []
         for r in rows:
             attempt = attempt_label(r["attempt"], r.get("rerun")) if r.get("rerun") else f"attempt={r['attempt']}"
-            lines.append(f"{r['id']}  {r['status']:<10}  {attempt}  slot={r['scheduledFor']}  {r['loopName']}")
+            if r["status"] == MISSED:  # a streak of slots that did not run: its range and count, not an attempt
+                lines.append(missed_head(r))
+            else:
+                lines.append(f"{r['id']}  {r['status']:<10}  {attempt}  slot={r['scheduledFor']}  {r['loopName']}")
             if r.get("error") and r["status"] in RETRYABLE:
                 lines.append(f"  error: {r['error']}")
             lines.extend(feature_lines(r))

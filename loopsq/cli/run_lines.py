@@ -1,11 +1,13 @@
 """The lines ``loopsq runs`` adds under a run for the beyond-the-reference features: its control-file outcome
-(and the warning of a malformed file)."""
+(and the warning of a malformed file); and the line of a missed streak in place of a run's."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from loopsq.domain import missed
 from loopsq.domain.control import describe
+from loopsq.domain.run_rules import MISSED
 
 #: The errors of runs skipped by a feature rather than by overlap: a closed gate, a busy workspace, a budget.
 FEATURE_SKIPS = ("gate closed", "workspace busy")
@@ -17,6 +19,8 @@ def feature_lines(run: dict[str, Any]) -> list[str]:
     error = str(run.get("error") or "")
     if run.get("status") == "skipped" and error.startswith(FEATURE_SKIPS):
         lines.append(f"  skipped: {error}")
+    if run.get("status") == MISSED and error:
+        lines.append(f"  missed: {error}")
     if run.get("control"):
         lines.append(f"  outcome: {describe(run['control'])}")
     if run.get("inputTokens") is not None or run.get("costUsd") is not None:
@@ -24,6 +28,20 @@ def feature_lines(run: dict[str, Any]) -> list[str]:
     if run.get("controlWarning"):
         lines.append(f"  warning: {run['controlWarning']}")
     return lines
+
+
+def missed_head(run: dict[str, Any]) -> str:
+    """A missed row's line, in the table's columns: ``<id>  <missed.label>   slot=<first> → <last>  <loop>``
+    (the last slot's date left out when it is the first's)."""
+    first, last = str(run["scheduledFor"]), str(run.get("missedLast") or run["scheduledFor"])
+    span = f"slot={first}" if last == first else f"slot={first} → {_after(first, last)}"
+    return f"{run['id']}  {missed.label(run.get('missedCount')):<10}  {span}  {run['loopName']}"
+
+
+def _after(first: str, last: str) -> str:
+    """``last`` without its date when ``first`` has the same one (``07:59:18.000Z``)."""
+    day, sep, time = last.partition("T")
+    return time if sep and first.startswith(day + "T") else last
 
 
 def usage_text(inputs: int | None, outputs: int | None, cost: float | None) -> str:

@@ -19,8 +19,11 @@ from loopsq.domain.models import Loop
 from loopsq.domain.schedules import compute_next_after, cron_next, due_slots
 from loopsq.domain.timeutil import from_iso, to_iso
 
-RUN_STATUSES = ("running", "succeeded", "failed", "timed_out", "abandoned", "skipped")
-TERMINAL = frozenset({"succeeded", "failed", "timed_out", "abandoned", "skipped"})
+#: A slot that did not run, recorded with its reason; one row stands for a streak of such slots
+#: (``domain.missed``). Settled, never retried.
+MISSED = "missed"
+RUN_STATUSES = ("running", "succeeded", "failed", "timed_out", "abandoned", "skipped", MISSED)
+TERMINAL = frozenset({"succeeded", "failed", "timed_out", "abandoned", "skipped", MISSED})
 RETRYABLE = frozenset({"failed", "timed_out", "abandoned"})
 SOURCES = ("scheduled", "ad_hoc", "due_slot", "retry_slot", "trigger", "backfill")
 #: Runs that are not a slot of the schedule: they never move the loop, though the retry rule applies to them too.
@@ -103,6 +106,11 @@ class LoopRun:
     input_tokens: int | None = None
     output_tokens: int | None = None
     cost_usd: float | None = None
+    #: A ``missed`` row stands for a streak of slots: ``scheduled_for`` is its first, ``missed_last`` its last,
+    #: ``missed_count`` how many, ``missed_kind`` why (``domain.missed.KINDS``; the text is in ``error``).
+    missed_last: str | None = None
+    missed_count: int | None = None
+    missed_kind: str | None = None
     extra: dict[str, Any] = field(default_factory=dict, compare=False)
 
     def to_dict(self) -> dict[str, Any]:

@@ -105,7 +105,8 @@ def apply_changes(conn: sqlite3.Connection, changes: Sequence[Mapping[str, Any]]
     """Apply a batch of changes in stream order, in one ``BEGIN IMMEDIATE`` transaction.
 
     Each change whose id is greater than the last applied id has its upserts (in the order given) and then
-    its deletes applied, and becomes the last applied id. Older or repeated changes are skipped.
+    its deletes applied (a row it deletes without upserting it goes first), and becomes the last applied id.
+    Older or repeated changes are skipped.
 
     Args:
         conn: a connection from ``open_db``.
@@ -227,6 +228,12 @@ def apply_one(conn: sqlite3.Connection, change: Mapping[str, Any], *, count: boo
     if not all(isinstance(part, Mapping) for part in (upserts, deletes, trims, patches)):
         raise LoopsqError(
             f"malformed change {change.get('id')!r}: 'upsert', 'patch', 'delete' and 'trim' must be objects")
+    # A row the change deletes and does not upsert goes first: an upsert in the same change may take its unique
+    # key (a backfill run taking the slot of the missed row it ends), which is then free, not a stale row to evict.
+    for table, ids in deletes.items():
+        _columns(table)
+        kept = {e.get("id") for e in upserts.get(table) or () if isinstance(e, Mapping)}
+        conn.executemany(f"DELETE FROM {table} WHERE id = ?", [(i,) for i in ids if i not in kept])
     for table, entities in upserts.items():
         _columns(table)
         for entity in entities:

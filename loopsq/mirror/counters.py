@@ -17,7 +17,7 @@ import sqlite3
 from collections.abc import Mapping
 from typing import Any
 
-from loopsq.domain.run_rules import SHUTDOWN_ERROR, TERMINAL
+from loopsq.domain.run_rules import MISSED, SHUTDOWN_ERROR, TERMINAL
 
 TABLE = "run_counters"
 DDL = (f"CREATE TABLE IF NOT EXISTS {TABLE} (metric TEXT NOT NULL, loop_id TEXT NOT NULL, loop_name TEXT NOT NULL,"
@@ -56,8 +56,11 @@ def previous_state(conn: sqlite3.Connection, run_id: str) -> tuple[str, int] | N
 
 
 def count_transition(conn: sqlite3.Connection, before: tuple[str, int] | None, run: Mapping[str, Any]) -> None:
-    """Count what the upsert of ``run`` over a row that was ``before`` did (nothing for a repeated snapshot)."""
+    """Count what the upsert of ``run`` over a row that was ``before`` did (nothing for a repeated snapshot). A
+    ``missed`` row is no attempt: its slots are counted in Redis (``keys.missed_counts``), not here."""
     status, attempt = str(run.get("status")), int(run.get("attempt") or 1)
+    if status == MISSED:
+        return
     if before is not None and attempt > before[1]:
         _bump(conn, RETRIES, run, "", attempt - before[1])
     if status in TERMINAL and (before is None or before[0] not in TERMINAL or before[1] != attempt):

@@ -26,6 +26,8 @@ INITIAL_MIGRATION = "0001_initial_and_workflows"
 LOOPSQ_MIGRATION = "0100_loopsq_columns"
 #: loopsq's table of run-transition counters (``loopsq.mirror.counters``).
 COUNTERS_MIGRATION = "0101_run_counters"
+#: ``loop_runs.missed_last``, ``missed_count`` and ``missed_kind``: a ``missed`` row's streak (``domain.missed``).
+MISSED_MIGRATION = "0103_missed_slots"
 #: The reference's own id for ``loops.archived_at`` and ``loops.archived_from_status`` (0.3.15).
 ARCHIVE_MIGRATION = "0004_loop_archive_metadata"
 
@@ -207,6 +209,10 @@ LOOPSQ_COLUMNS: tuple[tuple[str, str, str], ...] = (
     ("loops", "pool", "TEXT"),
     ("workflow_specs", "requires_json", "TEXT"),
     ("workflow_specs", "pool", "TEXT"),
+    # A missed row stands for a streak of slots (MISSED_MIGRATION): scheduled_for is its first, these the rest.
+    ("loop_runs", "missed_last", "TEXT"),
+    ("loop_runs", "missed_count", "INTEGER"),
+    ("loop_runs", "missed_kind", "TEXT"),
 )
 
 _MIRRORED_TABLES = (
@@ -318,6 +324,9 @@ def migrate(conn: sqlite3.Connection) -> None:
             conn.execute(statement)
         conn.execute("INSERT OR IGNORE INTO schema_migrations (id, applied_at) VALUES (?, ?)",
                      (pages.MIGRATION, applied_at))
+        # (its columns were added with LOOPSQ_COLUMNS above)
+        conn.execute("INSERT OR IGNORE INTO schema_migrations (id, applied_at) VALUES (?, ?)",
+                     (MISSED_MIGRATION, applied_at))
 
 
 def _is_current(conn: sqlite3.Connection) -> bool:
@@ -325,7 +334,8 @@ def _is_current(conn: sqlite3.Connection) -> bool:
     if not all(column_names(conn, t) for t in ("schema_migrations", "mirror_meta", counters.TABLE)):
         return False
     ids = {str(row[0]) for row in conn.execute("SELECT id FROM schema_migrations")}
-    if not {INITIAL_MIGRATION, ARCHIVE_MIGRATION, LOOPSQ_MIGRATION, COUNTERS_MIGRATION, pages.MIGRATION} <= ids:
+    if not {INITIAL_MIGRATION, ARCHIVE_MIGRATION, LOOPSQ_MIGRATION, COUNTERS_MIGRATION, pages.MIGRATION,
+            MISSED_MIGRATION} <= ids:
         return False
     expected = {(table, column) for table, columns in MIRRORED_COLUMNS.items() for column in columns}
     present = {(table, column) for table in MIRRORED_COLUMNS for column in column_names(conn, table)}

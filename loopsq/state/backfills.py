@@ -3,7 +3,9 @@
 A backfill run is a normal run of a past slot (source ``backfill``): ``(loop, slot, attempt)`` is claimed with a
 SET-NX-style guard on its claim key, the lease is taken in the same step, and the run is then executed and
 finalized (fenced) by the engine as any other. It is idempotent per slot: a slot that already has a row is
-refused (``done``; ``running`` while its run goes on) unless ``force``, which claims the row's next attempt.
+refused (``done``; ``running`` while its run goes on) unless ``force``, which claims the row's next attempt. A slot
+held by a ``missed`` row is no run of its own: the backfill takes it, and the row moves on to the next slot of its
+streak, in the same transition (``state.missed.yield_first``).
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from loopsq.domain import run_rules as rules
 from loopsq.domain.models import Loop
 from loopsq.domain.run_rules import LoopRun
 from loopsq.domain.timeutil import gen_id, to_iso, to_ms
-from loopsq.state import durability, run_codec
+from loopsq.state import durability, missed, run_codec
 from loopsq.state.commit import Tx
 from loopsq.state.run_moves import _s
 from loopsq.state.runs import CLAIM_TTL_MS, Claim, Owner, Refusal, RunStore
@@ -36,6 +38,9 @@ def claim_backfill(store: RunStore, loop_id: str, slot: datetime, owner: Owner, 
         existing_id = _s(store.client.hget(store.keys.slots(loop_id), slot_iso))
         existing_raw = run_codec.read(store.client, store.keys.run(existing_id)) if existing_id else None
         existing = run_codec.decode(existing_raw) if existing_raw else None
+        held: tuple[LoopRun, run_codec.Stored] | None = None
+        if existing is not None and existing_raw is not None and existing.status == rules.MISSED:
+            held, existing = (existing, existing_raw), None  # not a run of this slot: it gives the slot up
         if existing is not None and existing.status == "running":
             return Refusal("running", existing)
         if existing is not None and not force:
@@ -62,7 +67,7 @@ def claim_backfill(store: RunStore, loop_id: str, slot: datetime, owner: Owner, 
             Tx("run_claimed", stamp)
             .expect(claim_key, None)
             .expect_field(store.keys.slots(loop_id), slot_iso, existing_id)
-            .expect(store.keys.run(run.id), existing_raw)
+            .expect(store.keys.run(run.id), existing_raw if existing is not None else None)
             .expect(store.keys.loop(loop_id), loop_raw)
             .set(claim_key, token, px=CLAIM_TTL_MS)
             .hset(store.keys.slots(loop_id), slot_iso, run.id)
@@ -70,9 +75,11 @@ def claim_backfill(store: RunStore, loop_id: str, slot: datetime, owner: Owner, 
             .set(store.keys.lease(run.id), token, px=rules.lease_ttl_ms(loop.lease_ms))
             .sadd(store.keys.running, run.id)
             .sadd(store.keys.loop_active(loop_id), run.id)
-            .put("loop_runs", run.to_dict())
             .note("backfill")
         )
+        if held is not None:
+            missed.yield_first(tx, store.client, store.keys, loop, held[0], held[1], stamp)
+        tx.put("loop_runs", run.to_dict())
         if existing is None:
             created = to_ms(now)
             tx.zadd(store.keys.runs, created, run.id).zadd(store.keys.loop_runs(loop_id), created, run.id)

@@ -47,6 +47,11 @@ for i = 0, nops - 1 do
     if b == '' then
       if cur then return {0, i} end
     elseif cur ~= b then return {0, i} end
+  elseif op == 'ztop' then
+    local top = redis.call('ZREVRANGE', key, 0, 0)[1]
+    if a == '' then
+      if top then return {0, i} end
+    elseif top ~= a then return {0, i} end
   end
 end
 for i = 0, nops - 1 do
@@ -59,6 +64,7 @@ for i = 0, nops - 1 do
   elseif op == 'del' then redis.call('DEL', key)
   elseif op == 'hset' then redis.call('HSET', key, a, b)
   elseif op == 'hdel' then redis.call('HDEL', key, a)
+  elseif op == 'hincrby' then redis.call('HINCRBY', key, a, b)
   elseif op == 'sadd' then redis.call('SADD', key, a)
   elseif op == 'srem' then redis.call('SREM', key, a)
   elseif op == 'zadd' then redis.call('ZADD', key, a, b)
@@ -82,7 +88,7 @@ local id = redis.call('XADD', KEYS[1], 'MAXLEN', '~', ARGV[2], '*',
 return {1, id}
 """
 
-_GUARDS = frozenset({"eq", "absent", "hfeq", "llen"})
+_GUARDS = frozenset({"eq", "absent", "hfeq", "llen", "ztop"})
 
 
 @dataclass
@@ -128,6 +134,12 @@ class Tx:
         self.ops.append(("llen", key, str(length), ""))
         return self
 
+    def expect_top(self, key: str, member: str | None) -> Tx:
+        """Guard: the highest-scored member of the sorted set at ``key`` is ``member`` (ties: the greatest member,
+        as ``ZREVRANGE`` orders them); ``None``: the set is empty. Nothing newer was added since it was read."""
+        self.ops.append(("ztop", key, member or "", ""))
+        return self
+
     # -- writes ----------------------------------------------------------------------------------------------
     def set(self, key: str, value: str | bytes, px: int | None = None) -> Tx:
         """Write: SET ``key`` (with a millisecond TTL when ``px`` is given)."""
@@ -147,6 +159,11 @@ class Tx:
     def hdel(self, key: str, name: str) -> Tx:
         """Write: HDEL."""
         self.ops.append(("hdel", key, name, ""))
+        return self
+
+    def hincrby(self, key: str, name: str, by: int) -> Tx:
+        """Write: HINCRBY (a counter that other transitions bump too, so no read-compare-write)."""
+        self.ops.append(("hincrby", key, name, str(by)))
         return self
 
     def sadd(self, key: str, member: str) -> Tx:

@@ -23,7 +23,7 @@ from loopsq.domain.run_rules import LoopRun
 from loopsq.domain.steering import steer
 from loopsq.domain.timeutil import gen_id, to_iso, to_ms
 from loopsq.errors import ConflictError
-from loopsq.state import durability, run_codec
+from loopsq.state import durability, missed, run_codec
 from loopsq.state.commit import Committer, Tx
 from loopsq.state.keys import Keys
 from loopsq.state.run_moves import LoopMoves, _s
@@ -121,6 +121,15 @@ class RunStore(LoopMoves):
     def cancel_reason(self, run_id: str) -> str | None:
         """The reason of a pending cancel request for the run, if any."""
         return _s(self.client.get(self.keys.cancel(run_id)))
+
+    # -- missed slots ---------------------------------------------------------------------------------------
+    def record_missed(self, loop_id: str, first: datetime, last: datetime, count: int, kind: str, reason: str,
+                      now: datetime) -> LoopRun | None:
+        """Record ``count`` slots of the loop, ``first`` to ``last``, that did not run, coalesced into the loop's
+        newest ``missed`` row of the same ``kind`` when that is its newest record (``state.missed.record``).
+        ``kind`` is one of ``domain.missed.KINDS``; ``reason`` the row's ``error`` (``domain.missed.catch_up``,
+        ...). Returns the missed row, or None when the loop is gone or every slot of the streak has a row."""
+        return missed.record(self.client, self.keys, self.committer, loop_id, first, last, count, kind, reason, now)
 
     # -- claim ----------------------------------------------------------------------------------------------
     def claim(

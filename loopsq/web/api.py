@@ -28,7 +28,7 @@ from loopsq.web.deps import Ctx, Limit, Offset, ShowOutput, json_object, respons
 router = APIRouter(prefix="/api")
 
 LoopStatus = Literal["active", "paused", "stopped", "expired"]
-RunStatus = Literal["running", "succeeded", "failed", "timed_out", "abandoned", "skipped"]
+RunStatus = Literal["running", "succeeded", "failed", "timed_out", "abandoned", "skipped", "missed"]
 RunOutcome = Literal["progress", "no_op", "done", "needs_human"]
 LoopRef = Annotated[str, Path(description="A loop's id or name.")]
 assert set(get_args(LoopStatus)) == set(LOOP_STATUSES) and set(get_args(RunStatus)) == set(RUN_STATUSES)

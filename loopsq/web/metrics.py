@@ -5,7 +5,9 @@ Everything is computed from the (caught-up) mirror and Redis when scraped, so no
 - counters, for alerting (``loopsq.mirror.counters``: transitions counted exactly once as the mirror applies
   them): ``loopsq_runs_total{status}`` (finished attempts), ``loopsq_retries_total`` (retry attempts started),
   ``loopsq_recoveries_total{reason}`` (runs abandoned: ``worker_died``, ``lease_expired``, ``worker_shutdown``,
-  ``other``);
+  ``other``); ``loopsq_slots_missed_total{reason}`` (slots that did not run, by kind: ``catch_up``,
+  ``no_free_worker``, ``no_worker_labels``, ``no_scheduler``; counted in Redis, ``keys.missed_counts``, as each
+  missed streak is recorded, so every process reports the same totals);
 - ``loopsq_runs_current{status}``: recorded runs by their current status (a retried slot's row counts once);
 - ``loopsq_loops{status}``: loops per status;
 - ``loopsq_scheduling_lag_seconds``: histogram of the start delay of first attempts, measured from when the slot
@@ -30,12 +32,14 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from loopsq.domain import missed
 from loopsq.domain.models import LOOP_STATUSES
-from loopsq.domain.run_rules import RUN_STATUSES, TERMINAL
+from loopsq.domain.run_rules import MISSED, RUN_STATUSES, TERMINAL
 from loopsq.engine import timers
 from loopsq.errors import ValidationError
 from loopsq.mirror import counters
 from loopsq.ops.health import live_processes
+from loopsq.state import missed as missed_state
 from loopsq.web.context import WebContext
 from loopsq.web.deps import error_responses
 
@@ -91,6 +95,14 @@ def _counter(conn: sqlite3.Connection, name: str, doc: str, metric: str, label: 
     return family
 
 
+def _missed_counter(counts: Mapping[str, int]) -> CounterMetricFamily:
+    """``loopsq_slots_missed_total{reason}`` from Redis's counts per kind; every kind shown, at 0 before any."""
+    family = CounterMetricFamily("loopsq_slots_missed", "Slots that did not run, by reason.", labels=["reason"])
+    for kind in sorted({*missed.KINDS, *counts}):
+        family.add_metric([kind], counts.get(kind, 0))
+    return family
+
+
 class StateCollector(Collector):
     """Reads loopsq's state on every scrape."""
 
@@ -106,7 +118,8 @@ class StateCollector(Collector):
         """The metric families, from the caught-up mirror and Redis."""
         per_loop = self.per_loop
         with self.ctx.mirror() as conn:
-            terminal = [s for s in RUN_STATUSES if s in TERMINAL]
+            # (a missed row is no attempt: its slots are loopsq_slots_missed_total)
+            terminal = [s for s in RUN_STATUSES if s in TERMINAL and s != MISSED]
             families: list[Metric] = [
                 _counter(conn, "loopsq_runs", "Finished loop run attempts by status.", counters.RUNS, "status",
                          per_loop, terminal),
@@ -132,6 +145,7 @@ class StateCollector(Collector):
             duration = HistogramMetricFamily("loopsq_run_duration_seconds", "Duration of finished runs.")
             duration.add_metric([], *histogram(conn, "duration_ms", _DURATION_FROM, DURATION_BUCKETS_S))
         yield from (*families, runs, loops, lag, duration)
+        yield _missed_counter(missed_state.counts(self.ctx.client, self.ctx.keys))
         yield GaugeMetricFamily("loopsq_queue_depth", "Jobs waiting in the RQ queue.",
                                 value=timers.queue_depth(self.ctx.raw()))
         yield GaugeMetricFamily("loopsq_workers_alive", "Workers with a fresh liveness key.",

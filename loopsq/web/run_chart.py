@@ -10,6 +10,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from loopsq.domain import missed
 from loopsq.domain.durations import format_duration
 
 BAR_WIDTH = 14
@@ -58,7 +59,11 @@ def layout(runs: Sequence[Mapping[str, Any]]) -> Chart:
             shown = format_duration(duration)
         else:
             height, shown = STUB, "-"
-        title = f"{run.get('status')} · {shown} · slot {run.get('scheduledFor')} · attempt {run.get('attempt')}"
+        if run.get("status") == "missed":  # a streak: its count and range instead of one slot's attempt
+            title = (f"{missed.label(run.get('missedCount'))} · slots {run.get('scheduledFor')} → "
+                     f"{run.get('missedLast') or run.get('scheduledFor')}")
+        else:
+            title = f"{run.get('status')} · {shown} · slot {run.get('scheduledFor')} · attempt {run.get('attempt')}"
         if run.get("error"):
             title += f" · {run['error']}"
         bars.append(Bar(str(run.get("id")), str(run.get("status")), MARGIN_LEFT + i * (BAR_WIDTH + BAR_GAP),

@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from loopsq.domain.agent_options import PERMISSION_MODES, SANDBOXES
 from loopsq.domain.control import OUTCOMES
 from loopsq.domain.limits import MAX_POOL_LIMIT, MAX_REASON_LENGTH
+from loopsq.domain.missed import KINDS as MISSED_KINDS
 from loopsq.domain.models import LOOP_STATUSES
 from loopsq.domain.run_rules import RUN_STATUSES
 
@@ -103,6 +104,11 @@ class RunOut(Entity):
     inputTokens: int | None = Field(None, description="Input tokens the agent reported (cached input included).")
     outputTokens: int | None = Field(None, description="Output tokens the agent reported.")
     costUsd: float | None = Field(None, description="Cost in USD the agent reported.")
+    missedLast: str | None = Field(None, description=(
+        "A missed run's last slot: the row stands for the slots from scheduledFor to this one, which did not run."))
+    missedCount: int | None = Field(None, ge=1, description="How many slots a missed run stands for.")
+    missedKind: str | None = Field(None, description="Why the slots of a missed run did not run (error: in words).",
+                                   json_schema_extra={"enum": [*MISSED_KINDS, None]})
 
 
 class Page(BaseModel):

@@ -344,7 +344,7 @@ SCHEMA_CASES: list[tuple[str, dict[str, Any], str]] = [
     ("loops_show", {"idOrName": 5}, "idOrName must be a string, got 5"),
     ("loops_show", {"idOrName": "x", "showOutput": "yes"}, 'showOutput must be a boolean, got "yes"'),
     ("loop_runs", {"status": "done"},
-     'status must be one of running, succeeded, failed, timed_out, abandoned, skipped, got "done"'),
+     'status must be one of running, succeeded, failed, timed_out, abandoned, skipped, missed, got "done"'),
     ("workflows_list", {"offset": -1}, "offset must be an integer from 0 to 100000, got -1"),
     ("run_logs", {"runId": "x", "maxChars": 0}, "maxChars must be an integer from 1 to 262144, got 0"),
     ("loop_run_now", {"idOrName": "steady-stdio", "wait": 601, "confirm": "run-now"},

@@ -130,7 +130,7 @@ def test_unknown_routes_wrong_methods_and_bad_parameters_get_the_one_error_body(
     assert_error(web.client.get("/api/runs?limit=1001"), 400, 'limit must be <= 1000, got "1001"')
     assert_error(web.client.get("/api/runs?offset=x"), 400, 'offset must be an integer, got "x"')
     assert_error(web.client.get("/api/runs?status=bogus"), 400, "status must be one of 'running', 'succeeded', "
-                 "'failed', 'timed_out', 'abandoned' or 'skipped', got \"bogus\"")
+                 "'failed', 'timed_out', 'abandoned', 'skipped' or 'missed', got \"bogus\"")
     assert_error(web.client.get("/api/runs?showOutput=maybe"), 400, 'showOutput must be true or false, got "maybe"')
     assert_error(web.client.get("/api/loops?status=sleeping"), 400,
                  "status must be one of 'active', 'paused', 'stopped' or 'expired', got \"sleeping\"")

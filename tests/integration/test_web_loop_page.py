@@ -117,7 +117,7 @@ def test_the_run_history_pages_by_keyset_and_filters_by_status_and_time(
 
 @pytest.mark.parametrize(("query", "message"), [
     ({"status": "bogus"},
-     "status must be one of running, succeeded, failed, timed_out, abandoned, skipped, got \"bogus\""),
+     "status must be one of running, succeeded, failed, timed_out, abandoned, skipped, missed, got \"bogus\""),
     ({"since": "yesterday"}, "since must be an ISO 8601 time (e.g. 2026-12-01T09:00:00Z), got \"yesterday\""),
     ({"cursor": "zzz"}, "cursor is not a cursor from a previous page, got \"zzz\""),
     ({"limit": "0"}, "limit must be an integer from 1 to 1000, got \"0\""),

@@ -346,7 +346,7 @@ def test_reset_empties_every_mirrored_table_and_the_meta_but_keeps_the_schema(
     reset(conn)
     assert all(rows == [] for rows in dump(conn).values())
     assert last_applied_id(conn) is None and get_meta(conn, "redis_instance") is None
-    assert conn.execute("SELECT COUNT(*) FROM schema_migrations").fetchone()[0] == 5  # with the keyset page indexes (0102)
+    assert conn.execute("SELECT COUNT(*) FROM schema_migrations").fetchone()[0] == 6  # with the missed slots (0103)
 
 
 def test_replace_all_swaps_in_a_snapshot_with_its_last_id_and_meta(conn: sqlite3.Connection) -> None:

@@ -95,6 +95,9 @@ EXPECTED_COLUMNS: dict[str, list[tuple[str, str, bool, bool]]] = {
         ("input_tokens", "INTEGER", False, False),
         ("output_tokens", "INTEGER", False, False),
         ("cost_usd", "REAL", False, False),
+        ("missed_last", "TEXT", False, False),
+        ("missed_count", "INTEGER", False, False),
+        ("missed_kind", "TEXT", False, False),
     ],
     "daemon_lease": [
         ("id", "TEXT", False, True),
@@ -275,7 +278,7 @@ def test_table_unique_constraints_are_the_references(conn: sqlite3.Connection) -
 def test_every_migration_id_is_recorded(conn: sqlite3.Connection) -> None:
     ids = [r[0] for r in conn.execute("SELECT id FROM schema_migrations ORDER BY id")]
     assert ids == ["0001_initial_and_workflows", "0004_loop_archive_metadata", "0100_loopsq_columns", "0101_run_counters",
-                   "0102_keyset_page_indexes"]
+                   "0102_keyset_page_indexes", "0103_missed_slots"]
 
 
 def test_connection_is_autocommit_wal_normal_sync_with_busy_timeout_and_row_objects(
@@ -341,7 +344,7 @@ def test_a_reference_0_3_0_database_is_upgraded_in_place_keeping_its_rows(tmp_pa
         assert tuple(migrations[0]) == ("0001_initial_and_workflows", "2024-01-01T00:00:00.000Z")
         assert [m[0] for m in migrations] == ["0001_initial_and_workflows", "0004_loop_archive_metadata",
                                               "0100_loopsq_columns", "0101_run_counters",
-                                              "0102_keyset_page_indexes"]
+                                              "0102_keyset_page_indexes", "0103_missed_slots"]
     finally:
         db.close()
 
