@@ -280,7 +280,7 @@ def test_the_procfile_under_honcho_binds_port_and_ctrl_c_hands_the_run_on_with_n
         proc.wait(timeout=HONCHO_KILL_WAIT_S + 15)
         output = log.read_text(errors="replace")
         assert "sending SIGKILL" not in output, output  # everything stopped within the kill window
-        assert "[loopsq-worker] on SIGTERM the current run gets 500ms to finish (kill timeout 3s: " \
+        assert "[loopsq-worker] 4 slot(s); on SIGTERM the current runs get 500ms to finish (kill timeout 3s: " \
                "LOOPSQ_KILL_TIMEOUT)" in output
         assert _group(run["pid"]) == [], output
         (stopped,) = json.loads(loopsq("--json", "runs", "long").stdout)

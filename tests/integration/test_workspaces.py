@@ -111,7 +111,10 @@ def test_a_dead_holders_workspace_is_recovered_like_its_run(cluster: Cluster) ->
     cluster.create("next", timed_cmd(cluster, 0.1), "--every", "1h", "--workspace", "repo", "--overlap", "allow",
                    "--workspace-wait", "60s")
     cluster.start("scheduler")
-    workers = [cluster.start("worker"), cluster.start("worker")]
+    # One slot each: the waiter must be on the other worker, the one that lives (a worker with a free slot would
+    # take it beside the victim's run, and die with it).
+    one = {"LOOPSQ_WORKER_CONCURRENCY": "1"}
+    workers = [cluster.start("worker", env=one), cluster.start("worker", env=one)]
     first = trigger(cluster, "victim")
     held = cluster.wait_until(lambda: _running(cluster, first), 10, "the victim to take the workspace")
     victim = next(w for w in workers if cluster.worker_id(w) == held.worker_id)
