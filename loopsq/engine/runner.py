@@ -18,13 +18,13 @@ from datetime import datetime, timedelta
 
 import redis
 
+from loopsq.domain import missed, timeutil
 from loopsq.domain import run_rules as rules
-from loopsq.domain import timeutil
 from loopsq.domain.lifecycle import ensure_not_archived
 from loopsq.domain.models import Loop
 from loopsq.domain.run_rules import LoopRun
 from loopsq.domain.timeutil import from_iso, gen_id, to_iso
-from loopsq.engine import pool_slots, timers
+from loopsq.engine import missed_slots, pool_slots, timers
 from loopsq.engine.faults import crash_point
 from loopsq.engine.live import LiveWriter
 from loopsq.engine.pool_slots import PoolHold, give_back, loop_pool
@@ -244,7 +244,8 @@ def fire(rt: Runtime, loop_id: str, *, taken: timers.Taken | None = None) -> Fir
 
     Like the reference's tick, slots run one after another, and a failure that will be retried stops the rest
     (the retry runs first). Unlike it, a due slot whose row is already settled moves the loop past it, so a
-    loop is never left due forever.
+    loop is never left due forever. Slots that catch-up gives up are recorded ``missed``, with why
+    (``engine.missed_slots``; ``taken``: the timer job that fired, when a worker took one).
     """
     out = FireResult()
     loop_raw, active = _read_loop(rt, loop_id)
@@ -263,6 +264,16 @@ def fire(rt: Runtime, loop_id: str, *, taken: timers.Taken | None = None) -> Fir
     fired_at = timeutil.now()
     slots = rules.due(loop, fired_at)
     cut = rules.backlog_cut(loop, slots, fired_at)
+    # The slots catch-up gives up: recorded missed once this fire has moved the loop past them.
+    dropped = missed.dropped(loop, fired_at) if slots else None
+
+    def settle_dropped(at: datetime) -> None:
+        """Record the dropped streak, once the loop has moved on (after this fire's first transition)."""
+        nonlocal dropped
+        if dropped is not None:
+            missed_slots.record(rt, loop, dropped, missed_slots.reason(loop, taken, fired_at, rt.started_at), at)
+            dropped = None
+
     for index, slot in enumerate(slots):
         now = timeutil.now()
         current: Loop | None = loop
@@ -280,6 +291,7 @@ def fire(rt: Runtime, loop_id: str, *, taken: timers.Taken | None = None) -> Fir
                 rt.runs.defer_retry(loop_id, now + RETRY_DEFER, now)
                 break
             skipped = rt.runs.skip(loop_id, slot, now, ends_backlog=slot == cut)
+            settle_dropped(now)
             log.info("slot %s of loop=%s skipped: %s", slot_iso, current.name, rules.SKIP_ERROR)
             out.skipped += 1
             if skipped is not None:
@@ -290,6 +302,7 @@ def fire(rt: Runtime, loop_id: str, *, taken: timers.Taken | None = None) -> Fir
             stopped, row = precheck_slot(rt, current, slot, now, is_retry=is_retry, ends_backlog=slot == cut)
             if stopped:
                 reread = True
+                settle_dropped(now)
                 out.skipped += 1 if row is not None else 0
                 out.runs.extend([row] if row is not None else [])
                 continue
@@ -300,6 +313,7 @@ def fire(rt: Runtime, loop_id: str, *, taken: timers.Taken | None = None) -> Fir
                 reread = True
                 row = skip_slot(rt.runs, loop_id, slot, now, error=pool_slots.missing_error(str(loop_pool(current))),
                                 note=POOL_NOTE, ends_backlog=slot == cut)
+                settle_dropped(now)
                 out.skipped += 1
                 out.runs.extend([row] if row is not None else [])
                 continue
@@ -326,8 +340,10 @@ def fire(rt: Runtime, loop_id: str, *, taken: timers.Taken | None = None) -> Fir
             reread = True
             if claim.reason in ("done", "exhausted"):
                 rt.runs.advance_past(loop_id, slot, now)
+                settle_dropped(now)
             continue
         out.claimed += 1
+        settle_dropped(now)
         armed_at = None
         claim_arm = arm_next.outcome(claim.after)
         if claim_arm == MOVED:
