@@ -60,7 +60,7 @@ def test_a_loop_starved_of_free_workers_records_its_missed_slots_once_as_a_strea
     final = cluster.run(row.id)
     assert final is not None and final.missed_count is not None
     assert int(cluster.client.hget("loopsq:missed:counts", "no_free_worker") or 0) == final.missed_count
-    assert f"missed ×{final.missed_count}" in cluster.cli("runs", "tick").stdout
+    assert f"missed \u00d7{final.missed_count}" in cluster.cli("runs", "tick").stdout
 
 
 @pytest.mark.timeout(120)
