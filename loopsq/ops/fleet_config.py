@@ -6,10 +6,11 @@ A flag wins over its variable. Bad values are bad input (``ValidationError``: ex
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping
 
-from loopsq.domain.labels import check_label
-from loopsq.domain.text import quoted
+from loopsq.domain.labels import LABEL_PATTERN
+from loopsq.domain.text import shown
 from loopsq.engine.slots import DEFAULT_CONCURRENCY, MAX_CONCURRENCY
 from loopsq.errors import ValidationError
 
@@ -24,7 +25,7 @@ def worker_concurrency(flag: str | None, env: Mapping[str, str]) -> int:
         return DEFAULT_CONCURRENCY
     value = text.strip()
     if not value.isascii() or not value.isdigit() or not 1 <= int(value) <= MAX_CONCURRENCY:
-        raise ValidationError(f"{name} must be a whole number from 1 to {MAX_CONCURRENCY}, got {quoted(text)}")
+        raise ValidationError(f"{name} must be a whole number from 1 to {MAX_CONCURRENCY}, got {_q(text)}")
     return int(value)
 
 
@@ -32,6 +33,17 @@ def worker_declared_labels(flags: Iterable[str], env: Mapping[str, str]) -> list
     """The labels a worker declares: every ``--label``, else ``LOOPSQ_WORKER_LABELS`` (comma-separated)."""
     given = list(flags)
     if given:
-        return sorted({check_label(label, "--label") for label in given})
+        return sorted({_label(label, "--label") for label in given})
     text = env.get(LABELS_ENV, "")
-    return sorted({check_label(label.strip(), LABELS_ENV) for label in text.split(",") if label.strip()})
+    return sorted({_label(label.strip(), LABELS_ENV) for label in text.split(",") if label.strip()})
+
+
+def _label(value: str, name: str) -> str:
+    if not re.fullmatch(LABEL_PATTERN, value):
+        raise ValidationError(f"{name} must be a label ({LABEL_PATTERN}), got {_q(value)}")
+    return value
+
+
+def _q(value: str) -> str:
+    """A flag's value as the CLI's messages quote it (``'value'``, short and escaped)."""
+    return "'" + shown(value).replace("'", "\\'") + "'"
