@@ -1,6 +1,7 @@
 """Crash recovery: time from a worker's ``kill -9`` to the retry of the run it was executing.
 
-Run: ``.venv/bin/python bench/recovery.py [--quick] [--reps R] [--retry-delay-ms MS]``.
+Run: ``.venv/bin/python bench/recovery.py [--quick] [--reps R] [--retry-delay-ms MS] [--slots N]``. With
+``--slots N`` worker A holds N runs (one loop each) when it is killed, and each figure is the slowest of the N.
 
 One private redis-server and ``python -m loopsq scheduler``. Each repetition: worker A starts; a loop (command
 ``bash -c 'echo $EPOCHREALTIME … >> ledger; exec sleep 30'``, ``maxAttempts 2``, ``retryDelayMs`` 1 by default so
@@ -63,8 +64,9 @@ def pid_alive(pid: int) -> bool:
         return False
 
 
-def one_repetition(h: hx.Harness, url: str, i: int, retry_delay_ms: int) -> dict[str, Any]:
-    """Run one kill/recover cycle; return its figures (seconds after the kill)."""
+def one_repetition(h: hx.Harness, url: str, i: int, retry_delay_ms: int, slots: int = 1) -> dict[str, Any]:
+    """Run one kill/recover cycle; return its figures (seconds after the kill). With ``slots`` > 1, worker A holds
+    that many runs (one per loop) when it is killed, and each figure is the slowest of them."""
     from loopsq.domain.loop_spec import new_loop
     from loopsq.domain.timeutil import from_iso
     from loopsq.engine import timers
@@ -78,29 +80,33 @@ def one_repetition(h: hx.Harness, url: str, i: int, retry_delay_ms: int) -> dict
     keys = Keys()
     loops, runs = LoopStore(client, keys), RunStore(client, keys)
     ledger = h.dir / "ledger.txt"
-    a = h.loopsq("worker", url, f"worker-a-{i}")
+    a = h.loopsq("worker", url, f"worker-a-{i}", "--concurrency", str(slots))
     hx.wait_for(lambda: worker_id_of(client, keys, a.pid) is not None, 30, what="worker A")
     a_id = str(worker_id_of(client, keys, a.pid))
     script = hx.LEDGER_SCRIPT.format(ledger=ledger) + "; exec sleep 30"
-    body = {"name": f"recovery-{i}", "schedule": {"type": "interval", "everyMs": 3_600_000},
-            "target": {"type": "command", "command": "bash", "args": ["-c", script]}, "timezone": "UTC",
-            "maxAttempts": 2, "retryDelayMs": retry_delay_ms}
-    loop = loops.create(new_loop(body, datetime.now(UTC) - timedelta(hours=1) + timedelta(milliseconds=200)))
-    assert loop.next_run_at is not None
-    timers.arm(raw, keys, loop.id, from_iso(loop.next_run_at))
+    made = []
+    for n in range(slots):
+        body = {"name": f"recovery-{i}-{n}", "schedule": {"type": "interval", "everyMs": 3_600_000},
+                "target": {"type": "command", "command": "bash", "args": ["-c", script]}, "timezone": "UTC",
+                "maxAttempts": 2, "retryDelayMs": retry_delay_ms}
+        made.append(loops.create(new_loop(body, datetime.now(UTC) - timedelta(hours=1) + timedelta(milliseconds=200))))
+    for loop in made:
+        assert loop.next_run_at is not None
+        timers.arm(raw, keys, loop.id, from_iso(loop.next_run_at))
 
-    def first_run() -> Any:
+    def first_run(loop: Any) -> Any:
         ids = client.zrange(keys.loop_runs(loop.id), 0, -1)
         run = runs.get(str(ids[0])) if ids else None
         return run if run is not None and run.status == "running" and run.pid else None
 
-    hx.wait_for(lambda: first_run() is not None, 30, what="attempt 1 to start on worker A")
-    run = first_run()
-    if run.worker_id != a_id:
-        raise RuntimeError(f"attempt 1 ran on {run.worker_id}, not worker A {a_id}")
-    orphan = int(run.pid)
-    h.extra_groups[orphan] = "sleep"  # the sleep leads its own group; killed at exit if recovery did not
-    b = h.loopsq("worker", url, f"worker-b-{i}")
+    hx.wait_for(lambda: all(first_run(loop) is not None for loop in made), 30,
+                what=f"attempt 1 of {slots} loop(s) to start on worker A")
+    held = [first_run(loop) for loop in made]
+    for run in held:
+        if run.worker_id != a_id:
+            raise RuntimeError(f"attempt 1 ran on {run.worker_id}, not worker A {a_id}")
+        h.extra_groups[int(run.pid)] = "sleep"  # the sleep leads its own group; killed at exit if recovery did not
+    b = h.loopsq("worker", url, f"worker-b-{i}", "--concurrency", str(slots))
     hx.wait_for(lambda: worker_id_of(client, keys, b.pid) is not None, 30, what="worker B")
     b_id = worker_id_of(client, keys, b.pid)
     time.sleep(1.0)
@@ -109,46 +115,57 @@ def one_repetition(h: hx.Harness, url: str, i: int, retry_delay_ms: int) -> dict
     os.kill(a.pid, signal.SIGKILL)
     a.wait(timeout=10)
     t_liveness = None
-    t_orphan_gone = None
-    retry_start = None
+    orphans_gone: dict[int, float] = {}
+    retry_start: dict[str, float] = {}
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         now = time.time()
         if t_liveness is None and not client.exists(keys.worker(a_id)):
             t_liveness = now
-        if t_orphan_gone is None and not pid_alive(orphan):
-            t_orphan_gone = now
+        for run in held:
+            if int(run.pid) not in orphans_gone and not pid_alive(int(run.pid)):
+                orphans_gone[int(run.pid)] = now
         for parts in hx.read_ledger(ledger):
-            if len(parts) >= 4 and parts[3] == run.id and float(parts[0].replace(",", ".")) > t_kill:
-                retry_start = float(parts[0].replace(",", "."))
-        if retry_start is not None and t_liveness is not None and (
-            t_orphan_gone is not None or time.time() > retry_start + 5
+            if len(parts) >= 4 and float(parts[0].replace(",", ".")) > t_kill:
+                retry_start.setdefault(parts[3], float(parts[0].replace(",", ".")))
+        started_all = all(run.id in retry_start for run in held)
+        if started_all and t_liveness is not None and (
+            len(orphans_gone) == len(held) or time.time() > max(retry_start.values()) + 5
         ):
             break
         time.sleep(0.01)
-    changes = changes_since(client, keys, t_kill - 1, run.id)
-    abandoned = next((c["at"] for c in changes.get("run_abandoned", []) if c["attempt"] == 1), None)
-    claimed = next((c["at"] for c in changes.get("run_claimed", []) if c["attempt"] == 2), None)
-    final = runs.get(run.id)
-    retried_by = final.worker_id if final is not None else None
-
-    # Leave nothing running: cancel attempt 2, stop the loop, stop worker B.
-    runs.request_cancel(run.id, "benchmark done")
-    loops.stop(loop.id, datetime.now(UTC))
+    abandoned_at: list[float] = []
+    claimed_at: list[float] = []
+    retried_by: set[str | None] = set()
+    for run in held:
+        changes = changes_since(client, keys, t_kill - 1, run.id)
+        abandoned_at += [c["at"] for c in changes.get("run_abandoned", []) if c["attempt"] == 1][:1]
+        claimed_at += [c["at"] for c in changes.get("run_claimed", []) if c["attempt"] == 2][:1]
+        final = runs.get(run.id)
+        retried_by.add(final.worker_id if final is not None else None)
+        # Leave nothing running: cancel attempt 2 and stop the loop.
+        runs.request_cancel(run.id, "benchmark done")
+        if final is not None and final.pid:
+            h.extra_groups[int(final.pid)] = "sleep"
+    for loop in made:
+        loops.stop(loop.id, datetime.now(UTC))
     with contextlib.suppress(TimeoutError):
-        hx.wait_for(lambda: (r := runs.get(run.id)) is None or r.status != "running", 10, what="cancel")
+        hx.wait_for(lambda: all((r := runs.get(run.id)) is None or r.status != "running" for run in held), 10,
+                    what="cancel")
     h.stop(b)
-    if final is not None and final.pid:
-        h.extra_groups[int(final.pid)] = "sleep"
     client.close()
     raw.close()
 
     def rel(t: float | None) -> float | None:
         return None if t is None else t - t_kill
 
+    def last(times: list[float]) -> float | None:
+        return max(times) if len(times) == len(held) else None
+
     return {
-        "liveness": rel(t_liveness), "abandoned": rel(abandoned), "claimed": rel(claimed), "started": rel(retry_start),
-        "orphan_killed": rel(t_orphan_gone), "on_b": retried_by == b_id,
+        "liveness": rel(t_liveness), "abandoned": rel(last(abandoned_at)), "claimed": rel(last(claimed_at)),
+        "started": rel(last([retry_start[r.id] for r in held if r.id in retry_start])),
+        "orphan_killed": rel(last(list(orphans_gone.values()))), "on_b": retried_by == {b_id},
     }
 
 
@@ -195,13 +212,16 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="2 repetitions")
     parser.add_argument("--reps", type=int, help="repetitions (5)")
     parser.add_argument("--retry-delay-ms", type=int, default=1, help="the loop's retryDelayMs (1)")
+    parser.add_argument("--slots", type=int, default=1,
+                        help="runs worker A holds when killed (its --concurrency, and one loop each; 1)")
     parser.add_argument("--beat-window", type=float, default=10.0,
                         help="seconds each beat-cost window lasts (10; 0 skips the beat cost)")
     args = parser.parse_args()
     reps = args.reps or (2 if args.quick else 5)
     h = hx.Harness("recovery", 120 + reps * 90 + int(3 * args.beat_window))
     print(__doc__.split("\n", 1)[0])
-    print(f"{reps} repetitions; retryDelayMs {args.retry_delay_ms}; 1 scheduler, worker A (killed) and idle worker B; "
+    print(f"{reps} repetitions; retryDelayMs {args.retry_delay_ms}; {args.slots} run(s) on worker A when killed "
+          f"(the slowest counts); 1 scheduler, worker A (killed) and idle worker B; "
           f"load average {hx.load_average()}; logs in {h.dir}")
     results: list[dict[str, Any]] = []
     try:
@@ -210,7 +230,7 @@ def main() -> None:
         print("\n  rep   seconds after kill -9:  liveness gone  abandoned  attempt-2 claimed  attempt-2 process start"
               "  orphan killed  retried on B")
         for i in range(reps):
-            r = one_repetition(h, server.url, i, args.retry_delay_ms)
+            r = one_repetition(h, server.url, i, args.retry_delay_ms, args.slots)
             results.append(r)
             print(f"  {i + 1:3d}                           {fmt(r['liveness'])}      {fmt(r['abandoned'])}"
                   f"          {fmt(r['claimed'])}                 {fmt(r['started'])}        "
