@@ -33,7 +33,9 @@ NO_WORKER_LABELS = "no_worker_labels"
 NO_SCHEDULER = "no_scheduler"
 #: Why slots were missed: the ``missedKind`` of a missed row and the ``reason`` label of
 #: ``loopsq_slots_missed_total``.
-KINDS = (CATCH_UP, NO_FREE_WORKER, NO_WORKER_LABELS, NO_SCHEDULER)
+#: Slots the progress watchdog gave up to get a stalled loop going again (``engine.stalls``).
+STALLED = "stalled"
+KINDS = (CATCH_UP, NO_FREE_WORKER, NO_WORKER_LABELS, NO_SCHEDULER, STALLED)
 
 #: How many slots of a cron streak are counted one by one (~30 µs each); beyond it ``Streak.count`` says this.
 CRON_COUNT_CAP = 1_000
@@ -78,6 +80,11 @@ def no_free_worker(waited_ms: int) -> Reason:
 def no_worker_labels(labels: Iterable[str]) -> Reason:
     """``no worker has labels gpu, repo:web``: no live worker carries every label the run requires (sorted)."""
     return Reason(NO_WORKER_LABELS, f"no worker has labels {', '.join(sorted(set(labels)))}")
+
+
+def stalled(cause: str) -> Reason:
+    """``stalled: <cause>``: slots given up to repair a stalled loop."""
+    return Reason(STALLED, f"stalled: {cause}")
 
 
 def no_scheduler() -> Reason:

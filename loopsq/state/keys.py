@@ -175,6 +175,22 @@ class Keys:
         return self._k("pool-lease", f"{pool}|{holder}")
 
     @property
+    def stalls(self) -> str:
+        """Hash: loop id -> JSON ``{"cause", "at", "repaired"}``: loops the progress watchdog found stalled (what
+        ``doctor`` reports); an entry goes once the loop runs again."""
+        return self._k("stalls")
+
+    @property
+    def repaired_counts(self) -> str:
+        """Hash: stall cause -> how many loops the progress watchdog repaired for it
+        (``loopsq_loops_repaired_total``)."""
+        return self._k("repaired", "counts")
+
+    def slot_fires(self, loop_id: str, scheduled_for: str) -> str:
+        """String with a short TTL: how often one slot of a loop was fired and refused (a hot loop's count)."""
+        return self._k("fires", loop_id, scheduled_for)
+
+    @property
     def missed_counts(self) -> str:
         """Hash: missed-slot reason kind -> how many slots were missed for it (``loopsq_slots_missed_total``)."""
         return self._k("missed", "counts")
