@@ -82,9 +82,8 @@ class FleetQueue:
         return not self.served_by
 
     def why_unserved(self) -> str:
-        """``no live worker has labels gpu, nvme``, or ``no live worker is running`` (for the base queue, or any
-        queue when no worker is live)."""
-        return f"no live worker has labels {', '.join(self.missing)}" if self.missing else "no live worker is running"
+        """Why no live worker takes its runs (``unserved_reason``)."""
+        return unserved_reason(self.missing)
 
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, "labels": list(self.labels), "depth": self.depth,
@@ -136,6 +135,12 @@ class FleetSnapshot:
         return {"at": to_iso(self.at), "capacity": self.capacity, "busy": self.busy,
                 "workers": [w.to_dict() for w in self.workers], "queues": [q.to_dict() for q in self.queues],
                 "timers": self.timers.to_dict()}
+
+
+def unserved_reason(missing: Sequence[str]) -> str:
+    """``no live worker has labels gpu, nvme`` (the labels the closest live worker lacks), or ``no live worker is
+    running`` (nothing is missing: the base queue, with no worker live)."""
+    return f"no live worker has labels {', '.join(missing)}" if missing else "no live worker is running"
 
 
 def age_text(ms: int | None) -> str:
