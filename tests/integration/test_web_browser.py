@@ -281,3 +281,24 @@ def test_loop_actions_work_with_the_token_and_are_refused_without(stack: Stack, 
     assert page.locator("#runs tbody tr[data-status=succeeded]").count() == 2
     assert page.locator("#run-chart rect.bar").count() == 2
     stack.screenshot(page, "loop-actions")
+
+
+def test_the_fleet_page_from_the_nav_shows_slots_and_the_queue_no_worker_serves(stack: Stack, page: Any) -> None:
+    from loopsq.engine import timers
+    from loopsq.state.keys import Keys
+
+    raw = timers.raw_from(stack.cluster.client)
+    timers.enqueue(raw, "worker.jobs.run_now", "nope", "req", queue_name="loopsq+nvme", keys=Keys())
+    page.goto(f"{stack.url}/")
+    page.click("header a[href='/fleet']")
+    page.wait_for_url(f"{stack.url}/fleet")
+    assert page.locator("#workers tbody tr").count() == 2
+    assert page.locator("#workers meter").count() == 2  # the slots in use, drawn without a script
+    row = page.locator("#queues tr[data-queue='loopsq+nvme']")
+    assert row.get_attribute("data-unserved") == "true"
+    assert row.locator(".why").text_content() == "no live worker has labels nvme"
+    assert page.locator("#queues tr[data-queue='loopsq']").get_attribute("data-unserved") == "false"
+    warning = page.locator("#unserved-warning")
+    assert warning.is_visible() and "loopsq+nvme" in (warning.text_content() or "")
+    assert page.locator("#unserved-warning").evaluate("e => getComputedStyle(e).backgroundColor") == "rgb(255, 235, 233)"
+    stack.screenshot(page, "fleet")
