@@ -5,7 +5,8 @@ session's private redis-server.
 - the loop page's fire times are the ones ``loopsq next`` prints;
 - a running run's page shows a line the command printed after the page loaded, within 3 s;
 - a workflow run's page shows a step's output, live while it runs and stored once it ended;
-- each action works with the page's CSRF token, and without it is refused (403) with nothing changed.
+- each action works with the page's CSRF token, and without it is refused (403) with nothing changed;
+- the Fleet page, reached from the nav, shows each worker's slots and marks a queue no worker serves.
 
 Each page is saved as a screenshot under pytest's ``tmp_path`` and copied to ``tests/artifacts/`` (ignored by
 git) as ``<test>-<page>.png``. The tests skip, saying so, only when the Chromium binary is missing (under
