@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 import click
 
 from loopsq.cli.app import get_app, json_flag
@@ -27,7 +30,8 @@ def doctor() -> None:
 @json_flag
 def status() -> None:
     """Live schedulers and workers (host, pid, current runs), queue depth, mirror lag, Redis memory, loops and runs
-    by status."""
+    by status, and the fleet: each worker's labels and busy slots, each queue's waiting runs (those no live worker
+    can take marked unserved), timers overdue."""
     from loopsq.ops.health import memory_line, status_report
 
     app = get_app()
@@ -44,6 +48,28 @@ def status() -> None:
         lines.append(f"redis memory: {memory_line(report['redisMemory'])}")
         lines.append("loops: " + (" ".join(f"{k}={v}" for k, v in sorted(report["loops"].items())) or "none"))
         lines.append("runs: " + (" ".join(f"{k}={v}" for k, v in sorted(report["runs"].items())) or "none"))
-        return "\n".join(lines)
+        return "\n".join(lines + fleet_lines(report["fleet"]))
 
     app.emit(report, human)
+
+
+def fleet_lines(fleet: Mapping[str, Any]) -> list[str]:
+    """``status``'s fleet part, from ``FleetSnapshot.to_dict()``: the slots, a line per worker and per queue
+    (``unserved: <why>`` when no live worker can take its runs), then the timers overdue."""
+    from loopsq.engine.fleet import age_text, unserved_reason
+
+    workers = fleet["workers"]
+    lines = [f"fleet: {len(workers)} worker(s), {fleet['busy']}/{fleet['capacity']} slots busy"]
+    for w in workers:
+        lines.append(f"  worker {w['id']}  busy={w['busy']}/{w['slots']}  labels={','.join(w['labels']) or '-'}")
+    for q in fleet["queues"]:
+        line = f"  queue {q['name']}  depth={q['depth']}"
+        if q["oldestAgeMs"] is not None:
+            line += f"  oldest={age_text(q['oldestAgeMs'])}"
+        if q["unserved"]:
+            line += f"  unserved: {unserved_reason(q['missing'])}"
+        lines.append(line)
+    timers = fleet["timers"]
+    late = f" (oldest {age_text(timers['oldestLateMs'])} late)" if timers["overdue"] else ""
+    lines.append(f"timers overdue: {timers['overdue']}{late}")
+    return lines

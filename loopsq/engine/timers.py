@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections.abc import Iterable
 from datetime import UTC, datetime
 from typing import Any, NamedTuple
 
@@ -29,7 +30,7 @@ from rq import Queue
 from rq.exceptions import NoSuchJobError
 from rq.job import Job, JobStatus
 from rq.utils import now as utcnow
-from rq.utils import utcformat
+from rq.utils import utcformat, utcparse
 from rq.worker import Worker
 from rq_scheduler import Scheduler
 
@@ -108,9 +109,15 @@ def register_queue(client: redis.Redis, keys: Keys, name: str) -> None:
 
 def registered_queues(client: redis.Redis, keys: Keys) -> dict[str, tuple[str, ...]]:
     """Every queue a run has been routed to, with its requirement set (the base queue, with none, included)."""
+    return queues_named(client.hkeys(keys.queues))
+
+
+def queues_named(names: Iterable[bytes | str]) -> dict[str, tuple[str, ...]]:
+    """The base queue and each of ``names`` (the registry's, ``HKEYS keys.queues``) that is one of loopsq's, with
+    its requirement set."""
     found: dict[str, tuple[str, ...]] = {QUEUE_NAME: ()}
-    for name in client.hkeys(keys.queues):
-        text = name.decode() if isinstance(name, bytes) else str(name)
+    for name in names:
+        text = _text(name)
         requirements = labels.queue_requirements(text)
         if requirements is not None:
             found[text] = requirements
@@ -525,3 +532,34 @@ def queue_depth(raw: redis.Redis) -> int:
 def scheduled_count(raw: redis.Redis) -> int:
     """Timers armed."""
     return int(raw.zcard(scheduler(raw).scheduled_jobs_key))
+
+
+# -- what the fleet view reads (``engine.fleet``, pipelined with its other reads): RQ's and rq-scheduler's keys ----
+#: The field of an RQ job's hash that holds when the job was put on its queue (RQ's time format, UTC).
+ENQUEUED_AT = "enqueued_at"
+
+
+def queue_key(name: str) -> str:
+    """RQ's list of the ids of the jobs waiting in queue ``name``; its head (index 0) is dequeued first."""
+    return f"{Queue.redis_queue_namespace_prefix}{name}"
+
+
+def job_key(job_id: str) -> str:
+    """RQ's hash of job ``job_id`` (``ENQUEUED_AT`` among its fields)."""
+    return str(Job.key_for(job_id))
+
+
+def enqueued_time(value: bytes | str | None) -> datetime | None:
+    """An ``ENQUEUED_AT`` value as an aware UTC time; None when absent or not RQ's format."""
+    if not value:
+        return None
+    try:
+        return utcparse(_text(value))
+    except ValueError:
+        return None
+
+
+def scheduled_key() -> str:
+    """rq-scheduler's sorted set of armed timers: job id -> due time in epoch seconds (to the millisecond, as
+    ``MsScheduler`` writes them)."""
+    return str(MsScheduler.scheduled_jobs_key)

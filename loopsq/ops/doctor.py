@@ -1,6 +1,7 @@
 """``loopsq doctor``: checks that fit loopsq (reference §4.5, adapted): Redis (its memory and eviction policy
-too), the data dir, the mirror and the mirror groups, live schedulers and workers (with what each can run), and
-every active loop judged against the live workers.
+too), the data dir, the mirror and the mirror groups, live schedulers and workers (with what each can run), every
+active loop judged against the live workers, and the fleet's backlog: each queue (runs no live worker can take
+fail; a run waiting past ``LOOPSQ_QUEUE_AGE_WARN`` warns) and the timers overdue.
 
 What runs a loop is a worker, whose ``PATH`` may differ from the caller's: each active loop is judged against what
 the live workers publish (``loopsq.ops.fit``). The caller's own checks (provider CLIs, the accounts CLI, a
@@ -12,14 +13,16 @@ import os
 import shutil
 import subprocess
 import tempfile
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import redis
 
-from loopsq.domain.durations import format_duration
-from loopsq.errors import LoopsqError
+from loopsq.domain.durations import format_duration, parse_duration
+from loopsq.engine.fleet import FleetQueue, FleetSnapshot, age_text, read_fleet
+from loopsq.errors import LoopsqError, ValidationError
 from loopsq.executor import PROVIDER_EXECUTABLES
 from loopsq.ops.fit import WorkflowSource, describe_worker, executable_targets, fit
 from loopsq.state.connection import connect, server_version
@@ -81,8 +84,13 @@ def check_tools(env: dict[str, str] | None = None) -> list[Check]:
 
 
 def run_doctor(url: str, data_dir: Path, keys: Keys | None = None) -> tuple[bool, list[Check]]:
-    """Every check; ``ok`` is False when any check failed."""
+    """Every check; ``ok`` is False when any check failed.
+
+    Raises:
+        ValidationError: ``LOOPSQ_QUEUE_AGE_WARN`` is not a duration above zero (before anything is checked).
+    """
     keys = keys or Keys()
+    age_warn_ms = queue_age_warn_ms()
     checks: list[Check] = []
     try:
         client = connect(url)
@@ -93,14 +101,15 @@ def run_doctor(url: str, data_dir: Path, keys: Keys | None = None) -> tuple[bool
     checks.append(check_data_dir(data_dir))
     if client is not None:
         try:
-            checks.extend(_redis_checks(client, keys, data_dir))
+            checks.extend(_redis_checks(client, keys, data_dir, age_warn_ms))
         except redis.RedisError as exc:
             checks.append(Check("redis", "fail", f"redis failed during checks: {exc}"))
     checks.extend(check_tools())
     return all(c.status != "fail" for c in checks), checks
 
 
-def _redis_checks(client: redis.Redis, keys: Keys, data_dir: Path) -> list[Check]:
+def _redis_checks(client: redis.Redis, keys: Keys, data_dir: Path, age_warn_ms: int) -> list[Check]:
+    from loopsq.engine.routing import loop_queue
     from loopsq.executor.preflight import preflight_loop_target
     from loopsq.mirror.follow import mirror_lag
     from loopsq.mirror.schema import open_db
@@ -145,9 +154,11 @@ def _redis_checks(client: redis.Redis, keys: Keys, data_dir: Path) -> list[Check
         def workflows(self) -> WorkflowStore:
             return WorkflowStore(client, keys)
 
+    needed: dict[str, list[str]] = {}
     for loop in LoopStore(client, keys).all():
         if loop.status != "active":
             continue
+        needed.setdefault(loop_queue(loop), []).append(loop.name)
         checks.append(_workers_check(client, keys, loop.id, loop.name, loop.target, WorkflowStore(client, keys),
                                      workers))
         try:
@@ -157,6 +168,7 @@ def _redis_checks(client: redis.Redis, keys: Keys, data_dir: Path) -> list[Check
             checks.append(Check(f"loop:{loop.id}:local", "warn",
                                 f"local: active loop target preflight failed: {loop.name}",
                                 exc.message.removeprefix("preflight failed: ")))
+    checks.extend(fleet_checks(read_fleet(client, keys), needed, age_warn_ms))
     return checks
 
 
@@ -222,3 +234,70 @@ def _recent_failed(client: redis.Redis, keys: Keys) -> list[str]:
 
     ids = [i.decode() if isinstance(i, bytes) else str(i) for i in client.zrevrange(keys.runs, 0, 9999)]
     return [r.id for r in RunStore(client, keys).get_many(ids) if r.status == "failed"]
+
+
+QUEUE_AGE_WARN_ENV = "LOOPSQ_QUEUE_AGE_WARN"
+#: How long the oldest run in a queue may wait before doctor warns (``LOOPSQ_QUEUE_AGE_WARN``).
+DEFAULT_QUEUE_AGE_WARN_MS = 60_000
+#: Active loops named in a check's detail at most.
+NAMED_LOOPS = 3
+
+
+def queue_age_warn_ms(env: Mapping[str, str] | None = None) -> int:
+    """``LOOPSQ_QUEUE_AGE_WARN`` (a duration such as ``60s``) in ms, default 60 s.
+
+    Raises:
+        ValidationError: a value that is not a duration above zero, naming the variable and quoting the value.
+    """
+    text = (os.environ if env is None else env).get(QUEUE_AGE_WARN_ENV)
+    if text is None or text == "":
+        return DEFAULT_QUEUE_AGE_WARN_MS
+    try:
+        ms = parse_duration(text)
+    except ValidationError:
+        ms = 0
+    if ms <= 0:
+        raise ValidationError(f"{QUEUE_AGE_WARN_ENV} must be a duration greater than zero such as 60s, got '{text}'")
+    return int(ms)
+
+
+def fleet_checks(fleet: FleetSnapshot, needed: Mapping[str, list[str]], age_warn_ms: int) -> list[Check]:
+    """A check per queue (``queue:<name>``) and one of the timers.
+
+    A queue **fails** when no live worker satisfies its requirement set while runs wait there, or while an active
+    loop routes its runs there (``needed``: queue -> active loop names) and workers are live (none live at all: a
+    warning, as ``worker`` warns already). A served queue whose oldest run has waited past ``age_warn_ms``
+    **warns**: its workers' slots are full. Timers past their time (``engine.fleet.OVERDUE_AFTER_MS``) warn: no
+    scheduler is moving them.
+    """
+    checks = [_queue_check(fleet, queue, needed.get(queue.name, []), age_warn_ms) for queue in fleet.queues]
+    timers = fleet.timers
+    checks.append(
+        Check("timers", "warn", f"{timers.overdue} armed timer(s) past their time, the oldest by "
+              f"{age_text(timers.oldest_late_ms)}: is a scheduler running?") if timers.overdue else
+        Check("timers", "ok", f"{timers.armed} timer(s) armed, none overdue"))
+    return checks
+
+
+def _queue_check(fleet: FleetSnapshot, queue: FleetQueue, loops: list[str], age_warn_ms: int) -> Check:
+    check_id = f"queue:{queue.name}"
+    waiting = f"{queue.depth} run(s) waiting"
+    if queue.oldest_age_ms is not None:
+        waiting += f", oldest {age_text(queue.oldest_age_ms)}"
+    if queue.unserved:
+        parts = [waiting] if queue.depth else []
+        if loops:
+            more = f" and {len(loops) - NAMED_LOOPS} more" if len(loops) > NAMED_LOOPS else ""
+            parts.append(f"needed by active loop(s): {', '.join(loops[:NAMED_LOOPS])}{more}")
+        if queue.depth or (loops and fleet.workers):
+            return Check(check_id, "fail", queue.why_unserved(), "; ".join(parts))
+        if loops:
+            return Check(check_id, "warn", queue.why_unserved(), "; ".join(parts))
+        return Check(check_id, "ok", f"{waiting}; no live worker serves it, no active loop needs it")
+    serving = fleet.serving(queue)
+    slots = (f"{sum(w.busy for w in serving)} of {sum(w.slots for w in serving)} slots busy on the "
+             f"{len(serving)} live worker(s) serving it")
+    if queue.oldest_age_ms is not None and queue.oldest_age_ms > age_warn_ms:
+        return Check(check_id, "warn", f"oldest waiting run has waited {age_text(queue.oldest_age_ms)}, over "
+                     f"{QUEUE_AGE_WARN_ENV}={format_duration(age_warn_ms)}", f"{queue.depth} run(s) waiting; {slots}")
+    return Check(check_id, "ok", waiting, slots)

@@ -1,5 +1,6 @@
 """Who is alive and how far behind things are: live schedulers and workers, queue depth, mirror lag, counts,
-and what Redis's memory holds (used and max memory, eviction policy, bytes per loop and per run in the window).
+what Redis's memory holds (used and max memory, eviction policy, bytes per loop and per run in the window), and
+the fleet (``engine.fleet``: slots, each queue's backlog, timers overdue).
 
 Shared by ``loopsq doctor`` and ``loopsq status``.
 """
@@ -105,6 +106,7 @@ def prune_dead(client: redis.Redis, keys: Keys) -> int:
 
 def status_report(client: redis.Redis, keys: Keys, conn: sqlite3.Connection | None) -> dict[str, Any]:
     """Everything ``loopsq status`` shows."""
+    from loopsq.engine.fleet import read_fleet
     from loopsq.state.loops import LoopStore
     from loopsq.state.runs import RunStore
 
@@ -130,4 +132,5 @@ def status_report(client: redis.Redis, keys: Keys, conn: sqlite3.Connection | No
         "runs": runs,
         "running": [{"id": r.id, "loop": r.loop_name, "worker": r.worker_id, "host": r.host, "pid": r.pid,
                      "startedAt": r.started_at} for r in running],
+        "fleet": read_fleet(client, keys).to_dict(),
     }

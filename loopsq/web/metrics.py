@@ -14,10 +14,18 @@ Everything is computed from the (caught-up) mirror and Redis when scraped, so no
   could first have run: its time, or the loop's creation if later (a loop created with a past ``--at`` would
   otherwise add a sample years long); a retry starts late on purpose and is left out;
 - ``loopsq_run_duration_seconds``: histogram of the finished runs' durations;
-- ``loopsq_queue_depth``: jobs waiting in the RQ queue; ``loopsq_workers_alive``, ``loopsq_schedulers_alive``.
+- ``loopsq_workers_alive``, ``loopsq_schedulers_alive``;
+- the fleet (``engine.fleet``, one read per scrape): ``loopsq_queue_depth{queue}`` (runs waiting in each of
+  loopsq's RQ queues), ``loopsq_queue_oldest_age_seconds{queue}`` (how long the oldest has waited; 0 when none
+  waits), ``loopsq_queue_unserved{queue}`` (1 when no live worker has the labels its runs need),
+  ``loopsq_worker_slots{worker}`` and ``loopsq_worker_slots_busy{worker}`` (each live worker's capacity and slots
+  in use), ``loopsq_fleet_slots``, ``loopsq_fleet_slots_busy`` (their sums), ``loopsq_timers_overdue`` (armed timers
+  past their time by more than ``engine.fleet.OVERDUE_AFTER_MS``).
 
 Per-loop labels (``loop_id``, ``loop``) on the run counts come only with ``LOOPSQ_METRICS_PER_LOOP=1``: by default
-the number of series does not grow with the number of loops.
+the number of series does not grow with the number of loops. The fleet's labels are bounded too: ``queue`` takes
+one value per requirement set in use (a handful: sets of labels such as ``gpu``, not per loop or per run), and
+``worker`` one per live worker (a worker's series ends with it; a restarted worker has a new id).
 """
 
 from __future__ import annotations
@@ -35,7 +43,7 @@ from prometheus_client.registry import Collector
 from loopsq.domain import missed
 from loopsq.domain.models import LOOP_STATUSES
 from loopsq.domain.run_rules import MISSED, RUN_STATUSES, TERMINAL
-from loopsq.engine import timers
+from loopsq.engine.fleet import FleetSnapshot, read_fleet
 from loopsq.errors import ValidationError
 from loopsq.mirror import counters
 from loopsq.ops.health import live_processes
@@ -146,12 +154,40 @@ class StateCollector(Collector):
             duration.add_metric([], *histogram(conn, "duration_ms", _DURATION_FROM, DURATION_BUCKETS_S))
         yield from (*families, runs, loops, lag, duration)
         yield _missed_counter(missed_state.counts(self.ctx.client, self.ctx.keys))
-        yield GaugeMetricFamily("loopsq_queue_depth", "Jobs waiting in the RQ queue.",
-                                value=timers.queue_depth(self.ctx.raw()))
         yield GaugeMetricFamily("loopsq_workers_alive", "Workers with a fresh liveness key.",
                                 value=len(live_processes(self.ctx.client, self.ctx.keys, "worker")))
         yield GaugeMetricFamily("loopsq_schedulers_alive", "Schedulers with a fresh liveness key.",
                                 value=len(live_processes(self.ctx.client, self.ctx.keys, "scheduler")))
+        yield from fleet_families(read_fleet(self.ctx.client, self.ctx.keys))
+
+
+def fleet_families(fleet: FleetSnapshot) -> list[Metric]:
+    """The fleet's gauges. Label values are bounded: one ``queue`` per requirement set in use (a handful), one
+    ``worker`` per live worker."""
+    depth = GaugeMetricFamily("loopsq_queue_depth", "Runs waiting in each of loopsq's RQ queues.", labels=["queue"])
+    oldest = GaugeMetricFamily("loopsq_queue_oldest_age_seconds",
+                               "How long the oldest run waiting in each queue has waited (0 when none waits).",
+                               labels=["queue"])
+    unserved = GaugeMetricFamily("loopsq_queue_unserved",
+                                 "1 when no live worker has the labels the queue's runs require, else 0.",
+                                 labels=["queue"])
+    for queue in fleet.queues:
+        depth.add_metric([queue.name], queue.depth)
+        oldest.add_metric([queue.name], (queue.oldest_age_ms or 0) / 1000.0)
+        unserved.add_metric([queue.name], 1 if queue.unserved else 0)
+    slots = GaugeMetricFamily("loopsq_worker_slots", "Slots (runs it can hold at once) of each live worker.",
+                              labels=["worker"])
+    busy = GaugeMetricFamily("loopsq_worker_slots_busy", "Slots in use on each live worker.", labels=["worker"])
+    for worker in fleet.workers:
+        slots.add_metric([worker.id], worker.slots)
+        busy.add_metric([worker.id], worker.busy)
+    return [
+        depth, oldest, unserved, slots, busy,
+        GaugeMetricFamily("loopsq_fleet_slots", "Slots across the live workers.", value=fleet.capacity),
+        GaugeMetricFamily("loopsq_fleet_slots_busy", "Slots in use across the live workers.", value=fleet.busy),
+        GaugeMetricFamily("loopsq_timers_overdue", "Armed timers past their time by more than a few seconds.",
+                          value=fleet.timers.overdue),
+    ]
 
 
 def registry_for(ctx: WebContext, *, per_loop: bool = False) -> CollectorRegistry:

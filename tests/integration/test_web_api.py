@@ -456,7 +456,7 @@ def test_metrics_report_runs_lag_durations_queue_depth_and_live_workers(web: Web
     duration = {dict(k[1]).get("le"): v for k, v in got.items() if k[0] == "loopsq_run_duration_seconds_bucket"}
     assert (duration["0.1"], duration["1.0"], duration["5.0"], duration["+Inf"]) == (2, 2, 3, 3)
     assert got[("loopsq_run_duration_seconds_sum", ())] == pytest.approx(1.57)
-    assert got[("loopsq_queue_depth", ())] == 1
+    assert got[("loopsq_queue_depth", (("queue", "loopsq"),))] == 1  # one series per queue (the base one here)
     assert got[("loopsq_workers_alive", ())] == 1
     assert got[("loopsq_schedulers_alive", ())] == 0
 

@@ -103,7 +103,7 @@ def test_health_and_the_openapi_document_need_no_token(app_client: TestClient) -
 
 def test_pages_redirect_a_browser_to_the_login_form_and_answer_others_with_401(app_client: TestClient) -> None:
     browser = {"Accept": "text/html,application/xhtml+xml"}
-    for path in ("/", "/workflow-runs?x=1", "/rq/"):
+    for path in ("/", "/workflow-runs?x=1", "/fleet", "/rq/"):
         response = app_client.get(path, headers=browser, follow_redirects=False)
         assert (response.status_code, response.headers["location"]) == (
             303, "/login?next=" + path.replace("?", "%3F").replace("=", "%3D"))
@@ -123,6 +123,7 @@ def test_logging_in_sets_an_httponly_strict_session_cookie_that_opens_the_pages(
     attributes = {part.strip().split("=")[0].lower() for part in cookie.split(";")[1:]}
     assert {"httponly", "samesite", "path", "max-age"} <= attributes and "samesite=strict" in cookie.lower()
     assert app_client.get("/workflow-runs").status_code == 200
+    assert app_client.get("/fleet").status_code == 200
     assert app_client.get("/rq/").status_code == 200
     assert app_client.get("/metrics").status_code == 200
 

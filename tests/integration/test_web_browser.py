@@ -5,7 +5,8 @@ session's private redis-server.
 - the loop page's fire times are the ones ``loopsq next`` prints;
 - a running run's page shows a line the command printed after the page loaded, within 3 s;
 - a workflow run's page shows a step's output, live while it runs and stored once it ended;
-- each action works with the page's CSRF token, and without it is refused (403) with nothing changed.
+- each action works with the page's CSRF token, and without it is refused (403) with nothing changed;
+- the Fleet page, reached from the nav, shows each worker's slots and marks a queue no worker serves.
 
 Each page is saved as a screenshot under pytest's ``tmp_path`` and copied to ``tests/artifacts/`` (ignored by
 git) as ``<test>-<page>.png``. The tests skip, saying so, only when the Chromium binary is missing (under
@@ -281,3 +282,24 @@ def test_loop_actions_work_with_the_token_and_are_refused_without(stack: Stack, 
     assert page.locator("#runs tbody tr[data-status=succeeded]").count() == 2
     assert page.locator("#run-chart rect.bar").count() == 2
     stack.screenshot(page, "loop-actions")
+
+
+def test_the_fleet_page_from_the_nav_shows_slots_and_the_queue_no_worker_serves(stack: Stack, page: Any) -> None:
+    from loopsq.engine import timers
+    from loopsq.state.keys import Keys
+
+    raw = timers.raw_from(stack.cluster.client)
+    timers.enqueue(raw, "worker.jobs.run_now", "nope", "req", queue_name="loopsq+nvme", keys=Keys())
+    page.goto(f"{stack.url}/")
+    page.click("header a[href='/fleet']")
+    page.wait_for_url(f"{stack.url}/fleet")
+    assert page.locator("#workers tbody tr").count() == 2
+    assert page.locator("#workers meter").count() == 2  # the slots in use, drawn without a script
+    row = page.locator("#queues tr[data-queue='loopsq+nvme']")
+    assert row.get_attribute("data-unserved") == "true"
+    assert row.locator(".why").text_content() == "no live worker has labels nvme"
+    assert page.locator("#queues tr[data-queue='loopsq']").get_attribute("data-unserved") == "false"
+    warning = page.locator("#unserved-warning")
+    assert warning.is_visible() and "loopsq+nvme" in (warning.text_content() or "")
+    assert page.locator("#unserved-warning").evaluate("e => getComputedStyle(e).backgroundColor") == "rgb(255, 235, 233)"
+    stack.screenshot(page, "fleet")

@@ -6,6 +6,7 @@ skips, saying so, only when that binary is missing.
 
 from __future__ import annotations
 
+import json
 import re
 import threading
 import time
@@ -20,8 +21,10 @@ from fastapi.testclient import TestClient
 
 from loopsq.domain import timeutil
 from loopsq.domain.loop_spec import new_loop
+from loopsq.engine import timers
 from loopsq.engine.runtime import Runtime
 from loopsq.engine.workflow_runner import execute_workflow
+from loopsq.state.keys import Keys
 from loopsq.state.loops import LoopStore
 from loopsq.state.workflows import WorkflowStore
 from loopsq.web import WebSettings, create_app
@@ -108,10 +111,53 @@ def test_a_run_page_redacts_its_output_as_the_cli_does_unless_the_viewer_asks(
     assert '<a id="output-toggle" href="/runs/r1">Hide output</a>' in shown_page
 
 
-def test_pages_are_sent_with_a_strict_content_security_policy(client: TestClient) -> None:
-    headers = client.get("/").headers
+@pytest.mark.parametrize("path", ["/", "/runs", "/workflow-runs", "/fleet"])
+def test_pages_are_sent_with_a_strict_content_security_policy(client: TestClient, path: str) -> None:
+    headers = client.get(path).headers
     assert headers["content-security-policy"].startswith("default-src 'none'; style-src 'unsafe-inline';")
     assert (headers["x-content-type-options"], headers["referrer-policy"]) == ("nosniff", "no-referrer")
+
+
+def live_worker(client: redis.Redis, worker_id: str, **record: Any) -> None:
+    """A live worker's registration and liveness record, as ``Runtime`` writes them."""
+    body = {"id": worker_id, "role": "worker", "host": "h1", "pid": 1, "startedAt": "2026-12-01T00:00:00.000Z",
+            "runs": [], **record}
+    client.sadd(Keys().workers, worker_id)
+    client.set(Keys().worker(worker_id), json.dumps(body), px=60_000)
+
+
+def test_the_fleet_page_shows_workers_queues_and_timers_and_warns_of_runs_no_live_worker_can_take(
+        client: TestClient, real_redis: redis.Redis) -> None:
+    live_worker(real_redis, "w-gpu", labels=["gpu", "host:h1"], slots=3, busy=1, queues=["loopsq+gpu", "loopsq"],
+                host="<b>h1</b>")
+    raw = timers.raw_from(real_redis)
+    timers.enqueue(raw, "worker.jobs.run_now", "l1", "req", queue_name="loopsq+nvme", keys=Keys())
+    timers.enqueue(raw, "worker.jobs.run_now", "l2", "req", queue_name="loopsq+gpu", keys=Keys())
+    page = client.get("/fleet")
+    assert page.status_code == 200
+    assert '<a href="/fleet">Fleet</a>' in page.text  # in the nav of every page
+    assert '<p id="fleet-summary">1 of 3 slots busy on 1 live worker(s).</p>' in page.text
+    assert '<tr data-worker="w-gpu" data-busy="1" data-slots="3">' in page.text
+    assert '<td class="mono labels">gpu, host:h1</td>' in page.text
+    assert '<meter min="0" max="3" value="1"></meter> 1 / 3' in page.text
+    assert "&lt;b&gt;h1&lt;/b&gt;" in page.text and "<b>h1</b>" not in page.text  # escaped
+    rows = re.findall(r'<tr data-queue="([^"]+)" data-depth="(\d+)" data-unserved="(\w+)">', page.text)
+    assert rows == [("loopsq", "0", "false"), ("loopsq+gpu", "1", "false"), ("loopsq+nvme", "1", "true")]
+    assert '<span class="error why">no live worker has labels nvme</span>' in page.text
+    warning = re.search(r'<p class="warning" id="unserved-warning" role="alert">(.*?)</p>', page.text, re.S)
+    assert warning is not None and " ".join(warning.group(1).split()) == (
+        'Runs are waiting that no live worker can take: <span class="mono">loopsq+nvme</span> '
+        "(no live worker has labels nvme).")
+    assert '<dd id="timers-overdue">0</dd>' in page.text
+    assert '<meta http-equiv="refresh" content="5">' in page.text
+
+
+def test_the_fleet_page_of_an_empty_deployment_says_no_worker_is_live_and_warns_of_nothing_waiting(
+        client: TestClient) -> None:
+    page = client.get("/fleet").text
+    assert '<p class="muted" id="workers-none">No live worker. Start one with <code>loopsq worker</code>.</p>' in page
+    assert 'id="unserved-warning"' not in page  # the base queue is unserved, but nothing waits there
+    assert '<span class="error why">no live worker is running</span>' in page
 
 
 def test_a_workflow_run_page_draws_the_dag_with_step_states_edges_and_the_timeline(

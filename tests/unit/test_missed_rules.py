@@ -188,12 +188,12 @@ def test_each_reason_has_its_kind_and_exact_text() -> None:
     assert missed.no_worker_labels(["repo:web", "gpu", "gpu"]).text == "no worker has labels gpu, repo:web"
     assert missed.no_scheduler() == missed.Reason("no_scheduler", "no scheduler ran")
     assert {r.kind for r in (missed.catch_up(make(EVERY_MINUTE, at(0))), missed.no_free_worker(1),
-                             missed.no_worker_labels(["a"]), missed.no_scheduler())} == set(missed.KINDS)
+                             missed.no_worker_labels(["a"]), missed.no_scheduler(), missed.stalled("x"))} == set(missed.KINDS)
 
 
 def test_an_unknown_kind_is_refused_naming_it() -> None:
     with pytest.raises(ValidationError, match=r"^missed kind must be one of catch_up, no_free_worker, "
-                                              r"no_worker_labels, no_scheduler, got 'oops'$"):
+                                              r"no_worker_labels, no_scheduler, stalled, got 'oops'$"):
         missed.check_kind("oops")
 
 

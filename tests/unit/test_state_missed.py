@@ -189,7 +189,7 @@ def test_bad_streaks_and_kinds_are_refused_and_change_nothing(client: redis.Redi
     with pytest.raises(ValidationError) as kind:
         store.record_missed(loop_id, at(0), at(1), 2, "bored", "x", at(5))
     assert str(kind.value) == ("missed kind must be one of catch_up, no_free_worker, no_worker_labels, "
-                               "no_scheduler, got 'bored'")
+                               "no_scheduler, stalled, got 'bored'")
     with pytest.raises(ValidationError) as none:
         store.record_missed(loop_id, at(0), at(1), 0, "catch_up", "x", at(5))
     assert str(none.value) == ("a missed streak needs count >= 1 and last >= first, got 0 slot(s) from "
