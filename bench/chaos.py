@@ -210,10 +210,20 @@ def check_timers(client: redis.Redis) -> list[str]:
 
 
 def check_leases(client: redis.Redis) -> list[str]:
+    """Every run recorded running has its lease and a live worker. The loops still fire while this reads (the
+    index, then the runs, then their keys, in separate round trips): a run that ended between two reads is not
+    one without an owner, so a run is judged only as read running, and a suspect is read again."""
     store = RunStore(client, KEYS)
+
+    def owned(run: LoopRun) -> bool:
+        return bool(client.exists(KEYS.lease(run.id)) and client.exists(KEYS.worker(run.worker_id or "-")))
+
     bad = []
     for run in store.get_many(store.running_ids()):
-        if not client.exists(KEYS.lease(run.id)) or not client.exists(KEYS.worker(run.worker_id or "-")):
+        if run.status != "running" or owned(run):
+            continue
+        again = store.get(run.id)
+        if again is not None and again.status == "running" and not owned(again):
             bad.append(f"running run {run.id} of {run.loop_name} has no live owner")
     return bad
 
