@@ -127,6 +127,18 @@ def mb(n: float) -> str:
     return f"{n / 1e6:,.1f} MB"
 
 
+def commandstats(conn: redis.Redis) -> dict[str, int]:
+    """Calls per command so far, server side (``INFO commandstats``)."""
+    return {name.removeprefix("cmdstat_"): int(v["calls"]) for name, v in conn.info("commandstats").items()}
+
+
+def commands_between(before: dict[str, int], after: dict[str, int]) -> dict[str, int]:
+    """Calls per command from one ``commandstats`` to a later one (the later INFO not counted), most first."""
+    diff = {k: n - before.get(k, 0) for k, n in after.items()}
+    diff["info"] = diff.get("info", 0) - 1
+    return dict(sorted(((k, n) for k, n in diff.items() if n > 0), key=lambda kv: -kv[1]))
+
+
 class CommandRate:
     """Redis commands per second between ``start()`` and ``end()`` (``INFO stats`` ``total_commands_processed``,
     less the INFO calls themselves)."""

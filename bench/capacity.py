@@ -25,7 +25,9 @@ Printed per side, while all N run (a window from 0.5 s after the last start to 1
   worker has one: its watchdog helper, ``executor.watchdog``; the RQ workers have none). RSS counts a shared page
   (the interpreter, libraries) in every process mapping it; PSS splits it between them; the median of 3 samples.
   Also the same figures with the workers idle, before T;
-- p50/p99 start lag, and how many of the N started;
+- p50/p99 start lag, and how many of the N started; for loopsq split at each run's claim (its ``startedAt``);
+- from T to the last start: the CPU the worker processes used, and the Redis commands per run, server side (the
+  commands inside loopsq's Lua scripts counted; loopsq's also include its worker's beat and its scheduler's moves);
 - Redis commands per second over the window (``INFO stats`` ``total_commands_processed``).
 Then the ratios loopsq/baseline and the goals: RSS <= 0.15x the baseline's, p99 start lag <= 1.5x the baseline's.
 """
@@ -66,6 +68,8 @@ class Side:
     #: From T to the last target's start: the wall time, and the CPU the worker processes used meanwhile.
     burst_wall_s: float = float("nan")
     burst_cpu_s: float = float("nan")
+    #: Server-side calls per command from T to the last target's start.
+    burst_commands: dict[str, int] = field(default_factory=dict)
     #: loopsq's lag split at each run's claim (its recorded ``startedAt``): label -> seconds.
     parts: dict[str, list[float]] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
@@ -87,12 +91,13 @@ def wait_lines(path: Path, count: int, until: float) -> int:
 
 
 def measure_window(side: Side, conn: redis.Redis, pids: list[int], t_due: float, seconds: float,
-                   ledger: Path, cpu_at_t: float) -> None:
+                   ledger: Path, cpu_at_t: float, commands_at_t: dict[str, int]) -> None:
     """Wait for every target to start (the workers' CPU meanwhile), then sample the workers' memory and Redis's
     commands over the window in which all of them run."""
     t_end = t_due + seconds - 1.5
     started = wait_lines(ledger, side.runs, t_end - 1.0)
     side.burst_cpu_s = fl.cpu_seconds(fl.own_processes(pids)) - cpu_at_t
+    side.burst_commands = fl.commands_between(commands_at_t, fl.commandstats(conn))
     starts = [float(parts[0].replace(",", ".")) for parts in hx.read_ledger(ledger)]
     side.burst_wall_s = max(starts, default=float("nan")) - t_due
     if started < side.runs:
@@ -148,10 +153,10 @@ def run_baseline(h: hx.Harness, n: int, seconds: float) -> Side:
                                    job_id=f"cap-{i}", timeout=int(seconds) + 120, result_ttl=60) for i in range(n)]
         own = fl.own_processes(pids)
         time.sleep(max(0.0, t_due - time.time()))
-        cpu_at_t = fl.cpu_seconds(own)
+        cpu_at_t, commands_at_t = fl.cpu_seconds(own), fl.commandstats(conn)
         queue.enqueue_many(data)
         side.notes.append(f"enqueueing the {n} jobs took {(time.time() - t_due) * 1000:.1f} ms (one pipeline)")
-        measure_window(side, conn, pids, t_due, seconds, ledger, cpu_at_t)
+        measure_window(side, conn, pids, t_due, seconds, ledger, cpu_at_t, commands_at_t)
         lags_from(side, ledger, t_due)
         side.job_lags = [float(parts[0]) - t_due for parts in hx.read_ledger(job_ledger)]
     finally:
@@ -183,8 +188,9 @@ def run_loopsq(h: hx.Harness, n: int, seconds: float) -> Side:
         if time.time() > t_due:
             side.notes.append(f"creating the loops overran T by {time.time() - t_due:.2f} s")
         own = fl.own_processes([worker.pid])
-        time.sleep(max(0.0, t_due - time.time()))
-        measure_window(side, conn, [worker.pid], t_due, seconds, ledger, fl.cpu_seconds(own))
+        time.sleep(max(0.0, t_due - 0.01 - time.time()))  # (before the scheduler moves the timers)
+        commands_at_t = fl.commandstats(conn)
+        measure_window(side, conn, [worker.pid], t_due, seconds, ledger, fl.cpu_seconds(own), commands_at_t)
         store = RunStore(client, keys)
         runs = store.get_many(store.running_ids())
         side.notes.append(f"{len(runs)} run(s) recorded running at the end of the window")
@@ -217,6 +223,9 @@ def report(side: Side) -> None:
                   f"USS {fl.mb(mem.uss):>10s}  ({mem.processes} processes)")
     print(f"  from T to the last start {side.burst_wall_s * 1e3:.0f} ms; the worker processes used "
           f"{side.burst_cpu_s * 1e3:.0f} ms of CPU meanwhile ({side.burst_cpu_s / side.runs * 1e3:.1f} ms per run)")
+    total = sum(side.burst_commands.values())
+    top = ", ".join(f"{k} {v / side.runs:.1f}" for k, v in list(side.burst_commands.items())[:8])
+    print(f"  Redis commands per run from T to the last start: {total / side.runs:.1f} ({top})")
     print(f"  Redis {side.commands_per_s:,.0f} commands/s while all run")
     for note in side.notes:
         print(f"  note: {note}")
