@@ -133,9 +133,10 @@ def commandstats(conn: redis.Redis) -> dict[str, int]:
 
 
 def commands_between(before: dict[str, int], after: dict[str, int]) -> dict[str, int]:
-    """Calls per command from one ``commandstats`` to a later one (the later INFO not counted), most first."""
+    """Calls per command from one ``commandstats`` to a later one, most first (INFO left out: only the benchmark
+    sends it)."""
     diff = {k: n - before.get(k, 0) for k, n in after.items()}
-    diff["info"] = diff.get("info", 0) - 1
+    diff.pop("info", None)  # (the benchmark's own)
     return dict(sorted(((k, n) for k, n in diff.items() if n > 0), key=lambda kv: -kv[1]))
 
 
@@ -152,6 +153,12 @@ class CommandRate:
 
     def start(self) -> None:
         self.first = self._sample()
+
+    def over(self, seconds: float) -> float:
+        """Commands per second over the next ``seconds`` (slept here)."""
+        self.start()
+        time.sleep(seconds)
+        return self.end()
 
     def end(self) -> float:
         assert self.first is not None

@@ -26,9 +26,10 @@ Printed per side, while all N run (a window from 0.5 s after the last start to 1
   (the interpreter, libraries) in every process mapping it; PSS splits it between them; the median of 3 samples.
   Also the same figures with the workers idle, before T;
 - p50/p99 start lag, and how many of the N started; for loopsq split at each run's claim (its ``startedAt``);
+- Redis commands per second over the window, the busiest commands, and over 2 s with the workers idle before T
+  (loopsq's includes its scheduler's polling; the baseline has no scheduler): (busy - idle) / N per run held;
 - from T to the last start: the CPU the worker processes used, and the Redis commands per run, server side (the
   commands inside loopsq's Lua scripts counted; loopsq's also include its worker's beat and its scheduler's moves);
-- Redis commands per second over the window (``INFO stats`` ``total_commands_processed``).
 Then the ratios loopsq/baseline and the goals: RSS <= 0.15x the baseline's, p99 start lag <= 1.5x the baseline's.
 """
 
@@ -52,6 +53,7 @@ import redis
 GOAL_RSS = 0.15
 GOAL_P99 = 1.5
 SAMPLES = 3
+IDLE_WINDOW_S = 2.0
 
 
 @dataclass
@@ -65,9 +67,13 @@ class Side:
     idle: fl.Memory | None = None
     busy: fl.Memory | None = None
     commands_per_s: float = float("nan")
+    idle_commands_per_s: float = float("nan")
     #: From T to the last target's start: the wall time, and the CPU the worker processes used meanwhile.
     burst_wall_s: float = float("nan")
     burst_cpu_s: float = float("nan")
+    #: Server-side calls per command over the window while all run.
+    window_commands: dict[str, int] = field(default_factory=dict)
+    window_s: float = float("nan")
     #: Server-side calls per command from T to the last target's start.
     burst_commands: dict[str, int] = field(default_factory=dict)
     #: loopsq's lag split at each run's claim (its recorded ``startedAt``): label -> seconds.
@@ -108,6 +114,7 @@ def measure_window(side: Side, conn: redis.Redis, pids: list[int], t_due: float,
         w0 = t_end - 1.0
     time.sleep(max(0.0, w0 - time.time()))
     rate = fl.CommandRate(conn)
+    before = fl.commandstats(conn)
     rate.start()
     samples = []
     for i in range(SAMPLES):
@@ -115,6 +122,8 @@ def measure_window(side: Side, conn: redis.Redis, pids: list[int], t_due: float,
         time.sleep(max(0.0, at - time.time()))
         samples.append(fl.memory_of(fl.own_processes(pids)))
     side.commands_per_s = rate.end()
+    side.window_s = time.time() - w0
+    side.window_commands = fl.commands_between(before, fl.commandstats(conn))
     side.busy = fl.median_memory(samples)
 
 
@@ -146,6 +155,7 @@ def run_baseline(h: hx.Harness, n: int, seconds: float) -> Side:
         time.sleep(1.0)
         pids = [p.pid for p in procs]
         side.idle = fl.memory_of(fl.own_processes(pids))
+        side.idle_commands_per_s = fl.CommandRate(conn).over(IDLE_WINDOW_S)
         ledger, job_ledger = h.dir / "ledger-baseline.txt", h.dir / "jobs-baseline.txt"
         queue = Queue("cap", connection=conn)
         t_due = round(time.time() + 1.0, 3)
@@ -180,6 +190,7 @@ def run_loopsq(h: hx.Harness, n: int, seconds: float) -> Side:
                     what="loopsq scheduler and worker")
         time.sleep(1.0)
         side.idle = fl.memory_of(fl.own_processes([worker.pid]))
+        side.idle_commands_per_s = fl.CommandRate(conn).over(IDLE_WINDOW_S)
         ledger = h.dir / "ledger-loopsq.txt"
         script = hx.LEDGER_SCRIPT.format(ledger=ledger) + f"; exec sleep {seconds:g}"
         target = {"type": "command", "command": "bash", "args": ["-c", script]}
@@ -226,7 +237,10 @@ def report(side: Side) -> None:
     total = sum(side.burst_commands.values())
     top = ", ".join(f"{k} {v / side.runs:.1f}" for k, v in list(side.burst_commands.items())[:8])
     print(f"  Redis commands per run from T to the last start: {total / side.runs:.1f} ({top})")
-    print(f"  Redis {side.commands_per_s:,.0f} commands/s while all run")
+    top = ", ".join(f"{k} {v / side.window_s:,.0f}" for k, v in list(side.window_commands.items())[:8] if v > 0)
+    per_run = (side.commands_per_s - side.idle_commands_per_s) / side.runs
+    print(f"  Redis {side.commands_per_s:,.0f} commands/s while all run{': ' + top if top else ''}; idle before T "
+          f"{side.idle_commands_per_s:,.0f}/s, so {per_run:.1f}/s per run held")
     for note in side.notes:
         print(f"  note: {note}")
 
