@@ -191,6 +191,8 @@ def main() -> None:
     if q is None:
         return
     print("\n[loopsq against the baselines]")
+    if len(phases) == 1:
+        print("  (no baseline phase run)")
     for key, base in phases.items():
         if key != "loopsq":
             compare(q, base)
