@@ -5,6 +5,7 @@ invariants checked. Prints one summary line; exits 1 on any violation.
     .venv/bin/python bench/chaos.py --duration 30   # a short mode
     .venv/bin/python bench/chaos.py --redis-faults  # and Redis itself SIGKILLed about every 30 s
     .venv/bin/python bench/chaos.py --keep-runs 3   # every loop with a history window of 3: trimming throughout
+    .venv/bin/python bench/chaos.py --concurrency 4 --labels   # workers of 4 slots, one labelled gpu
 
 Checks, after the faults stop:
   1. no (loop, slot, attempt[, step]) executed twice — from a ledger every command appends to;
@@ -20,11 +21,21 @@ same port. Also checked then:
      was one of the processes killed (then it is recorded abandoned) or it was replaced by a newer slot;
   6. no loopsq process exited (only the ones killed on purpose, each started again);
 and check 2 waits for the grace after the last outage (recovery waits for live workers to beat again).
+
+``--concurrency N`` starts every worker with N slots (``loopsq worker --concurrency N``; without it, loopsq's
+default); a worker picked for a kill is then killed once it holds 2 runs or more (it is waited for up to
+``BUSY_WAIT_S``), and the summary says how many runs each killed worker held. ``--labels`` makes the fleet mixed:
+``worker.3`` carries the label ``gpu`` (``LOOPSQ_WORKER_LABELS``) and about a fifth of the loops (command targets
+of every kind: retrying, overlapping, plain) require it. Every target also appends the name and labels of the
+worker executing it (``CHAOS_WORKER``/``CHAOS_LABELS`` in each worker's environment, which targets inherit) to a
+second ledger; then also checked:
+  7. every execution of a loop requiring ``gpu`` happened on a worker carrying ``gpu``, and there was one at least.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import random
@@ -60,21 +71,36 @@ from loopsq.state.workflows import WorkflowStore  # noqa: E402
 from tests.redis_server import RedisServer  # noqa: E402
 
 KEYS = Keys()
+#: With ``--labels``: the worker that carries it, and the label.
+GPU_WORKER, GPU = "worker.3", "gpu"
+#: How long a worker picked for a kill may be waited for to hold 2 runs or more (with ``--concurrency``).
+BUSY_WAIT_S = 3.0
 
 
 class Fleet:
     """The processes of the deployment, restartable by name."""
 
-    def __init__(self, url: str, data: Path, logs: Path) -> None:
+    def __init__(self, url: str, data: Path, logs: Path, concurrency: int | None = None,
+                 labels: dict[str, str] | None = None) -> None:
         self.url, self.data, self.logs = url, data, logs
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self.env = {**os.environ, "LOOPSQ_REDIS_URL": url, "LOOPSQ_DATA_DIR": str(data), "PYTHONUNBUFFERED": "1"}
+        self.concurrency = concurrency
+        #: Worker name -> its declared labels (comma-separated), for ``--labels``.
+        self.labels = labels or {}
 
     def start(self, name: str) -> None:
         role = name.split(".")[0]
+        args, env = [sys.executable, "-m", "loopsq", role], dict(self.env)
+        if role == "worker":
+            if self.concurrency is not None:
+                args += ["--concurrency", str(self.concurrency)]
+            env["LOOPSQ_WORKER_LABELS"] = self.labels.get(name, "")
+            # Not LOOPSQ_*: targets inherit these (loopsq keeps its own variables from them), and write them down.
+            env["CHAOS_WORKER"], env["CHAOS_LABELS"] = name, self.labels.get(name) or "-"
         log = open(self.logs / f"{name}.log", "ab")  # noqa: SIM115 - the child owns it
-        self.procs[name] = subprocess.Popen([sys.executable, "-m", "loopsq", role], env=self.env, stdout=log,
-                                            stderr=log, stdin=subprocess.DEVNULL, cwd=ROOT, start_new_session=True)
+        self.procs[name] = subprocess.Popen(args, env=env, stdout=log, stderr=log, stdin=subprocess.DEVNULL, cwd=ROOT,
+                                            start_new_session=True)
 
     def kill(self, name: str) -> None:
         proc = self.procs[name]
@@ -96,8 +122,10 @@ class Fleet:
 
 
 def ledger_cmd(ledger: Path, fail_every: int = 0, sleep: float = 0.0) -> str:
+    # Where it ran first (a kill between the two lines leaves a "where" without an execution, never the reverse).
+    where = f'echo "$LOOPS_LOOP_ID $LOOPS_SCHEDULED_FOR $LOOPS_ATTEMPT $CHAOS_WORKER $CHAOS_LABELS" >> {ledger}.where'
     line = f'echo "$LOOPS_LOOP_ID $LOOPS_SCHEDULED_FOR $LOOPS_ATTEMPT $LOOPS_WORKFLOW_STEP_ID" >> {ledger}'
-    cmd = line
+    cmd = f"{where}; {line}"
     if sleep:
         cmd += f"; sleep {sleep}"
     if fail_every:
@@ -107,7 +135,10 @@ def ledger_cmd(ledger: Path, fail_every: int = 0, sleep: float = 0.0) -> str:
 
 
 def create_loops(client: redis.Redis, ledger: Path, count: int, rng: random.Random,
-                 keep_runs: int | None = None) -> None:
+                 keep_runs: int | None = None, labels: bool = False) -> set[str]:
+    """Create the workflows and ``count`` loops; returns the ids of the loops that require ``GPU`` (``labels``:
+    the command loops whose index is 1 mod 4, of every kind but the workflow one)."""
+    gpu: set[str] = set()
     loops, workflows = LoopStore(client, KEYS), WorkflowStore(client, KEYS)
     now = timeutil.now()
     specs = []
@@ -140,7 +171,12 @@ def create_loops(client: redis.Redis, ledger: Path, count: int, rng: random.Rand
         else:
             body["target"] = {"type": "command", "command": ledger_cmd(ledger), "shell": True}
             body["maxAttempts"] = rng.choice([1, 2])
-        loops.create(new_loop(body, now + timedelta(milliseconds=rng.randint(0, 2000))))
+        loop = new_loop(body, now + timedelta(milliseconds=rng.randint(0, 2000)))
+        if labels and kind >= 2 and i % 4 == 1:  # (new_loop keeps no requires yet: into the stored loop directly)
+            loop = dataclasses.replace(loop, extra={**loop.extra, "requires": [GPU]})
+            gpu.add(loop.id)
+        loops.create(loop)
+    return gpu
 
 
 def wait_until(predicate, timeout: float, step: float = 0.25) -> bool:  # type: ignore[no-untyped-def]
@@ -174,10 +210,20 @@ def check_timers(client: redis.Redis) -> list[str]:
 
 
 def check_leases(client: redis.Redis) -> list[str]:
+    """Every run recorded running has its lease and a live worker. The loops still fire while this reads (the
+    index, then the runs, then their keys, in separate round trips): a run that ended between two reads is not
+    one without an owner, so a run is judged only as read running, and a suspect is read again."""
     store = RunStore(client, KEYS)
+
+    def owned(run: LoopRun) -> bool:
+        return bool(client.exists(KEYS.lease(run.id)) and client.exists(KEYS.worker(run.worker_id or "-")))
+
     bad = []
     for run in store.get_many(store.running_ids()):
-        if not client.exists(KEYS.lease(run.id)) or not client.exists(KEYS.worker(run.worker_id or "-")):
+        if run.status != "running" or owned(run):
+            continue
+        again = store.get(run.id)
+        if again is not None and again.status == "running" and not owned(again):
             bad.append(f"running run {run.id} of {run.loop_name} has no live owner")
     return bad
 
@@ -294,6 +340,51 @@ def archived_step(conn: sqlite3.Connection, idempotency_key: str, step: str) -> 
     return {"status": row[0], "exitCode": row[1]} if row else None
 
 
+def check_placement(ledger: Path, gpu_loops: set[str]) -> tuple[list[str], Counter[str]]:
+    """Every execution of a loop requiring ``GPU`` ran on a worker carrying it (from the "where" ledger), and one
+    ran at least. Returns the violations and the executions per (worker, gpu loop or not)."""
+    bad, seen = [], Counter()
+    where = Path(f"{ledger}.where")
+    for line in where.read_text().splitlines() if where.exists() else []:
+        parts = line.split()
+        if len(parts) < 5:
+            continue
+        needs = parts[0] in gpu_loops
+        seen[f"{parts[3]}:{'gpu' if needs else 'any'}"] += 1
+        if needs and GPU not in parts[4].split(","):
+            bad.append(f"a loop requiring {GPU} ran on {parts[3]} (labels {parts[4]}): {line}")
+    if gpu_loops and not any(k.endswith(":gpu") for k in seen):
+        bad.append(f"no execution of the {len(gpu_loops)} loop(s) requiring {GPU}")
+    return bad, seen
+
+
+def runs_held(client: redis.Redis, pid: int) -> int | None:
+    """How many runs the live worker of process ``pid`` holds (its liveness record's ``busy``); None: not live."""
+    for wid in client.smembers(KEYS.workers):
+        wid = wid.decode() if isinstance(wid, bytes) else str(wid)
+        if wid.rsplit(":", 2)[-2] == str(pid):
+            raw = client.get(KEYS.worker(wid))
+            if raw:
+                return int(json.loads(raw).get("busy") or 0)
+    return None
+
+
+def kill_when_busy(fleet: Fleet, client: redis.Redis, victim: str) -> int | None:
+    """Wait up to ``BUSY_WAIT_S`` for worker ``victim`` to hold 2 runs or more (with slots); the runs it held when
+    it is killed (None: unknown)."""
+    pid = fleet.procs[victim].pid
+    deadline = time.monotonic() + (BUSY_WAIT_S if (fleet.concurrency or 0) > 1 else 0.0)
+    held = None
+    while True:
+        try:
+            held = runs_held(client, pid)
+        except redis.RedisError:
+            held = None
+        if (held or 0) >= 2 or time.monotonic() >= deadline:
+            return held
+        time.sleep(0.05)
+
+
 def check_alive(fleet: Fleet) -> list[str]:
     """Every process of the fleet is running (the ones killed on purpose were started again)."""
     return [f"{name} exited with {proc.returncode}" for name, proc in fleet.procs.items() if proc.poll() is not None]
@@ -312,6 +403,10 @@ def main() -> int:
                         help="seconds between Redis kills (default ~30; runs under 60 s: one, early enough for "
                              "its recovery grace to be over soon after the faults stop)")
     parser.add_argument("--keep-runs", type=int, default=None, help="every loop's history window (trims throughout)")
+    parser.add_argument("--concurrency", type=int, default=None,
+                        help="slots of every worker (loopsq worker --concurrency N; default: loopsq's)")
+    parser.add_argument("--labels", action="store_true",
+                        help=f"a mixed fleet: {GPU_WORKER} labelled {GPU}, a share of the loops requiring it")
     args = parser.parse_args()
     seed = args.seed if args.seed is not None else random.randrange(1 << 30)
     rng = random.Random(seed)
@@ -319,17 +414,18 @@ def main() -> int:
     redis_kill_every = args.redis_kill_every or (30.0 if args.duration >= 60 else None)
     work = Path(tempfile.mkdtemp(prefix="loopsq-chaos-"))
     server = RedisServer(appendonly=True, appendfsync="always" if args.redis_faults else "everysec").start()
-    fleet = Fleet(server.url, work / "data", work)
+    fleet = Fleet(server.url, work / "data", work, args.concurrency, {GPU_WORKER: GPU} if args.labels else None)
     client = server.client()
     ledger = work / "ledger"
     ledger.touch()
     violations: list[str] = []
     kills: list[tuple[str, float]] = []
+    held: list[str] = []  # runs each killed worker held
     killed_pids: set[int] = set()
     outages: list[tuple[float, float]] = []  # (killed at, back at), epoch seconds
     exited: list[str] = []
     try:
-        create_loops(client, ledger, args.loops, rng, args.keep_runs)
+        gpu_loops = create_loops(client, ledger, args.loops, rng, args.keep_runs, args.labels)
         names = ["scheduler.1", "scheduler.2", "worker.1", "worker.2", "worker.3", "mirror.1"]
         for name in names:
             fleet.start(name)
@@ -351,6 +447,9 @@ def main() -> int:
                     else float("inf")
             if time.monotonic() >= next_kill:
                 victim = rng.choice(names[:5])
+                if victim.startswith("worker"):
+                    n_held = kill_when_busy(fleet, client, victim)
+                    held.append("?" if n_held is None else str(n_held))
                 killed_pids.add(fleet.procs[victim].pid)
                 fleet.kill(victim)
                 kills.append((victim, time.time()))
@@ -387,6 +486,12 @@ def main() -> int:
         violations += dupes
         if args.redis_faults:
             violations += check_recorded(client, ledger, killed_pids, db)
+        placement = ""
+        if args.labels:
+            bad, where = check_placement(ledger, gpu_loops)
+            violations += bad
+            placement = (f" gpu_loops={len(gpu_loops)} executions_by_worker="
+                         f"{','.join(f'{k}={v}' for k, v in sorted(where.items()))}")
         all_runs = runs.get_many([i.decode() if isinstance(i, bytes) else i for i in client.zrange(KEYS.runs, 0, -1)])
         by_status = Counter(r.status for r in all_runs)
         recoveries = []
@@ -403,9 +508,13 @@ def main() -> int:
             if recoveries else ""
         faults = f" redis_outages={len(outages)} ({sum(b - a for a, b in outages):.0f}s down)" \
             if args.redis_faults else ""
+        fleet_note = f" concurrency={args.concurrency}" if args.concurrency else ""
+        fleet_note += f" runs_held_by_killed_workers=[{','.join(held)}]" if held else ""
         print(f"chaos: seed={seed} duration={args.duration:.0f}s loops={args.loops} kills={len(kills)}{faults} "
-              f"runs={len(all_runs)} ({statuses}) workflow_runs={wf_runs} archived={archived} executions={executed}{rec} "
-              f"violations={len(violations)}")
+              f"runs={len(all_runs)} ({statuses}) workflow_runs={wf_runs} archived={archived} executions={executed}{rec}"
+              f"{fleet_note}{placement} violations={len(violations)}")
+        if (args.concurrency or 0) > 1 and held and not any(h.isdigit() and int(h) >= 2 for h in held):
+            print("  note: no worker was killed while holding 2 runs or more")
         for violation in violations[:20]:
             print(f"  violation: {violation}")
         if violations:
