@@ -60,6 +60,8 @@ log = logging.getLogger("loopsq.timers")
 DEQUEUE_BLOCK_S = 1
 #: How often the dequeue loop renews the worker's own RQ heartbeat while it waits.
 HEARTBEAT_EVERY_S = 5.0
+#: How often RQ's worker hash gets the newest job while the worker stays busy (busy/idle is written at once).
+SHOW_JOB_EVERY_S = 1.0
 
 
 class _NoDeathPenalty(BaseDeathPenalty):
@@ -163,8 +165,9 @@ class _Worker(SimpleWorker):
     main: _Worker | None = None
     _slot_workers: dict[int, _Worker] | None = None
     _next_heartbeat = 0.0
-    #: What ``_show_state`` last wrote (state, job).
+    #: What ``_show_state`` last wrote (state, job), and when.
     _shown: tuple[str, str | None] | None = None
+    _shown_at = 0.0
     _show_lock = threading.Lock()
 
     def request_stop(self, signum: Any, frame: Any) -> None:
@@ -192,9 +195,7 @@ class _Worker(SimpleWorker):
         idle_since = time.monotonic()
         wait_s = 1.0
         while True:
-            if time.monotonic() >= self._next_heartbeat:
-                self._next_heartbeat = time.monotonic() + HEARTBEAT_EVERY_S
-                self.heartbeat()
+            self.heartbeat()  # (at most every HEARTBEAT_EVERY_S)
             if self._stop_requested:
                 return None
             if not self.slots.wait_free(DEQUEUE_BLOCK_S):
@@ -240,8 +241,11 @@ class _Worker(SimpleWorker):
         jobs = [job for job in self.slots.jobs() if job != without]
         self._state = WorkerStatus.BUSY if jobs else WorkerStatus.IDLE
         shown = ("busy", jobs[-1]) if jobs else ("idle", None)
-        if shown == self._shown:
-            return
+        now = time.monotonic()
+        if shown == self._shown or (self._shown is not None and shown[0] == self._shown[0]
+                                    and now < self._shown_at + SHOW_JOB_EVERY_S):
+            return  # (the newest job is shown at most every SHOW_JOB_EVERY_S; busy/idle at once)
+        self._shown_at = now
 
         def write() -> None:
             with self.connection.pipeline() as pipe:
@@ -264,15 +268,17 @@ class _Worker(SimpleWorker):
         listened = self.queues  # (as dequeued: RQ judges by their number whether the job sits in an intermediate list)
         self.slots.start(job.id, lambda number: self._run_on_slot(number, job, queue, listened))
         with self._show_lock:
-            self._shown = None  # (a fire job's start wrote the hash itself)
-            self._show_state()
+            if timers.is_fire_job(job) and current_runtime() is not None:
+                # Its start (``timers.start_dequeued``, on the slot) shows the worker busy with it: no write here.
+                self._state, self._shown, self._shown_at = WorkerStatus.BUSY, ("busy", job.id), time.monotonic()
+            else:
+                self._show_state()
 
     def _run_on_slot(self, number: int, job: Job, queue: Queue, listened: list[Queue]) -> None:
         try:
             self._slot_worker(number, listened).execute_here(job, queue)
         finally:
             with self._show_lock:
-                self._shown = None  # (the slot's job wrote the hash itself)
                 self._show_state(without=job.id)
 
     def _slot_worker(self, number: int, listened: list[Queue]) -> _Worker:
@@ -381,6 +387,13 @@ class _Worker(SimpleWorker):
         if pipeline is not None:
             super().heartbeat(timeout, pipeline)
             return
+        if self.slots is not None and timeout is None:
+            # RQ's loop beats after every job it hands to a slot: once every HEARTBEAT_EVERY_S is plenty (RQ keeps a
+            # worker for 420 s), and a round trip less per job on the dequeuing thread.
+            now = time.monotonic()
+            if now < self._next_heartbeat:
+                return
+            self._next_heartbeat = now + HEARTBEAT_EVERY_S
         self._best_effort(lambda: super(_Worker, self).heartbeat(timeout))
 
     def set_state(self, state: str, pipeline: Any = None) -> None:
