@@ -60,7 +60,9 @@ class LoopsClient:
         """
         if isinstance(body, Mapping) and "target" in body:
             body = {**body, "target": resolve_prompt_file(body["target"], "target")}
-        return self.loops.create(new_loop(body, timeutil.now()))
+        from loopsq.engine.routing import arm_created
+
+        return arm_created(self.client, self.keys, self.loops.create(new_loop(body, timeutil.now())))
 
     def list(self, *, archived: bool | None = False) -> list[Loop]:
         """Loops: not archived (default), archived only (``archived=True``) or all (``archived=None``)."""

@@ -35,6 +35,7 @@ from loopsq.domain.models import Loop
 from loopsq.domain.redaction import public_loop
 from loopsq.domain.targets import PROVIDERS
 from loopsq.domain.text import shown
+from loopsq.engine.routing import arm_created
 from loopsq.errors import ValidationError
 from loopsq.state.pool_registry import require_pools
 
@@ -72,7 +73,7 @@ def _store(body: dict[str, Any], preflight: bool) -> Loop:
 
         preflight_loop_target(loop.target, loop, app)
         warning = _workers_warning(loop)
-    created = app.loops().create(loop)
+    created = arm_created(app.client(), app.keys, app.loops().create(loop))
     if warning is not None:
         echo_err(f"warning: {warning}")
     return created

@@ -139,3 +139,15 @@ def waiting_note(client: redis.Redis, keys: Keys, loop: Loop) -> str | None:
         return None
     lacking = unserved(client, keys, needs)
     return f"no live worker has labels {', '.join(lacking)}" if lacking else None
+
+
+def arm_created(client: redis.Redis, keys: Keys, loop: Loop) -> Loop:
+    """Arm a loop's timer right after its creation (every interface that creates one calls this), on its queue:
+    its first slot runs on time instead of when maintenance next looks (``WRITE_GRACE_MS`` after the write),
+    which for a loop every second meant its first slots missed. Returns ``loop``."""
+    from loopsq.domain.run_rules import timer_at
+
+    at = timer_at(loop)
+    if at is not None:
+        timers.arm(timers.raw_from(client), keys, loop.id, at, queue_name=loop_queue(loop))
+    return loop

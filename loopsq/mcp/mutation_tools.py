@@ -16,6 +16,7 @@ from loopsq.domain.redaction import public_loop, public_run, public_workflow_run
 from loopsq.domain.run_rules import TERMINAL, LoopRun
 from loopsq.domain.targets import CONFIG_ISOLATIONS, PROMPT_VIAS, PROVIDERS
 from loopsq.engine.cancel import request_run_cancel
+from loopsq.engine.routing import arm_created
 from loopsq.errors import NotFoundError
 from loopsq.mcp import schemas as s
 from loopsq.mcp.context import McpContext
@@ -79,7 +80,8 @@ def _build(call: Call, target: dict[str, Any]) -> Loop:
 def _store(call: Call, loop: Loop, target_label: str) -> dict[str, Any]:
     if "description" not in call.args:
         loop = replace(loop, description=default_description(loop, target_label))
-    return public_loop(LoopStore(call.ctx.client, call.ctx.keys).create(loop).to_dict())
+    created = arm_created(call.ctx.client, call.ctx.keys, LoopStore(call.ctx.client, call.ctx.keys).create(loop))
+    return public_loop(created.to_dict())
 
 
 def _optional(args: Any, target: dict[str, Any], *names: str) -> dict[str, Any]:

@@ -11,6 +11,7 @@ import redis
 
 from loopsq.domain.loop_spec import new_loop
 from loopsq.domain.workflow_spec import workflow_body_from_json
+from loopsq.engine.routing import arm_created
 from loopsq.engine.triggers import trigger_with
 from loopsq.errors import ConflictError
 from loopsq.state.keys import Keys
@@ -73,7 +74,7 @@ def create_demo(client: redis.Redis, now: datetime, keys: Keys | None = None) ->
             said.append(f"demo: loop {name} exists; left as it is")
             return False
         try:
-            loop = loops.create(new_loop(body, now))
+            loop = arm_created(loops.client, loops.keys, loops.create(new_loop(body, now)))
         except ConflictError:  # created meanwhile by someone else
             said.append(f"demo: loop {name} exists; left as it is")
             return False

@@ -16,6 +16,7 @@ from loopsq.domain.redaction import public_loop, public_run
 from loopsq.domain.run_rules import RUN_STATUSES
 from loopsq.domain.text import shown
 from loopsq.engine.cancel import cancel_run
+from loopsq.engine.routing import arm_created
 from loopsq.engine.triggers import trigger_with
 from loopsq.errors import LoopsqError, NotFoundError, RedisUnavailableError, ValidationError
 from loopsq.mirror import pages, queries
@@ -84,7 +85,7 @@ def list_loops(ctx: Ctx, status: Annotated[LoopStatus | None, Query()] = None,
 def create_loop(ctx: Ctx, body: Annotated[Any, Body()]) -> JSONResponse:
     """Validate and store a loop; 400 names the first invalid field, 409 when the name is taken."""
     request = _resolve_workflow(ctx, json_object(body))
-    loop = LoopStore(ctx.client, ctx.keys).create(new_loop(request, ctx.now()))
+    loop = arm_created(ctx.client, ctx.keys, LoopStore(ctx.client, ctx.keys).create(new_loop(request, ctx.now())))
     return JSONResponse(public_loop(loop.to_dict()), status_code=201,
                         headers={"Location": f"/api/loops/{loop.id}"})
 

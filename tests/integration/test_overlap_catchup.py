@@ -163,14 +163,28 @@ def _check_common(d: Downtime, policy: str) -> None:
     runs = d.runs[policy]
     assert all(r.attempt == 1 for r in runs), [r.to_dict() for r in runs]
     assert {r.scheduled_for for r in runs if r.status == "succeeded"} == set(slots)
+    # Every slot since the last one before the downtime has exactly one record: its run, or its place in the one
+    # missed row that stands for the slots catch-up gave up (none for "all", which runs them).
+    missed_rows = [r for r in runs if r.status == "missed"]
+    assert len(missed_rows) == (0 if policy == "all" else 1), [r.to_dict() for r in missed_rows]
+    covered = sorted(s for s in slots_ms([r.scheduled_for for r in runs if r.status != "missed"])
+                     if s > d.last_before[policy])
+    for row in missed_rows:
+        assert row.missed_kind == "no_scheduler" and row.error == "no scheduler ran", row.to_dict()
+        first = slots_ms([row.scheduled_for])[0]
+        covered += [first + 1000 * i for i in range(int(row.missed_count or 0))]
+        assert slots_ms([str(row.missed_last)])[0] == covered[-1]
+    expected = list(range(d.last_before[policy] + 1000, max(covered) + 1, 1000))
+    assert sorted(covered) == expected, [to_iso_ms(s) for s in sorted(set(expected) ^ set(covered))]
     # Any other run is an overlap skip: only a slot that comes due while the catch-up backlog's last run is still
     # going can meet one (the second worker fires it on time).
-    others = [r for r in runs if r.status != "succeeded"]
+    others = [r for r in runs if r.status not in ("succeeded", "missed")]
     assert all((r.status, r.error) == ("skipped", "previous run still active") for r in others), [
         r.to_dict() for r in others]
     assert policy == "all" or not others, [r.to_dict() for r in others]
     # Once caught up, the loop is back on its 1 s phase: every later slot has its run.
-    on_time = sorted(s for s in slots_ms([r.scheduled_for for r in runs]) if s > d.restarted_at)
+    on_time = sorted(s for s in slots_ms([r.scheduled_for for r in runs if r.status != "missed"])
+                     if s > d.restarted_at)
     assert all(b - a == 1000 for a, b in itertools.pairwise(on_time)), [to_iso_ms(s) for s in on_time]
 
 
@@ -242,8 +256,12 @@ def test_catch_up_all_with_a_limit_runs_exactly_the_oldest_missed_slots_then_the
     missed = [s for s in executed if last_before < s <= restarted_at]
     assert missed == [last_before + every * i for i in (1, 2, 3)], [to_iso_ms(s) for s in executed]
     assert len(executed) == len(set(executed))
-    # No row at all for the missed slots past the limit: they were skipped by moving the loop, not run.
-    rows = slots_ms([r.scheduled_for for r in cluster.runs("cut")])
+    # No run for the missed slots past the limit: they were given up by moving the loop, and one missed row stands
+    # for them, from the first past the limit on.
+    rows = slots_ms([r.scheduled_for for r in cluster.runs("cut") if r.status != "missed"])
     assert [s for s in rows if last_before + 3 * every < s <= restarted_at] == []
+    (gave_up,) = [r for r in cluster.runs("cut") if r.status == "missed"]
+    assert slots_ms([gave_up.scheduled_for]) == [last_before + 4 * every]
+    assert gave_up.missed_count == (slots_ms([str(gave_up.missed_last)])[0] - last_before) // every - 3
     following = min(s for s in executed if s > last_before + 3 * every)
     assert following > restarted_at and (following - last_before) % every == 0

@@ -38,6 +38,9 @@ class Cli:
     def json(self, *args: str) -> Any:
         return json.loads(self.ok("--json", *args))
 
+    def _raw(self) -> fakeredis.FakeRedis:
+        return fakeredis.FakeRedis(server=self.redis.connection_pool.connection_kwargs["server"])
+
     def state(self) -> dict[str, Any]:
         """Every key in Redis with its value, and the mirror's rows: what 'nothing written' compares."""
         out: dict[str, Any] = {}
@@ -45,8 +48,8 @@ class Cli:
             kind = self.redis.type(key)
             if kind == "string":
                 out[key] = self.redis.get(key)
-            elif kind == "hash":
-                out[key] = self.redis.hgetall(key)
+            elif kind == "hash":  # (read as bytes: an RQ job's hash holds its pickled call)
+                out[key] = self._raw().hgetall(key)
             elif kind == "set":
                 out[key] = sorted(self.redis.smembers(key))
             elif kind == "stream":
