@@ -22,10 +22,9 @@ import redis
 
 from loopsq.domain import timeutil
 from loopsq.domain.workflow_spec import execution_order
-from loopsq.engine import live
 from loopsq.engine.runtime import Runtime
-from loopsq.engine.step_workspaces import step_workspace
-from loopsq.executor import ExecutorResult, RunMetadata, SpawnInfo, execute_target
+from loopsq.engine.step_exec import StepAssignment, execute_step
+from loopsq.executor import ExecutorResult, RunMetadata, SpawnInfo
 from loopsq.executor.gate import probe
 from loopsq.executor.preflight import step_target
 from loopsq.state.outages import is_transient
@@ -120,7 +119,8 @@ class _Execution:
             event.set()
 
     # -- one step -------------------------------------------------------------------------------------------
-    def _run_step(self, step_id: str, cancel: threading.Event) -> ExecutorResult:
+    def _assignment(self, step_id: str) -> StepAssignment:
+        """What executing the step takes, here or on another worker."""
         step = self.steps[step_id]
         target = step_target(step)
         loop_target = self.loop.get("target")
@@ -132,7 +132,11 @@ class _Execution:
             workflow_name=str(self.spec["name"]), workflow_run_id=self.state.run_id, workflow_step_id=step_id,
             attempt=self.loop_run_attempt,
         )
+        workspace = step.get("workspace")
+        return StepAssignment(self.state.run_id, step_id, target, metadata,
+                              str(workspace) if workspace is not None else None, step.get("workspaceWaitMs"))
 
+    def _run_step(self, step_id: str, cancel: threading.Event) -> ExecutorResult:
         def spawned(info: SpawnInfo) -> None:
             # Never waits for Redis (the executor reads the step's output only after this returns): while Redis
             # is away the pid goes unrecorded, the step's end still is.
@@ -147,26 +151,7 @@ class _Execution:
             if self.on_spawn is not None:
                 self.on_spawn(info)
 
-        workspace = step.get("workspace")
-        if workspace is not None:  # held while the step runs; a busy one that stays busy fails the step
-            with step_workspace(self.rt.runs, str(workspace), self.state.run_id, step_id,
-                                wait_ms=step.get("workspaceWaitMs"), cancel=cancel) as busy:
-                if busy is not None:
-                    now = timeutil.to_iso(timeutil.now())
-                    return ExecutorResult("failed", None, "", "", busy, None, now, now, 0)
-                return self._execute(step_id, target, metadata, cancel, spawned)
-        return self._execute(step_id, target, metadata, cancel, spawned)
-
-    def _execute(self, step_id: str, target: dict[str, Any], metadata: RunMetadata, cancel: threading.Event,
-                 spawned: Callable[[SpawnInfo], None]) -> ExecutorResult:
-        on_output = live.LiveWriter(self.rt.direct, self.rt.keys, self.state.run_id, step_id)
-        try:
-            result = execute_target(target, metadata, cancel=cancel, on_spawn=spawned, on_output=on_output)
-        except Exception as exc:  # the reference turns any executor exception into a failed step
-            now = timeutil.to_iso(timeutil.now())
-            result = ExecutorResult("failed", None, "", "", str(exc), None, now, now, 0)
-        on_output.close(result.status)
-        return result
+        return execute_step(self.rt, self._assignment(step_id), cancel, spawned)
 
     def _finish_step(self, step_id: str, result: ExecutorResult, *, defer: bool = False) -> None:
         """Record how a step ended and whether it stops the run. With ``defer`` (one step at a time), the end is
