@@ -8,6 +8,9 @@ exactly while the step's lease is: a worker killed mid-step stops beating, and `
 contender takes the workspace over (a fence one higher). A busy workspace is waited for in the key's fair queue,
 up to the step's ``workspaceWaitMs`` (10 minutes by default); a step that cannot get it fails with ``workspace
 busy: KEY (held by …; waited …)``, as any failed step (``continueOnFailure`` applies).
+
+A step run by another worker than its workflow run's (``remote_steps``) holds that same lease from its claim on,
+beaten by ``beaten_lease``; its workspace is held under it (``step_workspace(..., lease_token=...)``).
 """
 
 from __future__ import annotations

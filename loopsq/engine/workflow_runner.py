@@ -5,6 +5,10 @@ independent steps at once.
 With ``maxParallel`` 1 (the default) steps run one at a time in the deterministic execution order, exactly as
 the reference. With more, every step whose dependencies have ended may start while fewer than ``maxParallel``
 run; after a blocking failure no new step starts, and the running ones finish.
+
+A step whose requirements this worker lacks runs on a worker that has them (``remote_steps``): it is dispatched
+instead of started, and waited for on its own thread as a local step is; its end, recorded by that worker (or by
+the wait, when that worker died or the step was stopped), decides what follows as a local step's does.
 """
 
 from __future__ import annotations
@@ -22,14 +26,16 @@ import redis
 
 from loopsq.domain import timeutil
 from loopsq.domain.workflow_spec import execution_order
+from loopsq.engine import remote_steps
+from loopsq.engine.remote_steps import Dispatch, RemoteStep
 from loopsq.engine.runtime import Runtime
 from loopsq.engine.step_exec import StepAssignment, execute_step
 from loopsq.executor import ExecutorResult, RunMetadata, SpawnInfo
 from loopsq.executor.gate import probe
 from loopsq.executor.preflight import step_target
 from loopsq.state.outages import is_transient
+from loopsq.state.remote_steps import RemoteStepStore, dispatch_token
 from loopsq.state.workflow_run_state import DONE_STEP, StepEnd, WorkflowRunState
-from loopsq.state.workflow_runs import WorkflowRunStore
 
 log = logging.getLogger("loopsq.workflows")
 
@@ -79,9 +85,12 @@ class _Execution:
                  cancel: threading.Event | None, on_spawn: Callable[[SpawnInfo], None] | None,
                  loop: Mapping[str, Any] | None) -> None:
         self.rt, self.spec, self.state = rt, spec, state
-        self.store = WorkflowRunStore(rt.client, rt.keys, rt.committer)
-        self.direct_store = WorkflowRunStore(rt.direct, rt.keys)
+        self.store = RemoteStepStore(rt.client, rt.keys, rt.committer)
+        self.direct_store = RemoteStepStore(rt.direct, rt.keys)
         self.steps = {str(s["id"]): s for s in spec["steps"]}
+        #: Steps this worker lacks labels for, with what they need: each runs on a worker that has them.
+        self.remote = remote_steps.remote_requirements(rt.labels, spec)
+        self.dispatched: dict[str, Dispatch] = {}
         self.order = execution_order(list(spec["steps"]))
         self.max_parallel = max(1, int(spec.get("maxParallel") or 1))
         self.deadline = time.monotonic() + timeout_ms / 1000 if timeout_ms else None
@@ -136,7 +145,12 @@ class _Execution:
         return StepAssignment(self.state.run_id, step_id, target, metadata,
                               str(workspace) if workspace is not None else None, step.get("workspaceWaitMs"))
 
-    def _run_step(self, step_id: str, cancel: threading.Event) -> ExecutorResult:
+    def _run_step(self, step_id: str, cancel: threading.Event) -> ExecutorResult | None:
+        """Execute the step to its end; None when another worker ran it (and recorded its end)."""
+        if step_id in self.dispatched:
+            self._run_remote(step_id, cancel)
+            return None
+
         def spawned(info: SpawnInfo) -> None:
             # Never waits for Redis (the executor reads the step's output only after this returns): while Redis
             # is away the pid goes unrecorded, the step's end still is.
@@ -153,9 +167,29 @@ class _Execution:
 
         return execute_step(self.rt, self._assignment(step_id), cancel, spawned)
 
-    def _finish_step(self, step_id: str, result: ExecutorResult, *, defer: bool = False) -> None:
+    def _run_remote(self, step_id: str, cancel: threading.Event) -> None:
+        """Hand the step to a worker that has its labels and wait for its end (``remote_steps``)."""
+        remote = RemoteStep(self.rt, self.state.run_id, step_id, self.dispatched[step_id])
+        try:
+            remote.hand_over(self._assignment(step_id))
+            remote.wait(cancel, self._stop_end)
+        except Exception as exc:  # as an executor exception: the step fails, the workflow goes on deciding
+            log.exception("workflow run %s step %s: handing it to another worker failed", self.state.run_id, step_id)
+            remote.stop("failed", f"could not hand the step to a worker: {exc}", queued_too=True)
+
+    def _stop_end(self) -> tuple[str, str]:
+        """How a step this execution stops ends: timed out by the workflow's timeout, else failed (cancelled)."""
+        if self.timed_out:
+            return "timed_out", f"workflow timed out after {self.timeout_ms}ms"
+        return "failed", "cancelled"
+
+    def _finish_step(self, step_id: str, result: ExecutorResult | None, *, defer: bool = False) -> None:
         """Record how a step ended and whether it stops the run. With ``defer`` (one step at a time), the end is
-        kept to be written with the next step's start, or alone by ``_flush`` if nothing starts next."""
+        kept to be written with the next step's start, or alone by ``_flush`` if nothing starts next. ``result``
+        None: another worker ran the step and recorded its end (``_finish_remote``)."""
+        if result is None:
+            self._finish_remote(step_id)
+            return
         status, error = result.status, result.error
         if status == "cancelled":
             if self.timed_out:
@@ -173,6 +207,22 @@ class _Execution:
             elif not self.store.end_step(self.state, end):
                 return  # cancelled meanwhile: the cancel set the step's status
             if status != "succeeded" and not self.steps[step_id].get("continueOnFailure") and not self.halted:
+                self.halted = True
+                self.terminal = status
+                self.blocking = f"step {step_id} {status}" + (f": {error}" if error else "")
+
+    def _finish_remote(self, step_id: str) -> None:
+        """Whether a step another worker ran stops the run, from its recorded end. A step that did not end under
+        this dispatch (stopped while queued, reset by ``recover``, cancelled with the run) decides nothing, as a
+        refused local end."""
+        with self.lock:
+            self.step_cancels.pop(step_id, None)
+            self.store.refresh(self.state)
+            step = self.state.steps[step_id]
+            status, error = str(step["status"]), step.get("error")
+            if dispatch_token(step) != self.dispatched[step_id].token or status not in ("failed", "timed_out"):
+                return
+            if not self.steps[step_id].get("continueOnFailure") and not self.halted:
                 self.halted = True
                 self.terminal = status
                 self.blocking = f"step {step_id} {status}" + (f": {error}" if error else "")
@@ -208,7 +258,7 @@ class _Execution:
                 blocked = dep
         return True, blocked
 
-    def _start_ready(self, futures: dict[Future[ExecutorResult], str], pool: ThreadPoolExecutor | None) -> bool:
+    def _start_ready(self, futures: dict[Future[ExecutorResult | None], str], pool: ThreadPoolExecutor | None) -> bool:
         """Start (or gate-skip) the steps that can go now, in execution order; True when anything happened."""
         changed = False
         for step_id in self.order:
@@ -238,9 +288,18 @@ class _Execution:
                     self.blocking = self.blocking or f"step {step_id} blocked by dependency {blocked}"
                     self.terminal = "failed"
                 continue
+            needs = self.remote.get(step_id)
+            if needs is not None:
+                self._flush()
+                with self.lock:
+                    found = remote_steps.dispatch(self.rt, self.store, self.state, step_id, needs)
+                    if found is None:
+                        self.halted = True
+                        return changed
+                    self.dispatched[step_id] = found
             with self.lock:
                 after, self.pending_end = self.pending_end, None
-                if not self.store.start_step(self.state, step_id, timeutil.now(), after=after):
+                if needs is None and not self.store.start_step(self.state, step_id, timeutil.now(), after=after):
                     if self.state.terminal:
                         self.halted = True
                         return changed
@@ -279,7 +338,7 @@ class _Execution:
         return True
 
     def run(self) -> WorkflowOutcome:
-        futures: dict[Future[ExecutorResult], str] = {}
+        futures: dict[Future[ExecutorResult | None], str] = {}
         pool = ThreadPoolExecutor(max_workers=self.max_parallel) if self.max_parallel > 1 else None
         monitor = threading.Thread(target=self._monitor, name="loopsq-wf-monitor", daemon=True)
         monitor.start()
@@ -338,7 +397,7 @@ def execute_workflow(
     A run found by key that is already terminal is returned without executing anything (the idempotent replay);
     one still running resumes, skipping the steps that succeeded (after ``recover`` reset its running steps).
     """
-    store = WorkflowRunStore(rt.client, rt.keys, rt.committer)
+    store = RemoteStepStore(rt.client, rt.keys, rt.committer)
     state, _created = store.create(spec, timeutil.now(), run_id=run_id, loop=loop, loop_run=loop_run,
                                    idempotency_key=idempotency_key, owner=rt.owner.worker_id)
     if state.terminal:
