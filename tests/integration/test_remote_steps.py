@@ -2,8 +2,11 @@
 real ``loopsq worker`` processes: two workers on two "hosts" (``LOOPSQ_HOST``, and ``BOX`` for their steps to
 write), one of them with the ``gpu`` label.
 The step runs there once, its events and record name that worker; a cancel reaches it within a beat; a kill -9 of
-its worker fails it within seconds, with no process left; a kill -9 of the run's worker ends it; a step nobody may
-run waits, says why, and its job runs nothing once the run is over.
+its worker fails it within seconds, with no process left; a kill -9 of the run's worker ends it (also when the
+run's end comes from another host); a workflow timeout stops it; a step nobody may run waits, says why, and its
+job runs nothing once the run is over; two run at once on one worker, and a replay runs neither again; a job
+that cannot be enqueued fails the step. Some workflow runs execute in this process, as on a worker without the
+label (``Runtime.labels``), where the test needs a timeout, a replay or a fault.
 """
 
 from __future__ import annotations
@@ -131,6 +134,9 @@ def test_a_step_requiring_gpu_runs_once_on_the_gpu_worker_and_the_others_on_the_
     assert listed[3]["payload"] == {"requires": ["gpu"], "queue": "loopsq+gpu"}
     assert listed[4]["payload"] == {"workerId": cluster.worker_id(gpu), "host": GPU}
     assert "claimed" in gpu.text() and "claimed" not in plain.text()
+    # The CLI (through the mirror) lists the same events.
+    printed = [line.split()[1:3] for line in cluster.cli("workflows", "events", run_id).stdout.splitlines()]
+    assert printed == [[kind, step or "-"] for kind, step in shape(cluster, run_id)]
     # Its lease went with its end; nothing is left queued.
     assert not cluster.client.exists(KEYS.lease(f"step:{run_id}:train"))
     assert cluster.client.llen("rq:queue:loopsq+gpu") == 0
@@ -312,3 +318,32 @@ def test_a_step_whose_job_cannot_be_enqueued_fails_with_the_reason_and_fails_the
     assert (steps["train"]["status"], steps["train"]["error"]) == ("failed", error)
     assert steps["after"]["status"] == "skipped"  # (a blocking failure, as any)
     assert WorkflowRunStore(real_redis).events(outcome.run_id)[2]["eventType"] == "step_failed"
+
+
+@pytest.mark.timeout(90)
+def test_two_remote_steps_run_at_once_on_one_gpu_worker_and_a_replay_of_the_run_runs_neither_again(
+    cluster: Cluster, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("BOX", "here")  # (the steps this process runs itself)
+    gpu = cluster.start("worker", name="worker-gpu", env={"LOOPSQ_HOST": GPU, "BOX": GPU, "LOOPSQ_WORKER_LABELS": "gpu",
+                                                          "LOOPSQ_WORKER_CONCURRENCY": "2"})
+    # Each of a and b waits (up to 10 s) for the other to have started: they pass only when they run at once.
+    both = (f"touch {cluster.tmp}/$LOOPS_WORKFLOW_STEP_ID.on; for i in $(seq 100); do "
+            f"[ -e {cluster.tmp}/a.on ] && [ -e {cluster.tmp}/b.on ] && exit 0; sleep 0.1; done; exit 1")
+    body = workflow_body_from_json({"name": "fan", "maxParallel": 2, "steps": [
+        noted(cluster, "a", both, requires=["gpu"]), noted(cluster, "b", both, requires=["gpu"]),
+        noted(cluster, "join", dependsOn=["a", "b"]),
+    ]})
+    spec = WorkflowStore(cluster.client).create(body, timeutil.now())
+    rt = Runtime(client=cluster.client, role="test").start()
+    rt.labels = [f"host:{PLAIN}"]
+    try:
+        first = execute_workflow(rt, spec, idempotency_key="nightly")
+        again = execute_workflow(rt, spec, idempotency_key="nightly")
+    finally:
+        rt.stop()
+    assert (first.status, again.status, again.replayed, again.run_id) == ("succeeded", "succeeded", True, first.run_id)
+    assert sorted(ledger(cluster)) == [f"{GPU} a", f"{GPU} b", "here join"]
+    steps = store(cluster).require(first.run_id).steps
+    assert steps["a"]["workerId"] == steps["b"]["workerId"] == cluster.worker_id(gpu)
+    assert cluster.client.llen("rq:queue:loopsq+gpu") == 0
