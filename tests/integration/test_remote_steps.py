@@ -161,8 +161,9 @@ def test_a_cancel_of_the_workflow_run_kills_the_remote_step_within_a_beat_and_th
     assert ledger(cluster) == [f"{PLAIN} prep", f"{GPU} train"]
     assert shape(cluster, run_id)[-3:] == [("step_cancelled", "train"), ("step_cancelled", "report"),
                                            ("cancelled", None)]
-    # The gpu worker recorded nothing after the cancel (the cancel did), and goes on serving.
-    assert "train stopped: cancelled by user" in gpu.text()
+    # The gpu worker recorded nothing after the cancel (the cancel did), and goes on serving. (Whichever cancel key
+    # its beat read first, the run's or the step's that the run's worker set on seeing the cancel, is the reason.)
+    assert "train stopped: cancelled" in gpu.text()
     assert gpu.alive()
 
 
