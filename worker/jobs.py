@@ -1,5 +1,6 @@
-"""RQ jobs with stable dotted paths: ``worker.jobs.fire``, ``worker.jobs.run_now``, ``worker.jobs.run_triggered``
-and ``worker.jobs.trigger`` (for other services enqueuing through RQ directly)."""
+"""RQ jobs with stable dotted paths: ``worker.jobs.fire``, ``worker.jobs.run_now``, ``worker.jobs.run_triggered``,
+``worker.jobs.run_workflow``, ``worker.jobs.run_step``, ``worker.jobs.run_backfill`` and ``worker.jobs.trigger``
+(for other services enqueuing through RQ directly)."""
 
 from __future__ import annotations
 
@@ -97,6 +98,14 @@ def run_workflow(workflow_id: str, run_id: str) -> str:
     if spec is None:
         raise RuntimeError(f"workflow not found: {workflow_id}")
     return execute_workflow(rt, spec, run_id=run_id).run_id
+
+
+def run_step(workflow_run_id: str, step_id: str, token: str, assignment: dict[str, Any]) -> str:
+    """Run a step of a workflow run another worker executes, which lacks the labels the step requires
+    (``engine.remote_steps``): claimed under dispatch ``token``, once however often the job is delivered."""
+    from loopsq.engine.remote_steps import run_remote_step
+
+    return run_remote_step(_runtime(), workflow_run_id, step_id, token, assignment)
 
 
 def run_backfill(loop_id: str, slot: str, request_id: str, force: bool = False, overlap: str = "skip") -> str:

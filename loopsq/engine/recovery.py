@@ -16,10 +16,10 @@ import redis
 
 from loopsq.domain.run_rules import LoopRun
 from loopsq.domain.timeutil import to_ms
+from loopsq.engine.grace import recovery_paused as recovery_paused  # (re-exported: it lived here)
 from loopsq.engine.runner import ensure_timer
-from loopsq.engine.runtime import HOST_LIVE_MS, OUTAGE_GAP_MS, OUTAGE_GRACE_MS, Runtime
+from loopsq.engine.runtime import HOST_LIVE_MS, Runtime
 from loopsq.state.keys import Keys
-from loopsq.state.outages import note_restart, note_seen, parse_seen
 from loopsq.state.workflow_run_state import WorkflowRunState
 from loopsq.state.workflow_runs import WorkflowRunStore
 from loopsq.system.procs import hostname, is_process_alive, kill_process_group
@@ -27,28 +27,6 @@ from loopsq.system.procs import hostname, is_process_alive, kill_process_group
 log = logging.getLogger("loopsq.recovery")
 
 LEASE_EXPIRED = "run lease expired before completion"
-
-
-def recovery_paused(rt: Runtime) -> bool:
-    """Whether recovery must wait because Redis was away moments ago.
-
-    Liveness keys expire while Redis is down, and across a restart from AOF (their TTLs are absolute times), so
-    right after an outage a missing liveness key or an expired lease does not mean a dead owner. Every beat is
-    recorded on the server's clock (``outages.note_seen``): a silence of every process over ``OUTAGE_GAP_MS``
-    that a running process lived through, or a restart of Redis (``outages.note_restart``), starts a grace of
-    ``OUTAGE_GRACE_MS`` in which recovery judges no owner dead: time for every live worker to beat again and to
-    record the runs that ended meanwhile. This call is also a beat, so whoever reaches Redis first after an
-    outage notices it.
-    """
-    pipe = rt.client.pipeline(transaction=False)
-    note_seen(pipe, rt.keys, OUTAGE_GAP_MS, OUTAGE_GRACE_MS, rt.seen_ms)
-    pipe.get(rt.keys.redis_run_id)
-    pipe.info("server")
-    seen_reply, known_run_id, info = pipe.execute(raise_on_error=False)
-    seen = parse_seen(seen_reply)
-    rt.seen_ms = seen.at_ms
-    restarted = note_restart(rt.client, rt.keys, known_run_id, info, OUTAGE_GRACE_MS)
-    return seen.in_grace or restarted
 
 
 def _is_orphan_alive(run: LoopRun, host: str) -> bool:
@@ -265,7 +243,8 @@ def _fail_child_workflows(rt: Runtime, run: LoopRun, now: datetime, reason: str)
 
 def step_alive(client: redis.Redis, keys: Keys, state_run: dict[str, Any]) -> Callable[[dict[str, Any]], bool]:
     """A liveness test for a step's process that is right across hosts: on this host the pid with its start
-    time; on another host, whether the worker executing the run is still alive."""
+    time; on another host, whether the worker executing the step is still alive (the step's own worker when
+    another worker than the run's ran it: ``engine.remote_steps``)."""
     local = hostname()
 
     def alive(step: dict[str, Any]) -> bool:
@@ -274,7 +253,7 @@ def step_alive(client: redis.Redis, keys: Keys, state_run: dict[str, Any]) -> Ca
             return False
         if step.get("host", local) == local:
             return is_process_alive(int(pid), step.get("pidStartTime"))
-        worker = state_run.get("workerId")
+        worker = step.get("workerId") or state_run.get("workerId")
         return bool(worker and client.exists(keys.worker(worker)))
 
     return alive

@@ -18,7 +18,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TypeVar
@@ -86,6 +86,9 @@ class Held:
     started: SpawnInfo | None = None
     #: The ``started`` the beat recorded (or found the run ended for).
     recorded: SpawnInfo | None = None
+    #: Other ids whose cancel request stops this one too (a workflow step run for another worker: its workflow
+    #: run's, ``engine.remote_steps``).
+    also: tuple[str, ...] = ()
 
 
 @dataclass
@@ -212,9 +215,10 @@ class Runtime:
             self._held[run_id] = held
         return held
 
-    def watch(self, run_id: str) -> Held:
-        """Watch ``run_id``'s cancel key without a lease (a workflow run inside a held loop run, or on its own)."""
-        held = Held(None, 0)
+    def watch(self, run_id: str, *, also: Iterable[str] = ()) -> Held:
+        """Watch ``run_id``'s cancel key without a lease (a workflow run inside a held loop run, or on its own);
+        a cancel request under any id of ``also`` cancels it too."""
+        held = Held(None, 0, also=tuple(also))
         with self._lock:
             self._held[run_id] = held
         return held
@@ -316,9 +320,10 @@ class Runtime:
             held = dict(self._held)
         if not held:
             return
-        ids = list(held)
-        reasons = self.client.mget([self.keys.cancel(i) for i in ids])
-        for run_id, reason in zip(ids, reasons, strict=True):
+        # (run id, id of a cancel key that stops it): each run's own, then those it also heeds.
+        watched = [(run_id, key_id) for run_id, h in held.items() for key_id in (run_id, *h.also)]
+        reasons = self.client.mget([self.keys.cancel(key_id) for _, key_id in watched])
+        for (run_id, _), reason in zip(watched, reasons, strict=True):
             if reason and not held[run_id].cancel.is_set():
                 held[run_id].reason = reason.decode() if isinstance(reason, bytes) else str(reason)
                 held[run_id].cancel.set()

@@ -8,6 +8,9 @@ exactly while the step's lease is: a worker killed mid-step stops beating, and `
 contender takes the workspace over (a fence one higher). A busy workspace is waited for in the key's fair queue,
 up to the step's ``workspaceWaitMs`` (10 minutes by default); a step that cannot get it fails with ``workspace
 busy: KEY (held by …; waited …)``, as any failed step (``continueOnFailure`` applies).
+
+A step run by another worker than its workflow run's (``remote_steps``) holds that same lease from its claim on,
+beaten by ``beaten_lease``; its workspace is held under it (``step_workspace(..., lease_token=...)``).
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 import redis
@@ -40,27 +43,62 @@ def holder_id(workflow_run_id: str, step_id: str) -> str:
 
 
 @contextmanager
-def step_workspace(store: RunStore, key: str, workflow_run_id: str, step_id: str, *, wait_ms: int | None,
-                   cancel: threading.Event) -> Iterator[str | None]:
-    """Hold ``key`` for the step while the block runs. Yields None when held, or the error the step fails with."""
-    holder, token = holder_id(workflow_run_id, step_id), gen_id()
-    leases = WorkspaceLeases(store)
-    if not leases.take_own_lease(holder, token, STEP_LEASE_MS):
-        yield f"workspace {key}: could not take the step's own lease"
-        return
+def beaten_lease(leases: WorkspaceLeases, holder: str, token: str, *,
+                 on_lost: Callable[[], None] | None = None) -> Iterator[None]:
+    """Renew ``holder``'s own lease (held as ``token``) every third of ``STEP_LEASE_MS`` while the block runs;
+    ``on_lost`` is called once if it is lost. The lease is left as it is at the end (the caller drops it)."""
     stop = threading.Event()
 
     def beat() -> None:
         while not stop.wait(STEP_LEASE_MS / 3000):
             try:
                 if not leases.renew_own_lease(holder, token, STEP_LEASE_MS):
-                    log.warning("step %s lost its workspace lease of %s", holder, key)
+                    log.warning("step %s lost its own lease", holder)
+                    if on_lost is not None:
+                        on_lost()
                     return
             except redis.RedisError as exc:  # an outage: the lease outlives a short one; try again next beat
-                log.warning("step %s could not renew its workspace lease: %s", holder, exc)
+                log.warning("step %s could not renew its own lease: %s", holder, exc)
 
-    beater = threading.Thread(target=beat, name=f"workspace-{step_id}", daemon=True)
+    beater = threading.Thread(target=beat, name=f"step-lease-{holder}", daemon=True)
     beater.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        beater.join(timeout=5)
+
+
+@contextmanager
+def step_workspace(store: RunStore, key: str, workflow_run_id: str, step_id: str, *, wait_ms: int | None,
+                   cancel: threading.Event, lease_token: str | None = None) -> Iterator[str | None]:
+    """Hold ``key`` for the step while the block runs. Yields None when held, or the error the step fails with.
+
+    ``lease_token``: the step's own lease is held already, as that token, and beaten by the caller (a step run
+    for another worker's workflow run, ``remote_steps``); otherwise it is taken here, beaten and dropped.
+    """
+    holder = holder_id(workflow_run_id, step_id)
+    leases = WorkspaceLeases(store)
+    if lease_token is not None:
+        with _held_workspace(leases, key, holder, lease_token, wait_ms, cancel) as busy:
+            yield busy
+        return
+    token = gen_id()
+    if not leases.take_own_lease(holder, token, STEP_LEASE_MS):
+        yield f"workspace {key}: could not take the step's own lease"
+        return
+    try:
+        with beaten_lease(leases, holder, token), _held_workspace(leases, key, holder, token, wait_ms, cancel) as busy:
+            yield busy
+    finally:
+        leases.drop_own_lease(holder, token)
+
+
+@contextmanager
+def _held_workspace(leases: WorkspaceLeases, key: str, holder: str, token: str, wait_ms: int | None,
+                    cancel: threading.Event) -> Iterator[str | None]:
+    """``key`` held for ``holder``, whose own lease is ``token``, while the block runs (waiting in the key's fair
+    queue while it is busy); yields None when held, or the error the step fails with."""
     try:
         fence, busy = leases.acquire_as(key, holder, token, timeutil.now())
         waited = ""
@@ -84,7 +122,4 @@ def step_workspace(store: RunStore, key: str, workflow_run_id: str, step_id: str
         log.info("step %s holds workspace %s (fence %d)", holder, key, fence)
         yield None
     finally:
-        stop.set()
-        beater.join(timeout=5)
         leases.release(key, holder, token)
-        leases.drop_own_lease(holder, token)

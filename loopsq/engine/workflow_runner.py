@@ -5,6 +5,10 @@ independent steps at once.
 With ``maxParallel`` 1 (the default) steps run one at a time in the deterministic execution order, exactly as
 the reference. With more, every step whose dependencies have ended may start while fewer than ``maxParallel``
 run; after a blocking failure no new step starts, and the running ones finish.
+
+A step whose requirements this worker lacks runs on a worker that has them (``remote_steps``): it is dispatched
+instead of started, and waited for on its own thread as a local step is; its end, recorded by that worker (or by
+the wait, when that worker died or the step was stopped), decides what follows as a local step's does.
 """
 
 from __future__ import annotations
@@ -22,15 +26,16 @@ import redis
 
 from loopsq.domain import timeutil
 from loopsq.domain.workflow_spec import execution_order
-from loopsq.engine import live
+from loopsq.engine import remote_steps
+from loopsq.engine.remote_steps import Dispatch, RemoteStep
 from loopsq.engine.runtime import Runtime
-from loopsq.engine.step_workspaces import step_workspace
-from loopsq.executor import ExecutorResult, RunMetadata, SpawnInfo, execute_target
+from loopsq.engine.step_exec import StepAssignment, execute_step
+from loopsq.executor import ExecutorResult, RunMetadata, SpawnInfo
 from loopsq.executor.gate import probe
 from loopsq.executor.preflight import step_target
 from loopsq.state.outages import is_transient
+from loopsq.state.remote_steps import RemoteStepStore, dispatch_token
 from loopsq.state.workflow_run_state import DONE_STEP, StepEnd, WorkflowRunState
-from loopsq.state.workflow_runs import WorkflowRunStore
 
 log = logging.getLogger("loopsq.workflows")
 
@@ -80,9 +85,12 @@ class _Execution:
                  cancel: threading.Event | None, on_spawn: Callable[[SpawnInfo], None] | None,
                  loop: Mapping[str, Any] | None) -> None:
         self.rt, self.spec, self.state = rt, spec, state
-        self.store = WorkflowRunStore(rt.client, rt.keys, rt.committer)
-        self.direct_store = WorkflowRunStore(rt.direct, rt.keys)
+        self.store = RemoteStepStore(rt.client, rt.keys, rt.committer)
+        self.direct_store = RemoteStepStore(rt.direct, rt.keys)
         self.steps = {str(s["id"]): s for s in spec["steps"]}
+        #: Steps this worker lacks labels for, with what they need: each runs on a worker that has them.
+        self.remote = remote_steps.remote_requirements(rt.labels, spec)
+        self.dispatched: dict[str, Dispatch] = {}
         self.order = execution_order(list(spec["steps"]))
         self.max_parallel = max(1, int(spec.get("maxParallel") or 1))
         self.deadline = time.monotonic() + timeout_ms / 1000 if timeout_ms else None
@@ -120,7 +128,8 @@ class _Execution:
             event.set()
 
     # -- one step -------------------------------------------------------------------------------------------
-    def _run_step(self, step_id: str, cancel: threading.Event) -> ExecutorResult:
+    def _assignment(self, step_id: str) -> StepAssignment:
+        """What executing the step takes, here or on another worker."""
         step = self.steps[step_id]
         target = step_target(step)
         loop_target = self.loop.get("target")
@@ -132,6 +141,15 @@ class _Execution:
             workflow_name=str(self.spec["name"]), workflow_run_id=self.state.run_id, workflow_step_id=step_id,
             attempt=self.loop_run_attempt,
         )
+        workspace = step.get("workspace")
+        return StepAssignment(self.state.run_id, step_id, target, metadata,
+                              str(workspace) if workspace is not None else None, step.get("workspaceWaitMs"))
+
+    def _run_step(self, step_id: str, cancel: threading.Event) -> ExecutorResult | None:
+        """Execute the step to its end; None when another worker ran it (and recorded its end)."""
+        if step_id in self.dispatched:
+            self._run_remote(step_id, cancel)
+            return None
 
         def spawned(info: SpawnInfo) -> None:
             # Never waits for Redis (the executor reads the step's output only after this returns): while Redis
@@ -147,30 +165,31 @@ class _Execution:
             if self.on_spawn is not None:
                 self.on_spawn(info)
 
-        workspace = step.get("workspace")
-        if workspace is not None:  # held while the step runs; a busy one that stays busy fails the step
-            with step_workspace(self.rt.runs, str(workspace), self.state.run_id, step_id,
-                                wait_ms=step.get("workspaceWaitMs"), cancel=cancel) as busy:
-                if busy is not None:
-                    now = timeutil.to_iso(timeutil.now())
-                    return ExecutorResult("failed", None, "", "", busy, None, now, now, 0)
-                return self._execute(step_id, target, metadata, cancel, spawned)
-        return self._execute(step_id, target, metadata, cancel, spawned)
+        return execute_step(self.rt, self._assignment(step_id), cancel, spawned)
 
-    def _execute(self, step_id: str, target: dict[str, Any], metadata: RunMetadata, cancel: threading.Event,
-                 spawned: Callable[[SpawnInfo], None]) -> ExecutorResult:
-        on_output = live.LiveWriter(self.rt.direct, self.rt.keys, self.state.run_id, step_id)
+    def _run_remote(self, step_id: str, cancel: threading.Event) -> None:
+        """Hand the step to a worker that has its labels and wait for its end (``remote_steps``)."""
+        remote = RemoteStep(self.rt, self.state.run_id, step_id, self.dispatched[step_id])
         try:
-            result = execute_target(target, metadata, cancel=cancel, on_spawn=spawned, on_output=on_output)
-        except Exception as exc:  # the reference turns any executor exception into a failed step
-            now = timeutil.to_iso(timeutil.now())
-            result = ExecutorResult("failed", None, "", "", str(exc), None, now, now, 0)
-        on_output.close(result.status)
-        return result
+            remote.hand_over(self._assignment(step_id))
+            remote.wait(cancel, self._stop_end)
+        except Exception as exc:  # as an executor exception: the step fails, the workflow goes on deciding
+            log.exception("workflow run %s step %s: handing it to another worker failed", self.state.run_id, step_id)
+            remote.stop("failed", f"could not hand the step to a worker: {exc}", queued_too=True)
 
-    def _finish_step(self, step_id: str, result: ExecutorResult, *, defer: bool = False) -> None:
+    def _stop_end(self) -> tuple[str, str]:
+        """How a step this execution stops ends: timed out by the workflow's timeout, else failed (cancelled)."""
+        if self.timed_out:
+            return "timed_out", f"workflow timed out after {self.timeout_ms}ms"
+        return "failed", "cancelled"
+
+    def _finish_step(self, step_id: str, result: ExecutorResult | None, *, defer: bool = False) -> None:
         """Record how a step ended and whether it stops the run. With ``defer`` (one step at a time), the end is
-        kept to be written with the next step's start, or alone by ``_flush`` if nothing starts next."""
+        kept to be written with the next step's start, or alone by ``_flush`` if nothing starts next. ``result``
+        None: another worker ran the step and recorded its end (``_finish_remote``)."""
+        if result is None:
+            self._finish_remote(step_id)
+            return
         status, error = result.status, result.error
         if status == "cancelled":
             if self.timed_out:
@@ -188,6 +207,22 @@ class _Execution:
             elif not self.store.end_step(self.state, end):
                 return  # cancelled meanwhile: the cancel set the step's status
             if status != "succeeded" and not self.steps[step_id].get("continueOnFailure") and not self.halted:
+                self.halted = True
+                self.terminal = status
+                self.blocking = f"step {step_id} {status}" + (f": {error}" if error else "")
+
+    def _finish_remote(self, step_id: str) -> None:
+        """Whether a step another worker ran stops the run, from its recorded end. A step that did not end under
+        this dispatch (stopped while queued, reset by ``recover``, cancelled with the run) decides nothing, as a
+        refused local end."""
+        with self.lock:
+            self.step_cancels.pop(step_id, None)
+            self.store.refresh(self.state)
+            step = self.state.steps[step_id]
+            status, error = str(step["status"]), step.get("error")
+            if dispatch_token(step) != self.dispatched[step_id].token or status not in ("failed", "timed_out"):
+                return
+            if not self.steps[step_id].get("continueOnFailure") and not self.halted:
                 self.halted = True
                 self.terminal = status
                 self.blocking = f"step {step_id} {status}" + (f": {error}" if error else "")
@@ -223,7 +258,7 @@ class _Execution:
                 blocked = dep
         return True, blocked
 
-    def _start_ready(self, futures: dict[Future[ExecutorResult], str], pool: ThreadPoolExecutor | None) -> bool:
+    def _start_ready(self, futures: dict[Future[ExecutorResult | None], str], pool: ThreadPoolExecutor | None) -> bool:
         """Start (or gate-skip) the steps that can go now, in execution order; True when anything happened."""
         changed = False
         for step_id in self.order:
@@ -253,9 +288,18 @@ class _Execution:
                     self.blocking = self.blocking or f"step {step_id} blocked by dependency {blocked}"
                     self.terminal = "failed"
                 continue
+            needs = self.remote.get(step_id)
+            if needs is not None:
+                self._flush()
+                with self.lock:
+                    found = remote_steps.dispatch(self.rt, self.store, self.state, step_id, needs)
+                    if found is None:
+                        self.halted = True
+                        return changed
+                    self.dispatched[step_id] = found
             with self.lock:
                 after, self.pending_end = self.pending_end, None
-                if not self.store.start_step(self.state, step_id, timeutil.now(), after=after):
+                if needs is None and not self.store.start_step(self.state, step_id, timeutil.now(), after=after):
                     if self.state.terminal:
                         self.halted = True
                         return changed
@@ -294,7 +338,7 @@ class _Execution:
         return True
 
     def run(self) -> WorkflowOutcome:
-        futures: dict[Future[ExecutorResult], str] = {}
+        futures: dict[Future[ExecutorResult | None], str] = {}
         pool = ThreadPoolExecutor(max_workers=self.max_parallel) if self.max_parallel > 1 else None
         monitor = threading.Thread(target=self._monitor, name="loopsq-wf-monitor", daemon=True)
         monitor.start()
@@ -353,7 +397,7 @@ def execute_workflow(
     A run found by key that is already terminal is returned without executing anything (the idempotent replay);
     one still running resumes, skipping the steps that succeeded (after ``recover`` reset its running steps).
     """
-    store = WorkflowRunStore(rt.client, rt.keys, rt.committer)
+    store = RemoteStepStore(rt.client, rt.keys, rt.committer)
     state, _created = store.create(spec, timeutil.now(), run_id=run_id, loop=loop, loop_run=loop_run,
                                    idempotency_key=idempotency_key, owner=rt.owner.worker_id)
     if state.terminal:

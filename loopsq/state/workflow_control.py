@@ -13,6 +13,7 @@ from loopsq.errors import ConflictError
 from loopsq.state.commit import Tx
 from loopsq.state.keys import Keys
 from loopsq.state.workflow_run_state import (
+    EXECUTION_FIELDS,
     MAX_RETRIES,
     WorkflowRunState,
     drop_none,
@@ -115,9 +116,7 @@ class WorkflowRunControl:
             stamp = to_iso(now)
             tx = Tx("workflow_run_recovered", stamp).expect_length(self.keys.wf_events(run_id), state.events)
             for step in running:
-                new = {k: v for k, v in step.items()
-                       if k not in ("startedAt", "finishedAt", "exitCode", "pid", "durationMs", "stdout", "stderr",
-                                    "host", "pidStartTime")}
+                new = {k: v for k, v in step.items() if k not in EXECUTION_FIELDS}
                 new.update(status="pending", error=reason, updatedAt=stamp)
                 tx.expect_field(self.keys.wf_steps(run_id), step["stepId"], state.steps_raw[step["stepId"]])
                 tx.hset(self.keys.wf_steps(run_id), step["stepId"], dumps_compact(new)).put("workflow_step_runs", new)

@@ -18,6 +18,10 @@ TERMINAL_RUN = frozenset({"succeeded", "failed", "timed_out", "cancelled"})
 DONE_STEP = frozenset({"succeeded", "skipped", "cancelled"})
 CLAIMABLE_STEP = frozenset({"pending", "failed", "timed_out"})
 MAX_RETRIES = 50
+#: A step run's fields that belong to one execution of it (and, for a step another worker ran, that worker and
+#: the dispatch it claimed: ``state.remote_steps``), dropped when it starts again or is reset.
+EXECUTION_FIELDS = frozenset({"startedAt", "finishedAt", "exitCode", "pid", "durationMs", "stdout", "stderr",
+                              "error", "host", "pidStartTime", "workerId", "remote"})
 
 
 def as_str(value: object) -> str | None:

@@ -22,6 +22,7 @@ from loopsq.state.keys import Keys
 from loopsq.state.workflow_control import WorkflowRunControl
 from loopsq.state.workflow_run_state import (
     CLAIMABLE_STEP,
+    EXECUTION_FIELDS,
     MAX_RETRIES,
     StepEnd,
     WorkflowRunState,
@@ -190,9 +191,7 @@ class WorkflowRunStore(WorkflowRunControl):
         if status not in CLAIMABLE_STEP:
             raise ConflictError(f"workflow step is not claimable: {state.run_id}/{step_id} status={status}")
         stamp = to_iso(now)
-        step = {k: v for k, v in state.steps[step_id].items()
-                if k not in ("startedAt", "finishedAt", "exitCode", "pid", "durationMs", "stdout", "stderr", "error",
-                             "host", "pidStartTime")}
+        step = {k: v for k, v in state.steps[step_id].items() if k not in EXECUTION_FIELDS}
         step.update(status="running", startedAt=stamp, updatedAt=stamp)
         tx = self._step_tx(state, step_id, step, "workflow_step_started", now)
         ended: dict[str, Any] | None = None
