@@ -42,7 +42,7 @@ def target() -> Iterator[subprocess.Popen[bytes]]:
 def running_run(client: redis.Redis, pid: int, worker_id: str = "worker:gone") -> Claim:
     """A running run of a new loop, claimed by ``worker_id`` on this host, its process ``pid`` recorded."""
     body = {"name": "l", "timezone": "UTC", "schedule": {"type": "interval", "everyMs": 10_000},
-            "target": {"type": "command", "command": "true"}, "attempts": 2}
+            "target": {"type": "command", "command": "true"}}
     loop_id = LoopStore(client, KEYS).create(new_loop(body, T0)).id
     store = RunStore(client, KEYS)
     now = datetime.now(UTC)
