@@ -8,6 +8,10 @@ exactly while the step's lease is: a worker killed mid-step stops beating, and `
 contender takes the workspace over (a fence one higher). A busy workspace is waited for in the key's fair queue,
 up to the step's ``workspaceWaitMs`` (10 minutes by default); a step that cannot get it fails with ``workspace
 busy: KEY (held by …; waited …)``, as any failed step (``continueOnFailure`` applies).
+
+A step whose own lease is lost all the same (its worker frozen, or cut off from Redis, for longer than the lease)
+never runs without the workspace: it is not started, or it is stopped (its cancel event set), as a loop run that
+loses its lease is.
 """
 
 from __future__ import annotations
@@ -48,13 +52,16 @@ def step_workspace(store: RunStore, key: str, workflow_run_id: str, step_id: str
     if not leases.take_own_lease(holder, token, STEP_LEASE_MS):
         yield f"workspace {key}: could not take the step's own lease"
         return
-    stop = threading.Event()
+    stop, lost = threading.Event(), threading.Event()
 
     def beat() -> None:
         while not stop.wait(STEP_LEASE_MS / 3000):
             try:
                 if not leases.renew_own_lease(holder, token, STEP_LEASE_MS):
-                    log.warning("step %s lost its workspace lease of %s", holder, key)
+                    # The workspace is anyone's now: the step must not go on (or start) without it.
+                    log.warning("step %s lost its workspace lease of %s; stopping it", holder, key)
+                    lost.set()
+                    cancel.set()
                     return
             except redis.RedisError as exc:  # an outage: the lease outlives a short one; try again next beat
                 log.warning("step %s could not renew its workspace lease: %s", holder, exc)
@@ -78,7 +85,7 @@ def step_workspace(store: RunStore, key: str, workflow_run_id: str, step_id: str
                 leases.leave(key, holder)
             waited = f"; waited {format_duration(wait)}" if not cancel.is_set() else "; cancelled"
         if fence is None:
-            yield (busy_error(key, busy.run_id)[:-1] + waited + ")") if busy is not None else \
+            yield (busy_error(key, busy.run_id)[:-1] + waited + ")") if busy is not None and not lost.is_set() else \
                 f"workspace {key}: the step's own lease was lost"
             return
         log.info("step %s holds workspace %s (fence %d)", holder, key, fence)
