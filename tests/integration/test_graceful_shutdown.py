@@ -72,7 +72,9 @@ def test_a_run_still_going_after_the_grace_is_cancelled_and_re_run_elsewhere_as_
         lambda: next((r for r in cluster.runs("long") if r.rerun == 1 and r.status == "running"), None),
         20, "the re-run")
     assert (rerun.id, rerun.scheduled_for, rerun.attempt) == (running.id, running.scheduled_for, 1)
-    assert len([line for line in cluster.ledger("long") if line[0] == running.scheduled_for]) == 2
+    # (Running is recorded at the claim, before its command has written its line.)
+    cluster.wait_until(lambda: len([line for line in cluster.ledger("long") if line[0] == running.scheduled_for]) == 2,
+                       10, "the re-run's command to start")
     assert cluster.client.exists(f"loopsq:claim:{rerun.loop_id}:{rerun.scheduled_for}:1:rerun:1")
     lines = cluster.cli("runs", "long").stdout.splitlines()
     line = next(i for i, text in enumerate(lines) if text.startswith(rerun.id))
