@@ -11,6 +11,10 @@ busy: KEY (held by …; waited …)``, as any failed step (``continueOnFailure``
 
 A step run by another worker than its workflow run's (``remote_steps``) holds that same lease from its claim on,
 beaten by ``beaten_lease``; its workspace is held under it (``step_workspace(..., lease_token=...)``).
+
+A step whose own lease is lost all the same (its worker frozen, or cut off from Redis, for longer than the lease)
+never runs without the workspace: it is not started, or it is stopped (its cancel event set), as a loop run that
+loses its lease is.
 """
 
 from __future__ import annotations
@@ -87,8 +91,17 @@ def step_workspace(store: RunStore, key: str, workflow_run_id: str, step_id: str
     if not leases.take_own_lease(holder, token, STEP_LEASE_MS):
         yield f"workspace {key}: could not take the step's own lease"
         return
+    lost = threading.Event()
+
+    def on_lost() -> None:
+        # The workspace is anyone's now: the step must not go on (or start) without it.
+        log.warning("step %s lost its workspace lease of %s; stopping it", holder, key)
+        lost.set()
+        cancel.set()
+
     try:
-        with beaten_lease(leases, holder, token), _held_workspace(leases, key, holder, token, wait_ms, cancel) as busy:
+        with beaten_lease(leases, holder, token, on_lost=on_lost), \
+                _held_workspace(leases, key, holder, token, wait_ms, cancel, lost) as busy:
             yield busy
     finally:
         leases.drop_own_lease(holder, token)
@@ -96,7 +109,7 @@ def step_workspace(store: RunStore, key: str, workflow_run_id: str, step_id: str
 
 @contextmanager
 def _held_workspace(leases: WorkspaceLeases, key: str, holder: str, token: str, wait_ms: int | None,
-                    cancel: threading.Event) -> Iterator[str | None]:
+                    cancel: threading.Event, lost: threading.Event | None = None) -> Iterator[str | None]:
     """``key`` held for ``holder``, whose own lease is ``token``, while the block runs (waiting in the key's fair
     queue while it is busy); yields None when held, or the error the step fails with."""
     try:
@@ -116,7 +129,8 @@ def _held_workspace(leases: WorkspaceLeases, key: str, holder: str, token: str, 
                 leases.leave(key, holder)
             waited = f"; waited {format_duration(wait)}" if not cancel.is_set() else "; cancelled"
         if fence is None:
-            yield (busy_error(key, busy.run_id)[:-1] + waited + ")") if busy is not None else \
+            gone = lost is not None and lost.is_set()
+            yield (busy_error(key, busy.run_id)[:-1] + waited + ")") if busy is not None and not gone else \
                 f"workspace {key}: the step's own lease was lost"
             return
         log.info("step %s holds workspace %s (fence %d)", holder, key, fence)

@@ -95,6 +95,19 @@ def _s(value: Any) -> str | None:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
+def _claims(run: dict[str, Any]) -> list[tuple[int, int | None]]:
+    """The (attempt, re-run) of every claim a loop run's row may have had: each attempt up to its own, and each
+    re-run after a shutdown of an attempt, up to the highest the row records (``rerun``, ``previousAttempts``).
+    Each claim key goes when its attempt settles; a row's trim drops any left (by an older version, say)."""
+    claims: list[tuple[int, int | None]] = [(attempt, None) for attempt in range(1, int(run.get("attempt") or 1) + 1)]
+    reruns: dict[int, int] = {}
+    for entry in [*(run.get("previousAttempts") or []), run]:
+        attempt, rerun = int(entry.get("attempt") or 1), int(entry.get("rerun") or 0)
+        reruns[attempt] = max(reruns.get(attempt, 0), rerun)
+    claims += [(attempt, n) for attempt, top in sorted(reruns.items()) for n in range(1, top + 1)]
+    return claims
+
+
 class Retention:
     """Trims history windows in Redis (one ``Retention`` per maintenance pass or process)."""
 
@@ -231,8 +244,8 @@ class Retention:
             if slot_owner == run_id:
                 tx.expect_field(slots, slot, run_id).hdel(slots, slot)
             tx.zrem(self.keys.loop_runs(loop_id), run_id).zrem(self.keys.runs, run_id)
-            for attempt in range(1, int(run.get("attempt") or 1) + 1):
-                tx.delete_key(self.keys.claim(loop_id, str(run["scheduledFor"]), attempt))
+            for attempt, rerun in _claims(run):
+                tx.delete_key(self.keys.claim(loop_id, str(run["scheduledFor"]), attempt, rerun))
             for key in (self.keys.lease(run_id), self.keys.cancel(run_id), self.keys.live(run_id),
                         self.keys.loop_run_workflows(run_id)):
                 tx.delete_key(key)

@@ -29,9 +29,10 @@ from loopsq.state.keys import Keys
 from loopsq.state.run_moves import LoopMoves, _s
 
 MAX_RETRIES = 50
-#: The longest a (loop, slot, attempt) claim can outlive its run (its key goes when the attempt settles: from then
-#: on the settled row refuses the slot, and once the row has left the history window the loop's own state does,
-#: since a loop never moves back to a slot it has passed).
+#: The longest a (loop, slot, attempt) claim, or a re-run's, can outlive its run (its key goes when the attempt or
+#: re-run settles, and with the row when the row is trimmed: from then on the settled row refuses the slot, and once
+#: the row has left the history window the loop's own state does, since a loop never moves back to a slot it has
+#: passed).
 CLAIM_TTL_MS = 30 * 24 * 3600 * 1000
 
 
@@ -433,8 +434,9 @@ class RunStore(LoopMoves):
                 .delete_key(self.keys.cancel(run_id))
                 .srem(self.keys.running, run_id)
                 .srem(self.keys.loop_active(run.loop_id), run_id)
-                # The attempt is settled: its claim is of no further use (the row refuses the slot from now on).
-                .delete_key(self.keys.claim(run.loop_id, run.scheduled_for, run.attempt))
+                # The attempt (or its re-run) is settled: its claim is of no further use (the row refuses the slot
+                # from now on).
+                .delete_key(self.keys.claim(run.loop_id, run.scheduled_for, run.attempt, run.rerun))
                 .zadd(self.keys.retention_due, to_ms(now), retention_member(run.loop_id))
                 .put("loop_runs", final.to_dict())
             )

@@ -72,11 +72,18 @@ def test_a_run_still_going_after_the_grace_is_cancelled_and_re_run_elsewhere_as_
         lambda: next((r for r in cluster.runs("long") if r.rerun == 1 and r.status == "running"), None),
         20, "the re-run")
     assert (rerun.id, rerun.scheduled_for, rerun.attempt) == (running.id, running.scheduled_for, 1)
-    assert len([line for line in cluster.ledger("long") if line[0] == running.scheduled_for]) == 2
-    assert cluster.client.exists(f"loopsq:claim:{rerun.loop_id}:{rerun.scheduled_for}:1:rerun:1")
+    # (Running is recorded at the claim, before its command has written its line.)
+    cluster.wait_until(lambda: len([line for line in cluster.ledger("long") if line[0] == running.scheduled_for]) == 2,
+                       10, "the re-run's command to start")
+    claim_key = f"loopsq:claim:{rerun.loop_id}:{rerun.scheduled_for}:1:rerun:1"
+    assert cluster.client.exists(claim_key)
     lines = cluster.cli("runs", "long").stdout.splitlines()
     line = next(i for i, text in enumerate(lines) if text.startswith(rerun.id))
     assert lines[line] == f"{rerun.id}  running     attempt 1 (re-run after shutdown)  slot={rerun.scheduled_for}  long"
     assert lines[line + 1].startswith("  attempt 1 abandoned  finished=")
     assert lines[line + 1].endswith("  worker shut down before completion")
+    # Once the re-run settles, its claim key goes as an attempt's does (it does not sit out its 30-day TTL).
+    cluster.cli("cancel", rerun.id, "--wait", "20")
+    cluster.wait_until(lambda: (r := cluster.run(rerun.id)) is not None and r.terminal, 20, "the re-run to end")
+    assert not cluster.client.exists(claim_key)
     del scheduler

@@ -6,6 +6,8 @@ restarted from its AOF on the same port, under a scheduler, workers, a mirror, t
   also for an outage just shorter than the lease that starts right before a renewal.
 - An outage longer than a run's lease: the run's late result is fenced off, the run is recorded abandoned once
   the grace after the outage is over, and retried.
+- Right after a restart of Redis, recovery (maintenance, a worker's reap, a starting worker's orphan kill) judges
+  no owner dead and kills no process of a live worker whose liveness key expired across the restart.
 - Every process rides an outage out (a scheduler, a worker and a mirror through 15 s; the web app answering 503
   then 200; ``up``'s children through a restart of its Redis; processes started while Redis is away), with one
   log line when it starts and one when it ends; only a configuration error ends one, with its one line.
@@ -26,8 +28,16 @@ from pathlib import Path
 import pytest
 
 from loopsq.domain import timeutil
+from loopsq.domain.loop_spec import new_loop
 from loopsq.domain.timeutil import from_iso
+from loopsq.engine import maintenance
+from loopsq.engine.recovery import reap_host
+from loopsq.engine.runtime import LIVENESS_TTL_MS, Runtime
+from loopsq.engine.worker_process import kill_orphans
 from loopsq.state.keys import Keys
+from loopsq.state.loops import LoopStore
+from loopsq.state.runs import Claim, Owner, RunStore
+from loopsq.system.procs import hostname, is_process_alive, process_start_time
 from tests.integration.processes import Cluster, Proc, open_cluster
 from tests.redis_server import RedisServer
 
@@ -350,3 +360,58 @@ def test_up_with_a_configured_redis_that_is_away_waits_for_it(tmp_path: Path) ->
     finally:
         up.cleanup()
         server.cleanup()
+
+
+@pytest.mark.timeout(60)
+def test_right_after_a_restart_of_redis_recovery_judges_no_owner_dead_and_kills_no_process_of_a_live_worker(
+    aof_server: RedisServer,
+) -> None:
+    # A live worker's run, its process running here; the worker's liveness key expires across the restart (its
+    # TTL is an absolute time), as it does for every worker whose restart outlasts the TTL. Recovery running
+    # right after the restart, from processes that start then (no beat of their own from before, so only the
+    # restart itself can tell them), must wait out the grace: the worker is about to beat again.
+    client = aof_server.client()
+    target = subprocess.Popen(["sleep", "120"], start_new_session=True)
+    try:
+        body = {"name": "live", "timezone": "UTC", "schedule": {"type": "interval", "everyMs": 3_600_000},
+                "target": {"type": "command", "command": "true"}}
+        loop = LoopStore(client, KEYS).create(new_loop(body, timeutil.now()))
+        store = RunStore(client, KEYS)
+        claim = store.claim(loop.id, from_iso(str(loop.next_run_at)), Owner("worker:live", hostname(), 1),
+                            timeutil.now())
+        assert isinstance(claim, Claim), claim
+        assert store.mark_started(claim.run.id, claim.token, timeutil.now(), pid=target.pid,
+                                  pid_start_time=process_start_time(target.pid), host=hostname())
+        client.set(KEYS.worker("worker:live"), "{}", px=LIVENESS_TTL_MS)
+        liveness_gone_at = time.monotonic() + LIVENESS_TTL_MS / 1000
+        before = Runtime(client=client, keys=KEYS, role="scheduler")
+        assert maintenance.maintain(before).recovered == []  # (recovery knows this server's run id now)
+        old_run_id = client.info("server")["run_id"]
+
+        aof_server.stop(signal.SIGKILL)
+        time.sleep(max(0.0, liveness_gone_at - time.monotonic()) + 0.2)  # down past the liveness key's expiry
+        aof_server.start()
+        assert client.info("server")["run_id"] != old_run_id
+        assert not client.exists(KEYS.worker("worker:live")) and client.get(KEYS.lease(claim.run.id)) == claim.token
+
+        scheduler = Runtime(client=client, keys=KEYS, role="scheduler")
+        report = maintenance.maintain(scheduler)
+        assert (report.recovery_paused, report.recovered) == (True, [])
+        worker = Runtime(client=client, keys=KEYS, role="worker")
+        assert reap_host(worker, timeutil.now()) == []
+        assert kill_orphans(worker) == 0
+        run = store.get(claim.run.id)
+        assert run is not None and run.status == "running", run
+        assert is_process_alive(target.pid, run.pid_start_time), "a live worker's process was killed"
+
+        # Once the grace is over with the worker still silent, it is dead: its process is killed, its run recovered.
+        client.delete(KEYS.recovery_grace)
+        report = maintenance.maintain(scheduler)
+        assert [(r.id, r.status, r.error) for r in report.recovered] == [
+            (claim.run.id, "abandoned", "worker worker:live died before completion")]
+        assert target.wait(timeout=10) == -signal.SIGKILL
+    finally:
+        if target.poll() is None:
+            target.kill()
+        target.wait(timeout=10)
+        client.close()

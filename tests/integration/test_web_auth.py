@@ -224,31 +224,55 @@ def test_web_uses_the_token_from_the_environment_and_the_given_address(
         assert client.get("/api/loops", headers={"Authorization": f"Bearer {TOKEN}"}).status_code == 200
 
 
+#: How long ``loopsq web`` may take to answer its first request (a loaded machine starts Python slowly).
+WEB_START_S = 60
+
+
+def stop_process(proc: subprocess.Popen[bytes], timeout: float = 15) -> None:
+    """SIGTERM, then SIGKILL if it has not ended within ``timeout``; returns once it has ended."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(timeout=10)
+
+
 def test_loopsq_web_serves_http_until_terminated(redis_server: RedisServer, real_redis: redis.Redis,
                                                  tmp_path: Path) -> None:
     port = free_port()
     env = {**os.environ, "LOOPSQ_REDIS_URL": redis_server.url, "LOOPSQ_DATA_DIR": str(tmp_path),
            "LOOPSQ_API_TOKEN": TOKEN}
-    proc = subprocess.Popen([sys.executable, "-m", "loopsq", "web", "--port", str(port)], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    # Its output goes to a file, read once it has ended: a pipe read while it runs would block (and a pipe nobody
+    # reads could fill and stall it).
+    log = tmp_path / "web.log"
+    with log.open("wb") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "loopsq", "web", "--port", str(port)], env=env, stdout=out,
+                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
     try:
         base = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 20
-        while True:
+        deadline = time.monotonic() + WEB_START_S
+        health: httpx.Response | None = None
+        while health is None and proc.poll() is None and time.monotonic() < deadline:
             try:
-                health = httpx.get(f"{base}/api/health", timeout=1)
-                break
+                health = httpx.get(f"{base}/api/health", timeout=2)
             except httpx.TransportError:
-                assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read() if proc.stdout else ""
                 time.sleep(0.1)
+        if health is None:
+            exited = proc.poll()
+            stop_process(proc)
+            pytest.fail(f"loopsq web did not answer within {WEB_START_S}s "
+                        f"({'still running' if exited is None else f'exited with {exited}'}):\n"
+                        f"{log.read_text(errors='replace')[-4000:]}")
         assert health.json() == {"status": "ok", "redis": "ok", "mirrorLag": 0}
         assert httpx.get(f"{base}/api/loops").status_code == 401
         created = httpx.post(f"{base}/api/loops", json=loop_body(), headers={"Authorization": f"Bearer {TOKEN}"})
         assert created.status_code == 201
         assert real_redis.hget("loopsq:loop-names", "hello") == created.json()["id"]
     finally:
-        proc.send_signal(signal.SIGTERM)
-        output = proc.communicate(timeout=15)[0].decode()
+        stop_process(proc)
+    output = log.read_text(errors="replace")
     # uvicorn shuts down gracefully, then re-raises the signal it caught.
     assert proc.returncode in (0, -signal.SIGTERM), output
     assert "Application shutdown complete." in output

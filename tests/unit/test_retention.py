@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 import redis
 
+from loopsq.domain import run_rules as rules
 from loopsq.domain.loop_spec import new_loop
 from loopsq.domain.timeutil import from_iso, to_iso
 from loopsq.domain.workflow_spec import workflow_body_from_json
@@ -17,7 +18,7 @@ from loopsq.state import run_codec
 from loopsq.state.keys import Keys
 from loopsq.state.loops import LoopStore
 from loopsq.state.retention import Retention, Windows
-from loopsq.state.runs import Claim, Owner, Refusal, RunStore
+from loopsq.state.runs import CLAIM_TTL_MS, Claim, Owner, Refusal, RunStore
 from loopsq.state.workflow_runs import WorkflowRunStore
 from loopsq.state.workflows import WorkflowStore
 
@@ -109,6 +110,60 @@ def test_a_settled_attempt_drops_its_claim_key(client: redis.Redis) -> None:
     RunStore(client, KEYS).finalize(claim.run.id, claim.token, T0 + timedelta(seconds=2), status="succeeded",
                                     exit_code=0, duration_ms=1, stdout="", stderr="", error=None, pid=None)
     assert not client.exists(key)
+
+
+def shutdown_rerun(client: redis.Redis, loop_id: str) -> Claim:
+    """Claim the loop's next slot, give it up as a worker shutdown does, and claim its re-run (same attempt)."""
+    store = RunStore(client, KEYS)
+    first = claim_next(client, loop_id)
+    assert store.finalize(first.run.id, first.token, T0 + timedelta(seconds=2), status="abandoned", exit_code=None,
+                          duration_ms=1, stdout="", stderr="", error=rules.SHUTDOWN_ERROR, pid=None) is not None
+    rerun = claim_next(client, loop_id)
+    assert (rerun.run.id, rerun.run.attempt, rerun.run.rerun) == (first.run.id, 1, 1), rerun.run
+    return rerun
+
+
+def claim_keys(client: redis.Redis, loop_id: str) -> list[str]:
+    """Every claim key of the loop's slots (attempts and re-runs)."""
+    prefix = KEYS.claim(loop_id, "SLOT", 1).split("SLOT")[0]
+    return sorted(client.scan_iter(match=f"{prefix}*"))
+
+
+@pytest.mark.parametrize("status", ["succeeded", "failed", "abandoned"])
+def test_a_settled_re_run_after_a_shutdown_drops_its_claim_key(client: redis.Redis, status: str) -> None:
+    loop_id = make_loop(client)
+    rerun = shutdown_rerun(client, loop_id)
+    key = KEYS.claim(loop_id, rerun.run.scheduled_for, 1, 1)
+    assert client.get(key) == rerun.token
+    assert claim_keys(client, loop_id) == [key]  # (the first run's went when it settled)
+    store = RunStore(client, KEYS)
+    if status == "abandoned":  # its worker died: recovery settles it
+        assert store.abandon(rerun.run.id, T0 + timedelta(seconds=3), error="worker gone",
+                             seen_lease=rerun.token) is not None
+    else:
+        assert store.finalize(rerun.run.id, rerun.token, T0 + timedelta(seconds=3), status=status,
+                              exit_code=0 if status == "succeeded" else 1, duration_ms=1, stdout="", stderr="",
+                              error=None if status == "succeeded" else "boom", pid=None) is not None
+    assert claim_keys(client, loop_id) == []
+
+
+def test_a_trimmed_re_run_leaves_no_claim_key_of_any_attempt_or_re_run(client: redis.Redis) -> None:
+    loop_id = make_loop(client, keepRuns=1, maxAttempts=2)
+    rerun = shutdown_rerun(client, loop_id)
+    slot = rerun.run.scheduled_for
+    store = RunStore(client, KEYS)
+    assert store.finalize(rerun.run.id, rerun.token, T0 + timedelta(seconds=3), status="failed", exit_code=1,
+                          duration_ms=1, stdout="", stderr="", error="boom", pid=None) is not None
+    retry = claim_next(client, loop_id)  # attempt 2 of the same row
+    assert (retry.run.id, retry.run.attempt, retry.run.rerun) == (rerun.run.id, 2, None), retry.run
+    assert store.finalize(retry.run.id, retry.token, T0 + timedelta(seconds=4), status="succeeded", exit_code=0,
+                          duration_ms=1, stdout="", stderr="", error=None, pid=None) is not None
+    # Keys an older version left behind (a re-run's claim outlived its settle, for 30 days) go with the row too.
+    for attempt, rerun_n in ((1, None), (1, 1), (2, None)):
+        client.set(KEYS.claim(loop_id, slot, attempt, rerun_n), "left-over", px=CLAIM_TTL_MS)
+    settle(client, loop_id)  # a newer run: the re-run's row leaves the window
+    assert trim(client).trimmed_ids == [rerun.run.id]
+    assert claim_keys(client, loop_id) == []
 
 
 def test_a_running_run_is_never_trimmed_and_does_not_count_in_the_window(client: redis.Redis) -> None:
