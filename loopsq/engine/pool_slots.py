@@ -14,6 +14,7 @@ Runs started by hand (run-now, a trigger, a backfill) are claimed first and wait
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -112,6 +113,25 @@ def hold_for_claim(rt: Runtime, loop: Loop, run_id: str, cancelled: object = Non
         time.sleep(POLL_S)
 
 
+def hold_for_step(rt: Runtime, pool: str, holder: str, cancel: threading.Event) -> PoolHold | str:
+    """A pool slot for a workflow step, waited for on its workflow run's worker (a step runs inside its run's
+    job): the hold, or why the step fails without one (the pool is gone, it stayed full for ``MANUAL_WAIT_MS``,
+    or the step was cancelled meanwhile)."""
+    store = PoolStore(rt.client, rt.keys)
+    started = time.monotonic()
+    while True:
+        got = store.acquire(pool, holder, POOL_LEASE_MS)
+        if got is None:
+            return missing_error(pool)
+        if isinstance(got, Acquired):
+            return _keep(rt, store, pool, holder, got)
+        waited = int((time.monotonic() - started) * 1000)
+        if waited >= MANUAL_WAIT_MS or cancel.is_set():
+            store.leave(pool, holder)
+            return full_error(pool, waited) if not cancel.is_set() else "cancelled"
+        cancel.wait(POLL_S)
+
+
 def _keep(rt: Runtime, store: PoolStore, pool: str, holder: str, got: Acquired) -> PoolHold:
     hold = PoolHold(pool, holder, got.token)
     rt.keep(hold.name, lambda: store.renew(pool, holder, got.token, POOL_LEASE_MS), POOL_LEASE_MS / 3000.0)
@@ -127,8 +147,8 @@ def give_back(rt: Runtime, hold: PoolHold | None) -> None:
     now = clock_now()
     for waiter in woken:
         loop_id = waiter.split("|", 1)[0]
-        if "|run:" in waiter:
-            continue  # a run started by hand asks again by itself
+        if "|run:" in waiter or waiter.startswith("step:"):
+            continue  # a run started by hand, or a workflow step, asks again by itself
         loop = rt.loops.get(loop_id)
         if loop is not None and loop.status == "active":
             timers.arm(rt.raw, rt.keys, loop_id, now, queue_name=loop_queue(loop))

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from loopsq.domain import timeutil
-from loopsq.engine import live
+from loopsq.engine import live, pool_slots
 from loopsq.engine.runtime import Runtime
 from loopsq.engine.step_workspaces import step_workspace
 from loopsq.executor import ExecutorResult, RunMetadata, SpawnInfo, execute_target
@@ -23,8 +23,8 @@ _METADATA_FIELDS = frozenset(f.name for f in dataclasses.fields(RunMetadata))
 
 @dataclass(frozen=True)
 class StepAssignment:
-    """What executing one step of a workflow run takes: its effective target and ``LOOPS_*`` metadata, and its
-    workspace lease (``workspace``, ``workspaceWaitMs``)."""
+    """What executing one step of a workflow run takes: its effective target and ``LOOPS_*`` metadata, its
+    workspace lease (``workspace``, ``workspaceWaitMs``) and its fleet-wide pool (the step's, else its workflow's)."""
 
     workflow_run_id: str
     step_id: str
@@ -32,12 +32,13 @@ class StepAssignment:
     metadata: RunMetadata
     workspace: str | None = None
     workspace_wait_ms: int | None = None
+    pool: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         """Plain JSON values (an RQ job's argument: nothing of loopsq's classes is pickled into it)."""
         return {"workflowRunId": self.workflow_run_id, "stepId": self.step_id, "target": self.target,
                 "metadata": {k: v for k, v in dataclasses.asdict(self.metadata).items() if v is not None},
-                "workspace": self.workspace, "workspaceWaitMs": self.workspace_wait_ms}
+                "workspace": self.workspace, "workspaceWaitMs": self.workspace_wait_ms, "pool": self.pool}
 
     @classmethod
     def from_json(cls, value: Mapping[str, Any]) -> StepAssignment:
@@ -45,7 +46,7 @@ class StepAssignment:
         metadata = {k: v for k, v in dict(value.get("metadata") or {}).items() if k in _METADATA_FIELDS}
         wait = value.get("workspaceWaitMs")
         return cls(str(value["workflowRunId"]), str(value["stepId"]), dict(value["target"]), RunMetadata(**metadata),
-                   value.get("workspace"), int(wait) if wait is not None else None)
+                   value.get("workspace"), int(wait) if wait is not None else None, value.get("pool") or None)
 
 
 def failed_result(error: str) -> ExecutorResult:
@@ -56,8 +57,24 @@ def failed_result(error: str) -> ExecutorResult:
 
 def execute_step(rt: Runtime, assignment: StepAssignment, cancel: threading.Event,
                  spawned: Callable[[SpawnInfo], None], *, lease_token: str | None = None) -> ExecutorResult:
-    """Run the step's target here to its end. With a workspace, under its lease: a busy one that stays busy
-    fails the step (``lease_token``: the step's own lease, held already by the caller)."""
+    """Run the step's target here to its end. With a pool, holding one of its slots (waited for here, on the
+    workflow run's worker slot; ``pool_slots.hold_for_step``): a pool that is gone or stays full fails the step.
+    With a workspace, under its lease: a busy one that stays busy fails the step (``lease_token``: the step's own
+    lease, held already by the caller)."""
+    if assignment.pool is None:
+        return _in_workspace(rt, assignment, cancel, spawned, lease_token)
+    held = pool_slots.hold_for_step(rt, assignment.pool, f"step:{assignment.workflow_run_id}:{assignment.step_id}",
+                                    cancel)
+    if isinstance(held, str):
+        return failed_result(held)
+    try:
+        return _in_workspace(rt, assignment, cancel, spawned, lease_token)
+    finally:
+        pool_slots.give_back(rt, held)
+
+
+def _in_workspace(rt: Runtime, assignment: StepAssignment, cancel: threading.Event,
+                  spawned: Callable[[SpawnInfo], None], lease_token: str | None) -> ExecutorResult:
     if assignment.workspace is None:
         return _execute(rt, assignment, cancel, spawned)
     with step_workspace(rt.runs, str(assignment.workspace), assignment.workflow_run_id, assignment.step_id,

@@ -142,8 +142,10 @@ class _Execution:
             attempt=self.loop_run_attempt,
         )
         workspace = step.get("workspace")
+        pool = step.get("pool") or self.spec.get("pool")  # (a step's own pool, else its workflow's)
         return StepAssignment(self.state.run_id, step_id, target, metadata,
-                              str(workspace) if workspace is not None else None, step.get("workspaceWaitMs"))
+                              str(workspace) if workspace is not None else None, step.get("workspaceWaitMs"),
+                              str(pool) if pool else None)
 
     def _run_step(self, step_id: str, cancel: threading.Event) -> ExecutorResult | None:
         """Execute the step to its end; None when another worker ran it (and recorded its end)."""

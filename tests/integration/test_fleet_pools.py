@@ -81,3 +81,26 @@ def test_a_loop_whose_pool_was_removed_records_its_slots_skipped_and_never_runs_
     skipped = next(r for r in cluster.runs("capped") if r.status == "skipped")
     assert skipped.error == "pool gone does not exist"
     assert cluster.ledger("capped") == []
+
+
+@pytest.mark.timeout(90)
+def test_workflow_steps_sharing_a_pool_of_one_never_run_at_once(cluster: Cluster) -> None:
+    import json
+
+    cluster.cli("pool", "set", "gpu-box", "--limit", "1")
+    spans = cluster.tmp / "step-spans"
+    step = ('echo "start $(date +%s.%N)" >> {spans}; sleep 1; echo "end $(date +%s.%N)" >> {spans}'
+            .format(spans=spans))
+    path = cluster.tmp / "wf.json"
+    path.write_text(json.dumps({"name": "trainers", "maxParallel": 3, "pool": "gpu-box", "steps": [
+        {"id": f"train{i}", "target": {"type": "command", "command": step, "shell": True}} for i in range(3)]}))
+    cluster.cli("workflows", "create", str(path))
+    cluster.start("worker", env={"LOOPSQ_WORKER_CONCURRENCY": "2"})
+    done = cluster.cli("workflows", "run", "trainers", "--wait", "60")
+    assert "succeeded" in done.stdout, done.stdout
+    lines = [line.split() for line in spans.read_text().splitlines()]
+    starts = sorted(float(t) for kind, t in lines if kind == "start")
+    ends = sorted(float(t) for kind, t in lines if kind == "end")
+    assert len(starts) == 3 and overlap(list(zip(starts, ends, strict=True))) == 1  # one at a time, all three ran
+    state = PoolStore(cluster.client, Keys()).state("gpu-box")
+    assert state is not None and state.holders == [] and state.waiters == []
