@@ -89,8 +89,8 @@ def test_workflow_steps_sharing_a_pool_of_one_never_run_at_once(cluster: Cluster
 
     cluster.cli("pool", "set", "gpu-box", "--limit", "1")
     spans = cluster.tmp / "step-spans"
-    step = ('echo "start $(date +%s.%N)" >> {spans}; sleep 1; echo "end $(date +%s.%N)" >> {spans}'
-            .format(spans=spans))
+    step = (f'echo "start $(date +%s.%N)" >> {spans}; sleep 1; echo "end $(date +%s.%N)" >> {spans}'
+            )
     path = cluster.tmp / "wf.json"
     path.write_text(json.dumps({"name": "trainers", "maxParallel": 3, "pool": "gpu-box", "steps": [
         {"id": f"train{i}", "target": {"type": "command", "command": step, "shell": True}} for i in range(3)]}))
