@@ -248,6 +248,11 @@ class Cluster:
         runs = run_codec.load_many(self.client, [KEYS.run(str(i)) for i in ids])
         return sorted(runs, key=lambda r: (r.scheduled_for, r.created_at))
 
+    def ran(self, name: str) -> list[LoopRun]:
+        """A loop's runs that executed or were skipped, oldest first: its ``runs`` less the ``missed`` records of
+        slots that fell due before the processes were up (a loop's timer is armed at its creation)."""
+        return [r for r in self.runs(name) if r.status != "missed"]
+
     def run(self, run_id: str) -> LoopRun | None:
         return run_codec.load(self.client, KEYS.run(run_id))
 

@@ -35,7 +35,7 @@ def test_a_loop_whose_run_says_done_stops_after_that_run_and_outcomes_are_record
                    "--every", "1s")
     cluster.start_all(schedulers=1, workers=1)
     cluster.wait_until(lambda: cluster.loop("steer")["status"] == "stopped", 30, "the loop to stop itself")
-    runs = cluster.runs("steer")
+    runs = cluster.ran("steer")
     assert [r.outcome for r in runs] == ["no_op", "no_op", "done"], [r.to_dict() for r in runs]
     assert [r.status for r in runs] == ["succeeded"] * 3
     loop = cluster.loop("steer")
@@ -58,7 +58,7 @@ def test_next_in_moves_a_steerable_loops_next_slot_within_its_bounds(cluster: Cl
     cmd = 'printf %s \'{"outcome":"progress","nextIn":"3h"}\' > "$LOOPS_CONTROL_FILE"'
     cluster.create("later", cmd, "--every", "1s", "--steerable", "--max-interval", "2h")
     cluster.start_all(schedulers=1, workers=1)
-    run = cluster.wait_until(lambda: [r for r in cluster.runs("later") if r.status == "succeeded"], 20,
+    run = cluster.wait_until(lambda: [r for r in cluster.ran("later") if r.status == "succeeded"], 20,
                              "a run")[0]
     assert run.finished_at is not None
     loop = cluster.wait_until(lambda: cluster.loop("later") if cluster.loop("later").get("nextRunAt") else None, 5,
@@ -66,7 +66,7 @@ def test_next_in_moves_a_steerable_loops_next_slot_within_its_bounds(cluster: Cl
     delta = (from_iso(loop["nextRunAt"]) - from_iso(run.finished_at)).total_seconds()
     assert delta == 7200, loop  # clamped to --max-interval
     assert cluster.timer_at("later") == pytest.approx(from_iso(loop["nextRunAt"]).timestamp(), abs=0.01)
-    assert len(cluster.runs("later")) == 1
+    assert len(cluster.ran("later")) == 1
 
 
 @pytest.mark.timeout(60)
@@ -74,8 +74,8 @@ def test_next_in_of_a_loop_that_is_not_steerable_changes_nothing(cluster: Cluste
     cmd = 'printf %s \'{"outcome":"progress","nextIn":"3h"}\' > "$LOOPS_CONTROL_FILE"'
     cluster.create("fixed", cmd, "--every", "1s")
     cluster.start_all(schedulers=1, workers=1)
-    cluster.wait_until(lambda: sum(r.status == "succeeded" for r in cluster.runs("fixed")) >= 3, 20, "three runs")
-    assert {r.outcome for r in cluster.runs("fixed") if r.status == "succeeded"} == {"progress"}
+    cluster.wait_until(lambda: sum(r.status == "succeeded" for r in cluster.ran("fixed")) >= 3, 20, "three runs")
+    assert {r.outcome for r in cluster.ran("fixed") if r.status == "succeeded"} == {"progress"}
 
 
 @pytest.mark.timeout(60)
@@ -85,7 +85,7 @@ def test_needs_human_pauses_the_loop_with_the_note_as_reason(cluster: Cluster) -
     cluster.start_all(schedulers=1, workers=1)
     cluster.wait_until(lambda: cluster.loop("human")["status"] == "paused", 20, "the loop to pause")
     assert cluster.loop("human")["statusReason"] == "needs_human: merge conflict in main"
-    assert [r.outcome for r in cluster.runs("human")] == ["needs_human"]
+    assert [r.outcome for r in cluster.ran("human")] == ["needs_human"]
     shown = json.loads(cluster.cli("show", "human").stdout)
     assert shown["statusReason"] == "needs_human: merge conflict in main"
     assert shown["lastRun"]["outcome"] == "needs_human"
@@ -96,8 +96,8 @@ def test_a_malformed_control_file_is_a_warning_on_the_run_and_changes_nothing_el
     cmd = 'printf %s \'{"outcome":"finished","stop":true}\' > "$LOOPS_CONTROL_FILE"'
     cluster.create("bad", cmd, "--every", "1s")
     cluster.start_all(schedulers=1, workers=1)
-    cluster.wait_until(lambda: sum(r.status == "succeeded" for r in cluster.runs("bad")) >= 2, 20, "two runs")
-    run = cluster.runs("bad")[0]
+    cluster.wait_until(lambda: sum(r.status == "succeeded" for r in cluster.ran("bad")) >= 2, 20, "two runs")
+    run = cluster.ran("bad")[0]
     assert run.control_warning == ("control file ignored: outcome must be one of progress, no_op, done, needs_human, "
                                    'got "finished"')
     assert run.outcome is None and run.control is None

@@ -87,7 +87,7 @@ def test_doctor_judges_each_active_loop_against_the_live_workers_not_the_caller_
     assert f"fail loop:{loop_id}:workers no live worker can run it: bot ({bare_id}: Executable not found in " \
            "PATH: claude)" in lines
     assert f"ok   loop:{loop_id}:local local: active loop target is ready: bot" in lines
-    assert next(line for line in lines if " provider:claude " in line).startswith(
+    assert next(line for line in lines if line[5:].startswith("provider:claude ")).startswith(
         "ok   provider:claude        local: claude is available (")
     assert f"ok   worker:{bare_id} provider CLIs: none; no accounts CLI (PATH {SYSTEM_PATH})" in lines
     # A worker that has claude: the loop can run, on one of the two.
