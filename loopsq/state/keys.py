@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import hashlib
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from urllib.parse import unquote_to_bytes
 
 DEFAULT_NAMESPACE = "loopsq"
 
@@ -27,6 +28,7 @@ DIGEST_MARK = "%sha256-"
 PLAIN = frozenset(chr(code) for code in range(0x21, 0x7F)) - frozenset(":%{}*?[]\\|")
 _PLAIN_RE = re.compile("[" + re.escape("".join(sorted(PLAIN))) + "]*")
 _CUT_LENGTH = MAX_PART_LENGTH - len(DIGEST_MARK) - 64
+_OUTSIDE_SPELLINGS = re.compile("[^" + re.escape("".join(sorted(PLAIN))) + "%]")
 
 
 def _escaped(ch: str) -> str:
@@ -65,17 +67,54 @@ def key_part(value: str) -> str:
     return "".join(head) + DIGEST_MARK + digest
 
 
+def spelled_as_before(value: str) -> bool:
+    """True when ``value`` is spelled in keys as loopsq spelled it before ``key_part`` (a plain value that fits):
+    then its keys are the same under both spellings (``Keys.before_encoding``)."""
+    return key_part(value) == value
+
+
+def _is_a_spelling(text: str) -> bool:
+    """True when ``text`` is what ``key_part`` makes of some value."""
+    if len(text) > MAX_PART_LENGTH or _OUTSIDE_SPELLINGS.search(text):
+        return False
+    if DIGEST_MARK in text:
+        return True  # maybe a cut spelling: its value cannot be known
+    try:
+        value = unquote_to_bytes(text).decode("utf-8", "surrogatepass")
+    except UnicodeDecodeError:
+        return False
+    return key_part(value) == text
+
+
+def has_old_spelling(value: str) -> bool:
+    """True when versions before ``key_part`` spelled ``value``'s keys otherwise, in a way that no value's keys are
+    spelled now: only then may that old spelling (``Keys.before_encoding``) be read or deleted, as whatever is
+    there was written for ``value`` itself. ``X:fence`` has one (``X%3Afence`` now); ``repo`` has none (the same
+    both ways); nor has ``X%3Afence``, as its raw spelling is ``X:fence``'s now."""
+    return not spelled_as_before(value) and not _is_a_spelling(value)
+
+
 @dataclass(frozen=True)
 class Keys:
     """Key names under one namespace."""
 
     namespace: str = DEFAULT_NAMESPACE
+    #: Spell user-chosen values raw, as versions before ``key_part`` did (``before_encoding``).
+    raw_parts: bool = False
 
     def _k(self, *parts: str) -> str:
         return ":".join((self.namespace, *parts))
 
     def _part(self, value: str) -> str:
-        return key_part(value)
+        return value if self.raw_parts else key_part(value)
+
+    @property
+    def before_encoding(self) -> Keys:
+        """These keys as versions before ``key_part`` spelled them (user-chosen values raw, so ``X:fence`` could
+        be another value's key): only to read, carry over or delete what such a version wrote, and only for a value
+        that ``has_old_spelling`` (any other has the same keys both ways, or an old spelling that is now another
+        value's)."""
+        return replace(self, raw_parts=True)
 
     # -- deployment -------------------------------------------------------------------------------------------
     @property

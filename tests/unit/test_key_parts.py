@@ -18,7 +18,9 @@ from loopsq.state.keys import (
     MAX_PART_LENGTH,
     PLAIN,
     Keys,
+    has_old_spelling,
     key_part,
+    spelled_as_before,
 )
 
 KEYS = Keys()
@@ -95,8 +97,11 @@ def test_a_100_kb_value_gives_a_short_key_with_a_readable_head_and_its_digest() 
 
 def test_plain_values_keep_the_spelling_older_versions_gave_them() -> None:
     for value in ("repo", "order-42", "gpu", "claude-acct", "a.b_c/d-e", "x" * MAX_PART_LENGTH, "Report#7~$"):
-        assert key_part(value) == value
-        assert KEYS.workspace_fence(value) == f"loopsq:workspace:{value}:fence"
+        assert key_part(value) == value and spelled_as_before(value)
+        assert KEYS.workspace_fence(value) == KEYS.before_encoding.workspace_fence(value)
+    for value in ("repo:web", "*", "{}", "a b", "é", "%", "x" * (MAX_PART_LENGTH + 1)):
+        assert not spelled_as_before(value)
+    assert KEYS.before_encoding.workspace_fence("a:b") == "loopsq:workspace:a:b:fence"  # the raw spelling
 
 
 @given(st.text(max_size=300), st.text(max_size=300))
@@ -123,3 +128,16 @@ def test_a_long_value_is_cut_and_ends_in_the_digest_of_all_of_it(value: str) -> 
     part = key_part(value)
     assert DIGEST_MARK in part and len(part) <= MAX_PART_LENGTH
     assert key_part(value[:-1] + ("a" if value[-1] != "a" else "b")) != part
+
+
+def test_an_old_spelling_is_looked_at_only_where_no_value_is_spelled_that_way_now() -> None:
+    assert has_old_spelling("X:fence") and has_old_spelling("{order}") and has_old_spelling("a b")
+    assert has_old_spelling("50%off") and has_old_spelling("%3a")  # no escape key_part would write
+    assert not has_old_spelling("repo")  # the same both ways
+    assert not has_old_spelling("X%3Afence")  # its raw spelling is X:fence's now
+    assert not has_old_spelling("a" + DIGEST_MARK + "0" * 64)  # it may be a cut spelling's
+
+
+@given(st.text(max_size=300))
+def test_no_values_spelling_now_is_another_values_old_spelling_that_gets_read(value: str) -> None:
+    assert not has_old_spelling(key_part(value))
