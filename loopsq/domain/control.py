@@ -10,7 +10,8 @@ A target may write one JSON object, for example ``{"outcome": "no_op", "nextIn":
 - ``note``: a short text (at most ``MAX_NOTE_LENGTH`` characters).
 
 Anything malformed (not JSON, not an object, an unknown key, a bad value, too large) is a warning, and then
-nothing of the file applies. No I/O here: the engine reads the file and passes its text.
+nothing of the file applies; so is a path that is not a regular file (a FIFO, a symlink, a directory: the engine
+never opens those, ``engine.steering``). No I/O here: the engine reads the file and passes its text.
 """
 
 from __future__ import annotations
@@ -54,8 +55,9 @@ class Control:
         return {k: v for k, v in out.items() if v is not None}
 
 
-def _warning(message: str) -> Control:
-    return Control(warning=f"control file ignored: {message}")
+def ignored(reason: str) -> Control:
+    """A ``Control`` voided for ``reason``: its warning is ``control file ignored: <reason>``."""
+    return Control(warning=f"control file ignored: {reason}")
 
 
 def _next_in(value: Any) -> int:
@@ -78,35 +80,35 @@ def parse_control(text: str | None, *, truncated: bool = False) -> Control:
         The directives, or a ``Control`` with only ``warning`` set. Never raises.
     """
     if truncated:
-        return _warning(f"larger than {MAX_CONTROL_BYTES} bytes")
+        return ignored(f"larger than {MAX_CONTROL_BYTES} bytes")
     if text is None or not text.strip():
         return Control()
     try:
         data = json.loads(text)
     except ValueError as exc:
-        return _warning(f"not JSON ({exc.__class__.__name__}: {exc})")
+        return ignored(f"not JSON ({exc.__class__.__name__}: {exc})")
     if not isinstance(data, dict):
-        return _warning(f"expected one JSON object, got {shown(data)}")
+        return ignored(f"expected one JSON object, got {shown(data)}")
     unknown = [key for key in data if key not in KEYS]
     if unknown:
-        return _warning(f"unknown key {shown(unknown[0])} (expected {', '.join(KEYS)})")
+        return ignored(f"unknown key {shown(unknown[0])} (expected {', '.join(KEYS)})")
     outcome = data.get("outcome")
     if outcome is not None and outcome not in OUTCOMES:
-        return _warning(f"outcome must be one of {', '.join(OUTCOMES)}, got {shown(outcome)}")
+        return ignored(f"outcome must be one of {', '.join(OUTCOMES)}, got {shown(outcome)}")
     stop = data.get("stop")
     if stop is not None and not isinstance(stop, bool):
-        return _warning(f"stop must be true or false, got {shown(stop)}")
+        return ignored(f"stop must be true or false, got {shown(stop)}")
     note = data.get("note")
     if note is not None and not isinstance(note, str):
-        return _warning(f"note must be a string, got {shown(note)}")
+        return ignored(f"note must be a string, got {shown(note)}")
     if note is not None and len(note) > MAX_NOTE_LENGTH:
-        return _warning(f"note must be at most {MAX_NOTE_LENGTH} characters, got {len(note)}")
+        return ignored(f"note must be at most {MAX_NOTE_LENGTH} characters, got {len(note)}")
     next_in: int | None = None
     if data.get("nextIn") is not None:
         try:
             next_in = _next_in(data["nextIn"])
         except ValidationError as exc:
-            return _warning(exc.message if exc.message.startswith("nextIn") else f"nextIn: {exc.message}")
+            return ignored(exc.message if exc.message.startswith("nextIn") else f"nextIn: {exc.message}")
     return Control(outcome=outcome, next_in_ms=next_in, stop=bool(stop), note=note or None)
 
 

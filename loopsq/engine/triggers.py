@@ -16,7 +16,7 @@ from loopsq.domain.timeutil import gen_id, to_iso, to_ms
 from loopsq.engine import timers
 from loopsq.errors import ValidationError
 from loopsq.state.commit import Committer, Tx
-from loopsq.state.keys import Keys
+from loopsq.state.keys import Keys, has_old_spelling
 from loopsq.state.loops import LoopStore
 
 #: How long a trigger's idempotency key stands for its run.
@@ -49,6 +49,11 @@ def trigger_with(
         raise ValidationError(f"idempotency window must be > 0 ms, got {window_ms}")
     loop = LoopStore(client, keys).require(id_or_name)
     ensure_not_archived(loop, id_or_name)
+    if idempotency_key is not None and has_old_spelling(idempotency_key):
+        # Written by a version before ``keys.key_part``: it stands for its run until it expires, as ours would.
+        earlier = client.get(keys.before_encoding.idempotency(loop.id, idempotency_key))
+        if earlier:
+            return (earlier.decode() if isinstance(earlier, bytes) else str(earlier)), False
     now = timeutil.now()
     run_id = gen_id()
     request = json.dumps({"loopId": loop.id, "at": to_iso(now), "key": idempotency_key,

@@ -2,13 +2,96 @@
 
 Keys live under a namespace (default ``loopsq``) so that one Redis can host several deployments. Nothing else in
 the code base spells a key.
+
+A user-chosen value inside a key (a workspace key, a pool name, an idempotency key, a host, a step id) is spelled
+by ``key_part``, so that no value can make another value's key: ``workspace("X:fence")`` is not
+``workspace_fence("X")``. Values loopsq generates (ids, ISO slots, holder ids) are spelled as they are.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import hashlib
+import re
+from dataclasses import dataclass, replace
+from urllib.parse import unquote_to_bytes
 
 DEFAULT_NAMESPACE = "loopsq"
+
+#: The longest spelling of a user-chosen value inside a key. Longer ones are cut and end in a digest (``key_part``).
+MAX_PART_LENGTH = 200
+#: What ends a cut spelling, before the SHA-256 digest of the whole value: ``%`` then a letter that is no hex digit,
+#: which no uncut spelling contains (its every ``%`` starts an ``%XX`` escape).
+DIGEST_MARK = "%sha256-"
+#: What a value's characters may be to be spelled as they are: printable ASCII except the key separator ``:``, the
+#: escape ``%``, Redis Cluster's hash-tag braces ``{}``, the glob characters of ``SCAN MATCH``/``KEYS`` patterns
+#: (``* ? [ ] \``) and ``|``, which joins a pool and a holder in a lease key and parts of stored values.
+PLAIN = frozenset(chr(code) for code in range(0x21, 0x7F)) - frozenset(":%{}*?[]\\|")
+_PLAIN_RE = re.compile("[" + re.escape("".join(sorted(PLAIN))) + "]*")
+_CUT_LENGTH = MAX_PART_LENGTH - len(DIGEST_MARK) - 64
+_OUTSIDE_SPELLINGS = re.compile("[^" + re.escape("".join(sorted(PLAIN))) + "%]")
+
+
+def _escaped(ch: str) -> str:
+    if ch in PLAIN:
+        return ch
+    return "".join(f"%{byte:02X}" for byte in ch.encode("utf-8", "surrogatepass"))
+
+
+def key_part(value: str) -> str:
+    """How a user-chosen value is spelled inside a key: injective, at most ``MAX_PART_LENGTH`` characters, and
+    readable in ``redis-cli``.
+
+    A value of plain characters (``PLAIN``) that fits is spelled as it is, so that such values keep the spelling
+    older versions gave them. Any other character becomes ``%XX`` per byte of its UTF-8 (percent-encoding, ``%``
+    itself included), which is reversible. A spelling longer than ``MAX_PART_LENGTH`` (a value of more than 200
+    characters, or one with many escapes) is cut at an escape boundary and followed by ``DIGEST_MARK`` and the
+    SHA-256 of the whole value, which no uncut spelling can look like (two cut spellings meet only if SHA-256
+    collides).
+
+    Example: ``key_part("X:fence") == "X%3Afence"``, ``key_part("repo") == "repo"``.
+    """
+    if len(value) <= MAX_PART_LENGTH and _PLAIN_RE.fullmatch(value):
+        return value
+    pieces = [_escaped(ch) for ch in value[:MAX_PART_LENGTH + 1]]
+    spelled = "".join(pieces)
+    if len(value) <= MAX_PART_LENGTH and len(spelled) <= MAX_PART_LENGTH:
+        return spelled
+    head: list[str] = []
+    size = 0
+    for piece in pieces:
+        if size + len(piece) > _CUT_LENGTH:
+            break
+        head.append(piece)
+        size += len(piece)
+    digest = hashlib.sha256(value.encode("utf-8", "surrogatepass")).hexdigest()
+    return "".join(head) + DIGEST_MARK + digest
+
+
+def spelled_as_before(value: str) -> bool:
+    """True when ``value`` is spelled in keys as loopsq spelled it before ``key_part`` (a plain value that fits):
+    then its keys are the same under both spellings (``Keys.before_encoding``)."""
+    return key_part(value) == value
+
+
+def _is_a_spelling(text: str) -> bool:
+    """True when ``text`` is what ``key_part`` makes of some value."""
+    if len(text) > MAX_PART_LENGTH or _OUTSIDE_SPELLINGS.search(text):
+        return False
+    if DIGEST_MARK in text:
+        return True  # maybe a cut spelling: its value cannot be known
+    try:
+        value = unquote_to_bytes(text).decode("utf-8", "surrogatepass")
+    except UnicodeDecodeError:
+        return False
+    return key_part(value) == text
+
+
+def has_old_spelling(value: str) -> bool:
+    """True when versions before ``key_part`` spelled ``value``'s keys otherwise, in a way that no value's keys are
+    spelled now: only then may that old spelling (``Keys.before_encoding``) be read or deleted, as whatever is
+    there was written for ``value`` itself. ``X:fence`` has one (``X%3Afence`` now); ``repo`` has none (the same
+    both ways); nor has ``X%3Afence``, as its raw spelling is ``X:fence``'s now."""
+    return not spelled_as_before(value) and not _is_a_spelling(value)
 
 
 @dataclass(frozen=True)
@@ -16,9 +99,22 @@ class Keys:
     """Key names under one namespace."""
 
     namespace: str = DEFAULT_NAMESPACE
+    #: Spell user-chosen values raw, as versions before ``key_part`` did (``before_encoding``).
+    raw_parts: bool = False
 
     def _k(self, *parts: str) -> str:
         return ":".join((self.namespace, *parts))
+
+    def _part(self, value: str) -> str:
+        return value if self.raw_parts else key_part(value)
+
+    @property
+    def before_encoding(self) -> Keys:
+        """These keys as versions before ``key_part`` spelled them (user-chosen values raw, so ``X:fence`` could
+        be another value's key): only to read, carry over or delete what such a version wrote, and only for a value
+        that ``has_old_spelling`` (any other has the same keys both ways, or an old spelling that is now another
+        value's)."""
+        return replace(self, raw_parts=True)
 
     # -- deployment -------------------------------------------------------------------------------------------
     @property
@@ -109,15 +205,15 @@ class Keys:
     def workspace(self, key: str) -> str:
         """String: the workspace lease of ``key`` (``--workspace``): ``<run id>|<its lease token>|<fence>``; live
         while that run's lease holds that token (``state.workspaces``)."""
-        return self._k("workspace", key)
+        return self._k("workspace", self._part(key))
 
     def workspace_fence(self, key: str) -> str:
         """String: the last fencing number handed out for workspace ``key`` (one more per acquisition)."""
-        return self._k("workspace", key, "fence")
+        return self._k("workspace", self._part(key), "fence")
 
     def workspace_queue(self, key: str) -> str:
         """Sorted set: runs waiting for workspace ``key`` (overlap allow), by when they started waiting."""
-        return self._k("workspace", key, "queue")
+        return self._k("workspace", self._part(key), "queue")
 
     def cancel(self, run_id: str) -> str:
         """String with a TTL: a request to cancel a running run; the value is the reason."""
@@ -125,7 +221,7 @@ class Keys:
 
     def idempotency(self, loop_id: str, key: str) -> str:
         """String with a TTL (SET NX): the run id a trigger's idempotency key stands for."""
-        return self._k("idem", loop_id, key)
+        return self._k("idem", loop_id, self._part(key))
 
     @property
     def triggers(self) -> str:
@@ -155,24 +251,24 @@ class Keys:
     def pool_holders(self, pool: str) -> str:
         """Hash: holder id -> ``<lease key>|<token>|<fence>|<since ms>``: who holds a slot of ``pool`` (and since
         when); a holder is live while its lease key holds its token (``state.pools``)."""
-        return self._k("pool", pool, "holders")
+        return self._k("pool", self._part(pool), "holders")
 
     def pool_waiters(self, pool: str) -> str:
         """Sorted set: holders waiting for a slot of ``pool``, by when they started waiting (ms): a fair queue."""
-        return self._k("pool", pool, "waiters")
+        return self._k("pool", self._part(pool), "waiters")
 
     def pool_seen(self, pool: str) -> str:
         """Hash: waiter id -> when it last asked (ms); a waiter that stops asking leaves the queue."""
-        return self._k("pool", pool, "seen")
+        return self._k("pool", self._part(pool), "seen")
 
     def pool_fence(self, pool: str) -> str:
         """String: the last fencing number handed out for ``pool`` (one more per acquisition)."""
-        return self._k("pool", pool, "fence")
+        return self._k("pool", self._part(pool), "fence")
 
     def pool_lease(self, pool: str, holder: str) -> str:
         """String with a TTL: the lease of ``holder``'s slot of ``pool``; the value is its token. ``|`` (never in a
-        pool name) joins the two, so no pool and holder make another pair's key, nor any ``pool_*`` key."""
-        return self._k("pool-lease", f"{pool}|{holder}")
+        spelled pool name) joins the two, so no pool and holder make another pair's key, nor any ``pool_*`` key."""
+        return self._k("pool-lease", f"{self._part(pool)}|{holder}")
 
     @property
     def stalls(self) -> str:
@@ -204,7 +300,7 @@ class Keys:
 
     def host_runs(self, host: str) -> str:
         """Set: the running runs whose process was started on ``host``."""
-        return self._k("host", host, "runs")
+        return self._k("host", self._part(host), "runs")
 
     def worker(self, worker_id: str) -> str:
         """String with a short TTL: a live worker's liveness record (JSON: host, pid, start time, runs)."""
@@ -298,15 +394,19 @@ class Keys:
 
     def wf_idempotency(self, workflow_id: str, key: str) -> str:
         """String: the workflow run an idempotency key stands for (``<loopId>:<slot>:attempt:<n>`` for loops)."""
-        return self._k("wfidem", workflow_id, key)
+        return self._k("wfidem", workflow_id, self._part(key))
 
     def loop_run_workflows(self, loop_run_id: str) -> str:
         """Set: workflow runs started for a loop run (what a parent-lease expiry fails)."""
         return self._k("run", loop_run_id, "wfruns")
 
     def live(self, run_id: str, step_id: str | None = None) -> str:
-        """Stream: live output chunks of a running run or workflow step (bounded; expires soon after the end)."""
-        return self._k("live", run_id, step_id or "-")
+        """Stream: live output chunks of a running run or workflow step (bounded; expires soon after the end).
+        ``-`` stands for no step (None or ""), so a step named ``-`` is spelled ``%2D``."""
+        if not step_id:
+            return self._k("live", run_id, "-")
+        part = self._part(step_id)
+        return self._k("live", run_id, "%2D" if part == "-" else part)
 
     def workflow_runs(self, workflow_id: str) -> str:
         """Sorted set: a workflow's settled runs of their own (no parent loop run), by end time (ms)."""

@@ -47,7 +47,7 @@ from loopsq.domain.timeutil import now as _now
 from loopsq.errors import ConflictError, ValidationError
 from loopsq.state import pool_scripts
 from loopsq.state.commit import Committer, Tx
-from loopsq.state.keys import Keys
+from loopsq.state.keys import Keys, has_old_spelling
 
 #: A waiter that has not asked for this long has left the queue.
 WAITER_TTL_MS = 30_000
@@ -207,9 +207,12 @@ class PoolStore:
                   .hdel(self.keys.pools, name))
             for holder in self.client.hkeys(holders_key):
                 tx.delete_key(self.keys.pool_lease(name, _s(holder)))
-            for key in (holders_key, self.keys.pool_waiters(name), self.keys.pool_seen(name),
-                        self.keys.pool_fence(name)):
-                tx.delete_key(key)
+            for keys in (self.keys, self.keys.before_encoding) if has_old_spelling(name) else (self.keys,):
+                # A version before ``keys.key_part`` kept a pool with ``:`` in its name under the raw spelling;
+                # its fence counter there has no TTL.
+                for key in (keys.pool_holders(name), keys.pool_waiters(name), keys.pool_seen(name),
+                            keys.pool_fence(name)):
+                    tx.delete_key(key)
             tx.describe(pool=name, limit=_limit_of(raw))
             if self.committer.commit(tx).ok:
                 return True

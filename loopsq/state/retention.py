@@ -29,7 +29,7 @@ from loopsq.domain.models import Loop
 from loopsq.domain.timeutil import to_iso, to_ms
 from loopsq.state import run_codec
 from loopsq.state.commit import Committer, Tx
-from loopsq.state.keys import Keys
+from loopsq.state.keys import Keys, has_old_spelling
 
 log = logging.getLogger("loopsq.retention")
 
@@ -215,20 +215,21 @@ class Retention:
         for run_id, _raw, run in candidates:
             pipe.hget(self.keys.slots(loop_id), str(run["scheduledFor"]))
             pipe.zscore(self.keys.triggers, run_id)
-            key = run.get("idempotencyKey")
-            pipe.get(self.keys.idempotency(loop_id, str(key))) if key else pipe.echo("")
-            pipe.pttl(self.keys.idempotency(loop_id, str(key))) if key else pipe.echo("")
+            for idem_key in _loop_idempotency_keys(self.keys, loop_id, run.get("idempotencyKey")):
+                pipe.get(idem_key) if idem_key else pipe.echo("")
+                pipe.pttl(idem_key) if idem_key else pipe.echo("")
             pipe.smembers(self.keys.loop_run_workflows(run_id))
         replies = pipe.execute() if candidates else []
         workflows: dict[str, list[str]] = {}
         chosen: list[tuple[str, run_codec.Stored, dict[str, Any], str | None]] = []
         for index, (run_id, raw, run) in enumerate(candidates):
-            slot_owner, pending, idem, idem_ttl, wf_ids = replies[index * 5: index * 5 + 5]
+            slot_owner, pending, idem, idem_ttl, old_idem, old_ttl, wf_ids = replies[index * 7: index * 7 + 7]
             if pending is not None:
                 plan.hold(to_ms(now) + RECHECK_MS)  # a trigger entry not cleared yet (maintenance clears it)
                 continue
-            if idem and _s(idem) == run_id:
-                ttl = int(idem_ttl) if idem_ttl is not None and int(idem_ttl) > 0 else RECHECK_MS
+            ttls = [ttl for value, ttl in ((idem, idem_ttl), (old_idem, old_ttl)) if value and _s(value) == run_id]
+            if ttls:
+                ttl = max(int(t) if t is not None and int(t) > 0 else RECHECK_MS for t in ttls)
                 plan.hold(to_ms(now) + ttl + 1)
                 continue
             workflows[run_id] = sorted(str(_s(w)) for w in wf_ids)
@@ -274,7 +275,7 @@ class Retention:
             if state[1].get("status") == "running":
                 plan.hold(to_ms(now) + RECHECK_MS)
                 continue
-            if state[3] is not None and state[3] == wf_id and not state[1].get("loopRunId"):
+            if state[3] is not None and not state[1].get("loopRunId"):
                 plan.hold(to_ms(now) + IDEMPOTENT_RECHECK_MS)  # its idempotency key still stands for it
                 continue
             plan.tx.zrem(index, wf_id)
@@ -283,7 +284,8 @@ class Retention:
 
     # -- workflow runs ----------------------------------------------------------------------------------------
     def _workflow_states(self, ids: Sequence[str]) -> dict[str, tuple[str, dict[str, Any], list[str], str | None]]:
-        """Per workflow run that exists: (raw JSON, run, step ids, the run its idempotency key stands for)."""
+        """Per workflow run that exists: (raw JSON, run, step ids, the idempotency key that still names this run,
+        in either spelling: ``_idempotency_keys``)."""
         if not ids:
             return {}
         pipe = self.client.pipeline(transaction=False)
@@ -296,17 +298,19 @@ class Retention:
             raw, steps = _s(replies[2 * i]), replies[2 * i + 1]
             if raw is not None:
                 found[wf_id] = (raw, json.loads(raw), sorted(str(_s(s)) for s in steps), None)
-        keyed = [(wf_id, state) for wf_id, state in found.items() if state[1].get("idempotencyKey")]
+        keyed = [(wf_id, _idempotency_keys(self.keys, state[1])) for wf_id, state in found.items()
+                 if state[1].get("idempotencyKey")]
         if keyed:
-            values = self.client.mget([self.keys.wf_idempotency(str(s[1]["workflowId"]), str(s[1]["idempotencyKey"]))
-                                       for _, s in keyed])
-            for (wf_id, state), value in zip(keyed, values, strict=True):
-                found[wf_id] = (state[0], state[1], state[2], _s(value))
+            values = iter(self.client.mget([key for _, keys in keyed for key in keys]))
+            for wf_id, keys in keyed:
+                named = [key for key in keys if _s(next(values)) == wf_id]
+                state = found[wf_id]
+                found[wf_id] = (state[0], state[1], state[2], named[0] if named else None)
         return found
 
     def _drop_workflow_run(self, plan: _Plan, wf_id: str,
                            state: tuple[str, dict[str, Any], list[str], str | None]) -> None:
-        raw, run, steps, idem_owner = state
+        raw, _run, steps, idem_key = state
         tx = plan.tx.expect(self.keys.wf_run(wf_id), raw)
         for key in (self.keys.wf_run(wf_id), self.keys.wf_steps(wf_id), self.keys.wf_events(wf_id),
                     self.keys.cancel(wf_id)):
@@ -314,9 +318,28 @@ class Retention:
         for step_id in steps:
             tx.delete_key(self.keys.live(wf_id, step_id))
         tx.zrem(self.keys.wf_runs, wf_id).srem(self.keys.wf_running, wf_id)
-        if idem_owner == wf_id:
-            idem = self.keys.wf_idempotency(str(run["workflowId"]), str(run["idempotencyKey"]))
-            tx.expect(idem, wf_id).delete_key(idem)
+        if idem_key is not None:
+            tx.expect(idem_key, wf_id).delete_key(idem_key)
         tx.trim("workflow_runs", wf_id)
         plan.workflow_runs += 1
         plan.ids.append(wf_id)
+
+
+def _idempotency_keys(keys: Keys, run: dict[str, Any]) -> list[str]:
+    """The keys a workflow run's idempotency key may be stored under: the current spelling, and the raw one of
+    versions before ``keys.key_part`` (a loop's ``<loopId>:<slot>:attempt:<n>`` always differs), which has no TTL
+    and would otherwise stay forever once its run is trimmed."""
+    workflow_id, key = str(run["workflowId"]), str(run["idempotencyKey"])
+    spelled = [keys.wf_idempotency(workflow_id, key)]
+    if has_old_spelling(key):
+        spelled.append(keys.before_encoding.wf_idempotency(workflow_id, key))
+    return spelled
+
+
+def _loop_idempotency_keys(keys: Keys, loop_id: str, key: Any) -> tuple[str, str]:
+    """A triggered run's idempotency key in both spellings (``""`` for none): one written before
+    ``keys.key_part`` stands for its run until it expires, as the current one does."""
+    if not key:
+        return "", ""
+    return (keys.idempotency(loop_id, str(key)),
+            keys.before_encoding.idempotency(loop_id, str(key)) if has_old_spelling(str(key)) else "")

@@ -18,7 +18,7 @@ from loopsq.domain.text import shown
 from loopsq.domain.timeutil import gen_id, to_iso, to_ms
 from loopsq.errors import ConflictError, NotFoundError
 from loopsq.state.commit import Committer, Tx
-from loopsq.state.keys import Keys
+from loopsq.state.keys import Keys, has_old_spelling
 from loopsq.state.workflow_control import WorkflowRunControl
 from loopsq.state.workflow_run_state import (
     CLAIMABLE_STEP,
@@ -66,8 +66,14 @@ class WorkflowRunStore(WorkflowRunControl):
         return [json.loads(str(as_str(e))) for e in self.client.lrange(self.keys.wf_events(run_id), 0, limit - 1)]
 
     def by_idempotency(self, workflow_id: str, key: str) -> str | None:
-        """The run id an idempotency key stands for."""
-        return as_str(self.client.get(self.keys.wf_idempotency(workflow_id, key)))
+        """The run id an idempotency key stands for: under its spelling, else under the raw spelling of versions
+        before ``keys.key_part`` (a loop's ``<loopId>:<slot>:attempt:<n>`` has a ``:``), so that a run such a
+        version started is resumed, not started twice."""
+        if not has_old_spelling(key):
+            return as_str(self.client.get(self.keys.wf_idempotency(workflow_id, key)))
+        ours, earlier = self.client.mget([self.keys.wf_idempotency(workflow_id, key),
+                                          self.keys.before_encoding.wf_idempotency(workflow_id, key)])
+        return as_str(ours) or as_str(earlier)
 
     def ids(self, limit: int = 100) -> list[str]:
         """Newest workflow run ids first."""

@@ -9,6 +9,10 @@ acquisition, ``keys.workspace_fence``) on the run; a stale holder's value is rep
 seen (compare-and-set). Release is a compare-and-delete of our own value. Runs that wait (overlap ``allow``)
 queue in ``keys.workspace_queue(KEY)``, oldest first, so that waiting is fair.
 
+Keys are spelled by ``keys.key_part``: ``X:fence`` is its own workspace, not ``X``'s fence counter. A fence an
+older version counted under the raw spelling of a key (one with ``:``, ``*``, ``{``… in it) is carried over: the
+next fence is one more than the larger of the two, so fences never go back across the upgrade (``_fence_of``).
+
 A workflow step (``engine.step_workspaces``) is a holder with a lease of its own, ``keys.lease(step:<run>:<step>)``,
 which its runner sets and beats (``take_own_lease``, ``renew_own_lease``); ``acquire_as`` takes a workspace for such a holder, fenced
 by that lease, with the same compare-and-set on a dead holder's value, and records no run.
@@ -26,6 +30,7 @@ from loopsq.domain.timeutil import now as _now
 from loopsq.domain.timeutil import to_iso, to_ms
 from loopsq.state import run_codec
 from loopsq.state.commit import Tx
+from loopsq.state.keys import has_old_spelling
 from loopsq.state.run_moves import _s
 from loopsq.state.runs import RunStore
 
@@ -61,6 +66,14 @@ class Acquired:
     holder: Holder | None = None
 
 
+def _fence_of(reply: object) -> int:
+    """The fence an older version counted under a key's raw spelling, or 0. That spelling may instead be another
+    key's lease under the raw spelling (``X:fence`` was both ``X``'s counter and workspace ``X:fence``'s lease),
+    which is no number, or an error reply: either counts as none."""
+    text = _s(reply) if isinstance(reply, (bytes, str)) else None
+    return int(text) if text is not None and text.isascii() and text.isdigit() else 0
+
+
 class WorkspaceLeases:
     """Workspace leases on a ``RunStore``'s connection."""
 
@@ -87,11 +100,7 @@ class WorkspaceLeases:
         holds it."""
         ws_key, fence_key, lease_key = self.keys.workspace(key), self.keys.workspace_fence(key), self.keys.lease(run_id)
         for _ in range(MAX_RETRIES):
-            pipe = self.client.pipeline(transaction=False)
-            pipe.get(ws_key)
-            pipe.get(fence_key)
-            value_reply, fence_reply = pipe.execute()
-            value, fence_raw = _s(value_reply), _s(fence_reply)
+            value, fence_raw, floor = self._read(key)
             raw = run_codec.read(self.client, self.keys.run(run_id))
             if raw is None:
                 return Acquired()
@@ -104,7 +113,7 @@ class WorkspaceLeases:
                     return Acquired(run=run_codec.decode(raw))  # ours already (a resent acquisition)
                 if holder.live:
                     return Acquired(holder=holder)
-            fence = int(fence_raw or 0) + 1
+            fence = max(int(fence_raw or 0), floor) + 1
             run = run_codec.decode(raw)
             if run.status != "running":
                 return Acquired()
@@ -131,6 +140,22 @@ class WorkspaceLeases:
             if result.failed_guard == 0:
                 return Acquired()  # our own lease is lost: we may not take anything
         return Acquired()
+
+    def _read(self, key: str) -> tuple[str | None, str | None, int]:
+        """``key``'s lease value, its fence counter, and the floor of its next fence (``_fence_of``), in one round
+        trip."""
+        pipe = self.client.pipeline(transaction=False)
+        pipe.get(self.keys.workspace(key))
+        pipe.get(self.keys.workspace_fence(key))
+        legacy = has_old_spelling(key)
+        if legacy:
+            pipe.get(self.keys.before_encoding.workspace_fence(key))
+        replies = pipe.execute(raise_on_error=False)  # only the old spelling's reply may be an error to ignore
+        for reply in replies[:2]:
+            if isinstance(reply, Exception):
+                raise reply
+        value, fence_raw = _s(replies[0]), _s(replies[1])
+        return value, fence_raw, _fence_of(replies[2]) if legacy else 0
 
     def release(self, key: str, run_id: str, token: str) -> bool:
         """Compare-and-delete: drop ``key``'s lease only while it is still ours."""
@@ -171,11 +196,7 @@ class WorkspaceLeases:
         One transition (``workspace_acquired``), fenced by our lease, compare-and-set on a dead holder's value."""
         ws_key, fence_key, lease_key = self.keys.workspace(key), self.keys.workspace_fence(key), self.keys.lease(holder_id)
         for _ in range(MAX_RETRIES):
-            pipe = self.client.pipeline(transaction=False)
-            pipe.get(ws_key)
-            pipe.get(fence_key)
-            value_reply, fence_reply = pipe.execute()
-            value, fence_raw = _s(value_reply), _s(fence_reply)
+            value, fence_raw, floor = self._read(key)
             holder_lease: str | None = None
             if value is not None:
                 holder_lease = _s(self.client.get(self.keys.lease(value.split("|", 1)[0])))
@@ -184,7 +205,7 @@ class WorkspaceLeases:
                     return holder.fence, None  # ours already (a resent acquisition)
                 if holder.live:
                     return None, holder
-            fence = int(fence_raw or 0) + 1
+            fence = max(int(fence_raw or 0), floor) + 1
             tx = (Tx("workspace_acquired", to_iso(now)).expect(lease_key, token).expect(ws_key, value)
                   .expect(fence_key, fence_raw))
             if value is not None:

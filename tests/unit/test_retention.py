@@ -294,6 +294,46 @@ def test_a_workflow_loop_run_leaves_with_its_workflow_runs(client: redis.Redis) 
     assert trim_changes(client) == [{"trim": {"loop_runs": [first], "workflow_runs": [wf_ids[0]]}}]
 
 
+def test_a_workflow_loop_runs_key_written_under_the_old_spelling_leaves_with_it(client: redis.Redis) -> None:
+    spec = _workflow(client)
+    loop_id = make_loop(client, keepRuns=1, target={"type": "workflow", "workflowId": spec["id"]})
+    loop = LoopStore(client, KEYS).get(loop_id)
+    assert loop is not None
+    wf_ids, idem_keys = [], []
+    for _ in range(2):
+        claim = claim_next(client, loop_id)
+        key = f"{loop_id}:{claim.run.scheduled_for}:attempt:1"
+        wf_ids.append(_finished_workflow_run(client, spec, T0, loop=loop.to_dict(), loop_run=claim.run.to_dict(),
+                                             idempotency_key=key))
+        # As a version before the key encoding wrote it (the raw spelling, no TTL).
+        old = KEYS.before_encoding.wf_idempotency(spec["id"], key)
+        client.rename(KEYS.wf_idempotency(spec["id"], key), old)
+        idem_keys.append(old)
+        RunStore(client, KEYS).finalize(claim.run.id, claim.token, T0 + timedelta(seconds=30), status="succeeded",
+                                        exit_code=0, duration_ms=1, stdout="", stderr="", error=None, pid=None)
+    assert trim(client).workflow_runs == 1
+    assert not client.exists(KEYS.wf_run(wf_ids[0]))
+    assert not client.exists(idem_keys[0])  # not left behind for ever
+    assert client.get(idem_keys[1]) == wf_ids[1]
+
+
+def test_a_run_a_trigger_key_in_the_old_spelling_points_to_is_kept_until_it_expires(client: redis.Redis) -> None:
+    loop_id = make_loop(client, keepRuns=1)
+    store = RunStore(client, KEYS)
+    claim = store.claim(loop_id, T0, OWNER, T0, source="trigger", run_id="trig1", idempotency_key="order:42")
+    assert isinstance(claim, Claim)
+    store.finalize("trig1", claim.token, T0 + timedelta(seconds=1), status="succeeded", exit_code=0, duration_ms=1,
+                   stdout="", stderr="", error=None, pid=None)
+    client.set(f"loopsq:idem:{loop_id}:order:42", "trig1", px=60_000)  # written before the key encoding
+    ids = [settle(client, loop_id) for _ in range(2)]
+    report = trim(client)
+    assert (report.loop_runs, report.protected) == (1, 1)
+    assert run_ids(client, loop_id) == ["trig1", ids[1]]
+    client.delete(f"loopsq:idem:{loop_id}:order:42")
+    assert trim(client, T0 + timedelta(days=2)).loop_runs == 1
+    assert run_ids(client, loop_id) == [ids[1]]
+
+
 @pytest.mark.parametrize("budget", [1, 2])
 def test_a_pass_trims_a_bounded_batch_and_leaves_the_rest_due(client: redis.Redis, budget: int) -> None:
     loop_id = make_loop(client, keepRuns=1)
