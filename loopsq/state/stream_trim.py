@@ -20,9 +20,12 @@ from loopsq.state.keys import Keys
 STREAM_MARGIN = 100
 
 # Keep everything from ARGV[1] on (all but the newest margin entries when empty), plus the margin before it.
+# A group that has read nothing yet needs '0-0' on: everything stays (and Redis 7.0 refuses the exclusive end
+# '(0-0' of XREVRANGE with "invalid end ID for the interval").
 _TRIM = """
 local margin = tonumber(ARGV[2])
 local before
+if ARGV[1] == '0-0' then return 0 end
 if ARGV[1] == '' then
   before = redis.call('XREVRANGE', KEYS[1], '+', '-', 'COUNT', margin)
 else
