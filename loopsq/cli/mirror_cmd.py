@@ -21,8 +21,9 @@ import redis
 from loopsq.cli.app import get_app, json_flag
 from loopsq.errors import LoopsqError
 from loopsq.mirror import queries, repair
-from loopsq.mirror.follow import catch_up, follow, mirror_id, rebuild
+from loopsq.mirror.follow import catch_up, follow, rebuild
 from loopsq.mirror.follower_lock import MIRROR_ROLE, FollowerLock, busy_message
+from loopsq.mirror.identity import configured_name, mirror_group
 from loopsq.mirror.schema import open_db
 from loopsq.state.connection import connect, mask_url, unavailable
 from loopsq.state.keys import Keys
@@ -41,6 +42,7 @@ log = logging.getLogger("loopsq.mirror")
 def mirror(do_rebuild: bool, once: bool) -> None:
     """Keep the SQLite query mirror (<data-dir>/loops.db) following Redis."""
     app = get_app()
+    configured_name()  # a malformed LOOPSQ_MIRROR_NAME stops it here (exit 2)
     path = config.mirror_path(app.data_dir)
     if not (do_rebuild or once):
         _run(app.redis_url, app.keys, app.data_dir)  # waits for Redis: no fail-fast while it is away
@@ -139,7 +141,7 @@ def _follow(url: str, keys: Keys, path: Path) -> None:
             break
         conn = open_db(str(path))
         try:
-            group = mirror_id(str(path))
+            group = mirror_group(client, keys, conn, str(path))
             if not announced:
                 log.info("following %s as %s into %s", mask_url(url), group, path)
                 announced = True

@@ -102,12 +102,14 @@ def web(host: str | None, port: int | None, generate_token: bool, no_mirror: boo
     """Serve the HTTP API, the dashboard and /metrics (token from LOOPSQ_API_TOKEN)."""
     import uvicorn
 
+    from loopsq.mirror.identity import configured_name
     from loopsq.web import WebSettings, create_app
     from loopsq.web.metrics import per_loop_from_env
 
     app_ctx = get_app()
     url = app_ctx.redis_url  # a configuration error ends it here, before anything is bound or printed
     host, port = listen_address(host, port)
+    configured_name()  # a malformed LOOPSQ_MIRROR_NAME (exit 2)
     per_loop = per_loop_from_env()
     ttl_ms = at_least("--session-ttl", session_ttl, duration_flag("--session-ttl", session_ttl) or 0,
                       limits.MIN_SESSION_TTL_MS)

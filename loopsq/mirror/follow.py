@@ -3,7 +3,7 @@
 - ``catch_up`` brings a mirror file up to the newest change (every CLI read calls it first: read-your-writes
   whether or not a ``loopsq mirror`` process runs).
 - ``follow`` is the data dir's one follower (``loopsq mirror``, or ``loopsq web``'s thread; ``follower_lock``): a
-  consumer group of its own per mirror file, so every mirror on every host receives every change.
+  consumer group of its own per data dir (``identity``), so every mirror on every host receives every change.
 - ``rebuild`` merges what Redis holds into the mirror (``merge.merge_all``): every row Redis has is rewritten from
   Redis's entities, and the runs Redis no longer has (trimmed from its history window, or gone with a flushed
   Redis) are kept, archived. It runs on request, and by itself when the mirror cannot be trusted to follow on:
@@ -13,7 +13,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import sqlite3
@@ -137,12 +136,6 @@ def _replay_until(client: redis.Redis, keys: Keys, conn: sqlite3.Connection, tai
         if len(entries) < BATCH:
             return
         start = f"({entries[-1][0]}"
-
-
-def mirror_id(db_path: str) -> str:
-    """A stable id for one mirror file on one host; it names the mirror's consumer group."""
-    digest = hashlib.sha1(f"{hostname()}:{db_path}".encode()).hexdigest()[:12]
-    return f"mirror:{digest}"
 
 
 def follow(

@@ -25,8 +25,9 @@ from loopsq.domain import timeutil
 from loopsq.engine import timers
 from loopsq.errors import LoopsqError, RedisUnavailableError
 from loopsq.mirror.damage import malformed_cause, malformed_error
-from loopsq.mirror.follow import catch_up, follow, mirror_id
+from loopsq.mirror.follow import catch_up, follow
 from loopsq.mirror.follower_lock import WEB_ROLE, FollowerLock, following
+from loopsq.mirror.identity import mirror_group
 from loopsq.mirror.schema import open_db
 from loopsq.state.connection import connect, mask_url, unavailable
 from loopsq.state.keys import Keys
@@ -177,7 +178,7 @@ class WebContext:
                 self._stop.wait(RETRY_MAX_S)
                 continue
             try:
-                group = mirror_id(path)
+                group = mirror_group(self.client, self.keys, conn, path)
                 if not announced:
                     log.info("mirror follower: %s as %s into %s", mask_url(self.settings.redis_url), group, path)
                     announced = True

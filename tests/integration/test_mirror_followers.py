@@ -5,7 +5,9 @@ kill -9 of the follower frees the data dir at once. Never two consumers in one g
 
 from __future__ import annotations
 
+import re
 import socket
+import sqlite3
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -138,3 +140,68 @@ def test_a_web_app_beside_a_loopsq_mirror_serves_reads_without_following_it(clus
     mirror.kill9()
     cluster.create("later", "true", "--every", "1h")
     assert web.loop_names() == ["after", "before", "later"]
+
+
+# -- the group's name -----------------------------------------------------------------------------------------
+
+
+def group_of(proc: Proc) -> str:
+    """The group a mirror process announced (``following <url> as <group> into <path>``)."""
+    match = re.search(r"following \S+ as (mirror:\S+) into ", proc.text())
+    assert match, proc.text()
+    return match.group(1)
+
+
+def _id(stream_id: str) -> tuple[int, int]:
+    ms, _, seq = stream_id.partition("-")
+    return int(ms), int(seq)
+
+
+def test_a_mirror_restarted_on_its_data_dir_under_another_host_name_resumes_its_group(cluster: Cluster) -> None:
+    first = start_mirror(cluster, env={"LOOPSQ_HOST": "dyno-a"})
+    group = group_of(first)
+    cluster.create("a", "true", "--every", "1h")
+    cluster.wait_until(lambda: groups(cluster) == {group: ["dyno-a"]}, 20, "dyno-a to read")
+    first.kill9()  # a dyno restarted with its disk comes back under another host name
+    second = start_mirror(cluster, "mirror2", env={"LOOPSQ_HOST": "dyno-b"})
+    assert group_of(second) == group
+    cluster.create("b", "true", "--every", "1h")
+    cluster.wait_until(lambda: groups(cluster) == {group: ["dyno-b"]}, 20, "the one group, read by dyno-b alone")
+    assert re.search(rf"^\[loopsq-mirror\] mirror group {group}: removed consumer dyno-a left by an earlier "
+                     r"follower of this data dir \(0 pending, idle \d+s\)$", second.text(), re.MULTILINE)
+    second.terminate()
+    third = start_mirror(cluster, "mirror3", env={"LOOPSQ_MIRROR_NAME": "archive"})
+    assert group_of(third) == "mirror:archive"
+
+
+@pytest.mark.timeout(120)
+def test_a_mirror_on_a_new_disk_makes_a_new_group_and_the_old_one_stops_holding_the_stream_after_mirror_idle(
+    cluster: Cluster,
+) -> None:
+    cluster.start("scheduler", env={"LOOPSQ_MIRROR_IDLE": "2s"})
+    old = start_mirror(cluster, env={"LOOPSQ_DATA_DIR": str(cluster.tmp / "disk-1")})
+    old_group = group_of(old)
+    cluster.create_fast("first", "true", 3_600_000)
+    cluster.wait_until(lambda: groups(cluster).get(old_group), 20, "the old mirror to read")
+    old.kill9()  # the dyno goes, and its ephemeral disk with it
+    new = start_mirror(cluster, "mirror2", env={"LOOPSQ_DATA_DIR": str(cluster.tmp / "disk-2")})
+    new_group = group_of(new)
+    assert new_group != old_group
+    (old_read,) = [str(g["last-delivered-id"]) for g in cluster.client.xinfo_groups(KEYS.changes)
+                   if g["name"] == old_group]
+    for i in range(150):
+        cluster.create_fast(f"l{i}", "true", 3_600_000)
+
+    def trimmed_past_the_old_group() -> bool:
+        first = cluster.client.xrange(KEYS.changes, count=1)
+        return bool(first) and _id(first[0][0]) > _id(old_read)
+
+    cluster.wait_until(trimmed_past_the_old_group, 30, "the stream trimmed past what the old group read")
+    assert set(groups(cluster)) == {old_group, new_group}  # still listed (doctor names it), holding nothing back
+    db = cluster.tmp / "disk-2" / "loops.db"
+
+    def mirrored() -> int:
+        with sqlite3.connect(db) as conn:
+            return int(conn.execute("SELECT COUNT(*) FROM loops").fetchone()[0])
+
+    cluster.wait_until(lambda: mirrored() == 151, 20, "the new mirror to hold every loop")
