@@ -94,3 +94,15 @@ def test_a_live_group_that_has_read_nothing_keeps_the_whole_stream_without_an_er
     ids = fill(client, 5)  # the first changes are written: the group still needs them all
     assert trim_stream(client, KEYS, HOUR, margin=2) == 0
     assert [str(i) for i, _ in client.xrange(KEYS.changes)] == ids
+
+
+def test_a_group_silent_for_seven_times_the_limit_is_removed_and_a_newer_silent_one_stays(client: redis.Redis) -> None:
+    fill(client, 10)
+    client.xgroup_create(KEYS.changes, "mirror:gone-for-good", id="0-0")
+    read(client, "mirror:gone-for-good", 5)
+    time.sleep(0.3)
+    client.xgroup_create(KEYS.changes, "mirror:silent", id="0-0")
+    read(client, "mirror:silent", 5)
+    client.xgroup_create(KEYS.changes, "mirror:no-consumer", id="0-0")
+    trim_stream(client, KEYS, idle_ms=30, margin=3)  # gone-for-good: silent > 210 ms; silent: < 210 ms
+    assert [g.name for g in mirror_groups(client, KEYS, 30)] == ["mirror:no-consumer", "mirror:silent"]
