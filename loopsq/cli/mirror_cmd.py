@@ -1,4 +1,9 @@
-"""``loopsq mirror``: follow the change stream into this host's SQLite mirror, or rebuild it from Redis."""
+"""``loopsq mirror``: follow the change stream into this data dir's SQLite mirror, or rebuild it from Redis.
+
+Following takes the data dir's follower lock first (``loopsq.mirror.follower_lock``): while another process follows
+the data dir (a ``loopsq web`` without ``--no-mirror``, another ``loopsq mirror``), it refuses with one line naming
+that process, and exits 1.
+"""
 
 from __future__ import annotations
 
@@ -14,8 +19,11 @@ import click
 import redis
 
 from loopsq.cli.app import get_app, json_flag
+from loopsq.errors import LoopsqError
 from loopsq.mirror import queries, repair
-from loopsq.mirror.follow import catch_up, follow, mirror_id, rebuild
+from loopsq.mirror.follow import catch_up, follow, rebuild
+from loopsq.mirror.follower_lock import MIRROR_ROLE, FollowerLock, busy_message
+from loopsq.mirror.identity import configured_name, mirror_group
 from loopsq.mirror.schema import open_db
 from loopsq.state.connection import connect, mask_url, unavailable
 from loopsq.state.keys import Keys
@@ -34,9 +42,10 @@ log = logging.getLogger("loopsq.mirror")
 def mirror(do_rebuild: bool, once: bool) -> None:
     """Keep the SQLite query mirror (<data-dir>/loops.db) following Redis."""
     app = get_app()
+    configured_name()  # a malformed LOOPSQ_MIRROR_NAME stops it here (exit 2)
     path = config.mirror_path(app.data_dir)
     if not (do_rebuild or once):
-        _run(app.redis_url, app.keys, path)  # waits for Redis: no fail-fast while it is away
+        _run(app.redis_url, app.keys, app.data_dir)  # waits for Redis: no fail-fast while it is away
         return
     client = app.client()
     if do_rebuild:
@@ -69,7 +78,6 @@ def mirror(do_rebuild: bool, once: bool) -> None:
             return
     finally:
         conn.close()
-    _run(app.redis_url, app.keys, path)
 
 
 def _repair_payload(repaired: repair.Repair) -> dict[str, Any]:
@@ -94,10 +102,28 @@ def _repair_lines(repaired: repair.Repair) -> list[str]:
     return lines
 
 
-def _run(url: str, keys: Keys, path: Path) -> None:
-    """Follow until SIGINT/SIGTERM. Redis being unreachable or restarting never ends it: it waits with a capped
-    backoff (one log line when the outage starts, one when it ends) and follows on; a configuration error ends
-    it (``RedisUnavailableError``)."""
+def _run(url: str, keys: Keys, data_dir: Path) -> None:
+    """Follow until SIGINT/SIGTERM, as the data dir's one follower. Redis being unreachable or restarting never ends
+    it: it waits with a capped backoff (one log line when the outage starts, one when it ends) and follows on; a
+    configuration error ends it (``RedisUnavailableError``).
+
+    Raises:
+        LoopsqError: another process follows the data dir (its pid and what it is are named).
+    """
+    lock = FollowerLock(data_dir, MIRROR_ROLE)
+    try:
+        holder = lock.acquire()
+    except OSError as exc:
+        raise LoopsqError(f"cannot lock {lock.path}: {exc.strerror or exc}") from exc
+    if holder is not None:
+        raise LoopsqError(busy_message(data_dir, holder))
+    try:
+        _follow(url, keys, config.mirror_path(data_dir))
+    finally:
+        lock.release()
+
+
+def _follow(url: str, keys: Keys, path: Path) -> None:
     logging.basicConfig(level=logging.INFO, format="[loopsq-mirror] %(message)s")
     stop = threading.Event()
 
@@ -107,18 +133,18 @@ def _run(url: str, keys: Keys, path: Path) -> None:
 
     signal.signal(signal.SIGTERM, _stop)
     signal.signal(signal.SIGINT, _stop)
-    group = mirror_id(str(path))
     client = connect(url, check=False)  # a malformed URL is a configuration error, raised here
     outage = OutageLog(url, log)
     announced = False
     while not stop.is_set():
         if not wait_for_redis(client, outage, stop):
             break
-        if not announced:
-            log.info("following %s as %s into %s", mask_url(url), group, path)
-            announced = True
         conn = open_db(str(path))
         try:
+            group = mirror_group(client, keys, conn, str(path))
+            if not announced:
+                log.info("following %s as %s into %s", mask_url(url), group, path)
+                announced = True
             follow(client, keys, conn, group, stop, on_applied=lambda n: log.info("applied %d change(s)", n))
         except redis.RedisError as exc:
             if not is_transient(exc):

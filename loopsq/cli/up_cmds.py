@@ -15,10 +15,11 @@ from loopsq.cli.app import get_app, json_flag
 from loopsq.cli.options import duration_flag, positive_int_flag
 from loopsq.engine.slots import DEFAULT_CONCURRENCY
 from loopsq.errors import LoopsqError, RedisNotConfiguredError, ValidationError
+from loopsq.mirror.identity import configured_name
 from loopsq.ops import install
 from loopsq.ops.fleet_config import worker_concurrency
 from loopsq.ops.up import API_TOKEN_ENV, API_TOKEN_FILENAME, UpConfig, api_token, run_up
-from loopsq.system import config
+from loopsq.system import config, limits
 from loopsq.system.exec_path import normalize_execution_path
 
 
@@ -52,6 +53,8 @@ def up(workers: str, concurrency: str, demo: bool, stop_timeout: str, web_port: 
     if port > 65535:
         raise ValidationError(f"--web-port must be a TCP port (1-65535), got '{web_port}'")
     app = get_app()
+    configured_name()  # what the mirror would refuse (a malformed LOOPSQ_MIRROR_NAME)
+    limits.keep_runs(), limits.keep_workflow_runs(), limits.mirror_idle_ms()  # what the scheduler would refuse
     root = click.get_current_context().find_root().command
     has_web = isinstance(root, click.Group) and "web" in root.commands
     if has_web and not no_web:

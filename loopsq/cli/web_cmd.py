@@ -1,4 +1,5 @@
-"""``loopsq web``: serve the HTTP API, the dashboard and ``/metrics`` with uvicorn (plus a mirror follower).
+"""``loopsq web``: serve the HTTP API, the dashboard and ``/metrics`` with uvicorn (plus a mirror follower, unless
+``--no-mirror`` or another process follows the data dir: ``loopsq.web.context``).
 
 Where it listens: ``--host``/``--port``; else, when ``PORT`` is set (a Heroku-style platform, honcho, foreman),
 ``0.0.0.0:$PORT``, as those platforms require; else ``127.0.0.1:8080``. loopsq binds the socket itself, so a
@@ -90,7 +91,9 @@ def bind(host: str, port: int) -> socket.socket:
 @click.option("--port", type=click.IntRange(0, 65535), metavar="PORT",
               help=f"TCP port [env {PORT_ENV}, else {DEFAULT_PORT}].")
 @click.option("--generate-token", is_flag=True, help=f"Without {TOKEN_ENV}, make a token and print it.")
-@click.option("--no-mirror", is_flag=True, help="Do not follow the change stream here (reads still catch up).")
+@click.option("--no-mirror", is_flag=True,
+              help="Do not follow the change stream here (reads still catch up). It does not either while another "
+                   "process follows the data dir (loopsq mirror).")
 @click.option("--no-rq-dashboard", is_flag=True, help="Do not mount rq-dashboard under /rq.")
 @click.option("--session-ttl", default="12h", show_default=True, envvar=SESSION_TTL_ENV, metavar="DURATION",
               help=f"How long a dashboard login lasts [env {SESSION_TTL_ENV}].")
@@ -99,12 +102,14 @@ def web(host: str | None, port: int | None, generate_token: bool, no_mirror: boo
     """Serve the HTTP API, the dashboard and /metrics (token from LOOPSQ_API_TOKEN)."""
     import uvicorn
 
+    from loopsq.mirror.identity import configured_name
     from loopsq.web import WebSettings, create_app
     from loopsq.web.metrics import per_loop_from_env
 
     app_ctx = get_app()
     url = app_ctx.redis_url  # a configuration error ends it here, before anything is bound or printed
     host, port = listen_address(host, port)
+    configured_name()  # a malformed LOOPSQ_MIRROR_NAME (exit 2)
     per_loop = per_loop_from_env()
     ttl_ms = at_least("--session-ttl", session_ttl, duration_flag("--session-ttl", session_ttl) or 0,
                       limits.MIN_SESSION_TTL_MS)

@@ -30,6 +30,10 @@ log = logging.getLogger(__name__)
 
 LAST_APPLIED_KEY = "last_applied_id"
 REDIS_INSTANCE_KEY = "redis_instance"
+#: The mirror's name (``loopsq.mirror.identity``), which names its consumer group: it outlives every rebuild.
+MIRROR_NAME_KEY = "mirror_name"
+#: Deletes the meta a rebuild replaces: everything but the mirror's name.
+CLEAR_META_SQL = f"DELETE FROM mirror_meta WHERE key <> '{MIRROR_NAME_KEY}'"
 
 _STREAM_ID = re.compile(r"(\d+)-(\d+)")
 
@@ -141,12 +145,13 @@ def apply_changes(conn: sqlite3.Connection, changes: Sequence[Mapping[str, Any]]
 
 
 def reset(conn: sqlite3.Connection) -> None:
-    """Delete every mirrored row and all of ``mirror_meta`` in one transaction (the first step of a rebuild)."""
+    """Delete every mirrored row and the meta (all but the mirror's name) in one transaction (the first step of a
+    rebuild)."""
     try:
         with transaction(conn):
             for table in MIRRORED_COLUMNS:
                 conn.execute(f"DELETE FROM {table}")
-            conn.execute("DELETE FROM mirror_meta")
+            conn.execute(CLEAR_META_SQL)
     except sqlite3.Error as exc:
         raise LoopsqError(f"cannot reset the mirror: {exc}") from exc
 
@@ -159,8 +164,8 @@ def replace_all(
 ) -> None:
     """Replace the whole mirror with a snapshot, in ONE transaction (a rebuild readers never see half done).
 
-    Deletes every mirrored row and all meta, upserts the snapshot's entities, records ``last_id`` as the last
-    applied change and stores ``meta`` (e.g. the Redis instance id).
+    Deletes every mirrored row and the meta (all but the mirror's name), upserts the snapshot's entities, records
+    ``last_id`` as the last applied change and stores ``meta`` (e.g. the Redis instance id).
 
     Raises:
         LoopsqError: on an unknown table, a malformed entity or a row SQLite refuses; nothing changes then.
@@ -170,7 +175,7 @@ def replace_all(
         with transaction(conn):
             for table in MIRRORED_COLUMNS:
                 conn.execute(f"DELETE FROM {table}")
-            conn.execute("DELETE FROM mirror_meta")
+            conn.execute(CLEAR_META_SQL)
             apply_one(conn, {"id": last_id, "upsert": upsert})
             set_meta(conn, LAST_APPLIED_KEY, last_id)
             for key, value in (meta or {}).items():

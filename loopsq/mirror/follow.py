@@ -2,8 +2,8 @@
 
 - ``catch_up`` brings a mirror file up to the newest change (every CLI read calls it first: read-your-writes
   whether or not a ``loopsq mirror`` process runs).
-- ``follow`` is ``loopsq mirror``: a consumer group of its own per mirror file, so every mirror on every host
-  receives every change.
+- ``follow`` is the data dir's one follower (``loopsq mirror``, or ``loopsq web``'s thread; ``follower_lock``): a
+  consumer group of its own per data dir (``identity``), so every mirror on every host receives every change.
 - ``rebuild`` merges what Redis holds into the mirror (``merge.merge_all``): every row Redis has is rewritten from
   Redis's entities, and the runs Redis no longer has (trimmed from its history window, or gone with a flushed
   Redis) are kept, archived. It runs on request, and by itself when the mirror cannot be trusted to follow on:
@@ -13,7 +13,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import sqlite3
@@ -139,12 +138,6 @@ def _replay_until(client: redis.Redis, keys: Keys, conn: sqlite3.Connection, tai
         start = f"({entries[-1][0]}"
 
 
-def mirror_id(db_path: str) -> str:
-    """A stable id for one mirror file on one host; it names the mirror's consumer group."""
-    digest = hashlib.sha1(f"{hostname()}:{db_path}".encode()).hexdigest()[:12]
-    return f"mirror:{digest}"
-
-
 def follow(
     client: redis.Redis,
     keys: Keys,
@@ -157,21 +150,41 @@ def follow(
 ) -> None:
     """Follow the change stream with consumer group ``group`` until ``stop`` is set.
 
-    Each batch is applied in one SQLite transaction and then acknowledged. Changes the mirror already holds
-    (applied by a CLI catch-up, or redelivered after a crash) are skipped by ``apply_changes``.
+    The caller must be the data dir's one follower (``follower_lock``): the group is this mirror's alone, read
+    under this host's name, and any other consumer in it was left by an earlier follower of this data dir (under
+    another host name: a dyno restarted with its disk) and is removed, so that entries it never acknowledged do
+    not hold the stream back. Each batch is applied in one SQLite transaction and then acknowledged. Changes the
+    mirror already holds (applied by a CLI catch-up, or redelivered after a crash) are skipped by
+    ``apply_changes``. After a read that waited ``block_ms`` for nothing, the group's pending entries are read
+    (none, normally): on Redis 7.0 only that refreshes the consumer's idle time, which tells the stream trim that
+    this mirror still reads (``LOOPSQ_MIRROR_IDLE``). A group removed meanwhile (``XGROUP DESTROY``) is made again.
     """
+    consumer = hostname()
     catch_up(client, keys, conn)
     _ensure_group(client, keys, group, last_applied_id(conn) or "0-0")
-    consumer = f"{hostname()}"
+    _remove_other_consumers(client, keys, group, consumer)
     pending_first = True
     while not stop.is_set():
         if _needs_rebuild(client, keys, conn) is not None:
             catch_up(client, keys, conn)
             _ensure_group(client, keys, group, last_applied_id(conn) or "0-0")
-        stream_from = "0" if pending_first else ">"
-        reply = client.xreadgroup(group, consumer, {keys.changes: stream_from}, count=BATCH, block=block_ms)
+        reading_pending = pending_first
+        try:
+            if reading_pending:
+                reply = client.xreadgroup(group, consumer, {keys.changes: "0"}, count=BATCH)
+            else:
+                reply = client.xreadgroup(group, consumer, {keys.changes: ">"}, count=BATCH, block=block_ms)
+        except redis.ResponseError as exc:
+            if "NOGROUP" not in str(exc):
+                raise
+            log.warning("mirror group %s is gone from Redis (XGROUP DESTROY?); making it again", group)
+            catch_up(client, keys, conn)
+            _ensure_group(client, keys, group, last_applied_id(conn) or "0-0")
+            pending_first = True
+            continue
         entries = _entries(reply)
-        pending_first = pending_first and bool(entries)
+        # Pending entries until there are none; then new ones; after a wait for nothing, the pending ones again.
+        pending_first = bool(entries) if reading_pending else not entries
         if not entries:
             continue
         applied = apply_changes(conn, [parse_entry(i, f) for i, f in entries])
@@ -186,6 +199,17 @@ def _ensure_group(client: redis.Redis, keys: Keys, group: str, start: str) -> No
     except redis.ResponseError as exc:
         if "BUSYGROUP" not in str(exc):
             raise
+
+
+def _remove_other_consumers(client: redis.Redis, keys: Keys, group: str, consumer: str) -> None:
+    """Remove the consumers of ``group`` other than ``consumer``, with their pending entries (the mirror has
+    caught up from the stream itself, so nothing they held is lost)."""
+    for other in client.xinfo_consumers(keys.changes, group):
+        name = _str(other.get("name")) or ""
+        if name != consumer:
+            client.xgroup_delconsumer(keys.changes, group, name)
+            log.info("mirror group %s: removed consumer %s left by an earlier follower of this data dir "
+                     "(%s pending, idle %ss)", group, name, other.get("pending"), int(other.get("idle") or 0) // 1000)
 
 
 def _entries(reply: Iterable[Any] | None) -> Sequence[tuple[str, dict[str, str]]]:

@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from loopsq.errors import LoopsqError
-from loopsq.mirror.apply import LAST_APPLIED_KEY, apply_one, parse_stream_id, set_meta
+from loopsq.mirror.apply import CLEAR_META_SQL, LAST_APPLIED_KEY, apply_one, parse_stream_id, set_meta
 from loopsq.mirror.schema import transaction
 
 #: Tables that are definitions: the mirror holds exactly what Redis holds.
@@ -36,7 +36,7 @@ def merge_all(
     Definitions not in the snapshot are deleted. Runs not in the snapshot stay, with ``archived_at`` set to
     ``at`` where it was not set yet; a run the snapshot has gets exactly its snapshot (its steps and events
     too: rows of such a run that the snapshot lacks go). ``last_id`` becomes the last applied change; the
-    other meta is replaced by ``meta``.
+    other meta is replaced by ``meta`` (the mirror's name stays).
 
     Returns:
         How many runs (loop runs and workflow runs) the mirror kept that Redis no longer holds.
@@ -64,7 +64,7 @@ def merge_all(
                 missing = f"id NOT IN (SELECT id FROM merge_ids WHERE tbl = '{table}')"
                 kept += int(conn.execute(f"SELECT COUNT(*) FROM {table} WHERE {missing}").fetchone()[0])
                 conn.execute(f"UPDATE {table} SET archived_at = ? WHERE archived_at IS NULL AND {missing}", (at,))
-            conn.execute("DELETE FROM mirror_meta")
+            conn.execute(CLEAR_META_SQL)
             apply_one(conn, {"id": last_id, "upsert": upsert})
             set_meta(conn, LAST_APPLIED_KEY, last_id)
             for key, value in (meta or {}).items():

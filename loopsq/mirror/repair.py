@@ -5,7 +5,8 @@ Only history tables are salvaged (loop runs, workflow runs, their steps and even
 Redis may have trimmed. Loops and workflow specs all live in Redis, so the rebuild alone restores them (a loop row
 in the damaged file that Redis lacks is a removed loop and stays removed). A salvaged row never replaces one the
 rebuild wrote: Redis's version wins. Each table is read forward, then backward from its last row, so rows on both
-sides of a damaged page are kept; whatever lies between is reported as lost.
+sides of a damaged page are kept; whatever lies between is reported as lost. The mirror's name (its consumer
+group's, ``identity``) is kept too when it can be read, so the repaired mirror follows on in its own group.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from loopsq.mirror.apply import MIRROR_NAME_KEY, get_meta, set_meta
 from loopsq.mirror.damage import is_malformed
 from loopsq.mirror.schema import MIRRORED_COLUMNS, open_db, transaction
 
@@ -129,6 +131,7 @@ def salvage(repair: Repair, conn: sqlite3.Connection) -> Repair:
         return Repair(repair.damaged, repair.reason, unreadable=str(exc))
     results: list[Salvage] = []
     try:
+        _keep_name(old, conn)
         for table in SALVAGED_TABLES:
             try:
                 present = {str(r[1]) for r in old.execute(f"PRAGMA table_info({table})")}
@@ -156,3 +159,14 @@ def salvage(repair: Repair, conn: sqlite3.Connection) -> Repair:
     finally:
         old.close()
     return Repair(repair.damaged, repair.reason, tuple(results))
+
+
+def _keep_name(old: sqlite3.Connection, conn: sqlite3.Connection) -> None:
+    """Give the rebuilt mirror the damaged file's name, when that can be read and the rebuilt one has none."""
+    try:
+        row = old.execute("SELECT value FROM mirror_meta WHERE key = ?", (MIRROR_NAME_KEY,)).fetchone()
+    except sqlite3.DatabaseError:
+        return
+    if row is not None and get_meta(conn, MIRROR_NAME_KEY) is None:
+        with transaction(conn):
+            set_meta(conn, MIRROR_NAME_KEY, str(row[0]))

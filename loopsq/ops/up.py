@@ -17,6 +17,7 @@ from pathlib import Path
 
 from loopsq.engine.slots import DEFAULT_CONCURRENCY
 from loopsq.errors import LoopsqError
+from loopsq.mirror import follower_lock
 from loopsq.ops.embedded_redis import EmbeddedRedis, find_redis_server, server_version, write_private
 from loopsq.ops.shutdown import grace_for
 from loopsq.ops.supervisor import ChildSpec, Printer, Supervisor, describe_exit
@@ -114,6 +115,9 @@ BASE_ENV_KEYS = frozenset({"PATH", "HOME", "USER", "LOGNAME", "SHELL", "LANG", "
 PASSED_LOOPSQ_KEYS = {
     "all": ("LOOPSQ_HOST", "LOOPSQ_REDIS_SSL_CERT_REQS", "LOOPSQ_CLAIM_REPLICAS"),
     "web": ("LOOPSQ_METRICS_PER_LOOP", "LOOPSQ_MCP_ALLOW_MUTATIONS"),
+    "mirror": ("LOOPSQ_MIRROR_NAME",),
+    # What maintenance reads: the history windows and how long a silent mirror group holds the stream back.
+    "scheduler": ("LOOPSQ_KEEP_RUNS", "LOOPSQ_KEEP_WORKFLOW_RUNS", "LOOPSQ_MIRROR_IDLE"),
 }
 
 
@@ -122,7 +126,9 @@ def child_env(role: str, url: str | None, data_dir: Path, environ: dict[str, str
 
     Every child gets ``BASE_ENV_KEYS`` and ``LC_*``, the Redis URL and the data dir (the embedded Redis gets neither);
     ``LOOPSQ_HOST`` and the Redis connection settings (``LOOPSQ_REDIS_SSL_CERT_REQS``, ``LOOPSQ_CLAIM_REPLICAS``);
-    the web app its token (added by the caller), ``LOOPSQ_METRICS_PER_LOOP`` and ``LOOPSQ_MCP_ALLOW_MUTATIONS``. A worker gets the whole
+    the web app its token (added by the caller), ``LOOPSQ_METRICS_PER_LOOP`` and ``LOOPSQ_MCP_ALLOW_MUTATIONS``; the
+    mirror ``LOOPSQ_MIRROR_NAME``; the scheduler the retention settings (``LOOPSQ_KEEP_RUNS``,
+    ``LOOPSQ_KEEP_WORKFLOW_RUNS``, ``LOOPSQ_MIRROR_IDLE``). A worker gets the whole
     environment instead, because the commands and agents it runs need the user's variables (API keys, an SSH
     agent), but without loopsq's own: no ``LOOPSQ_*`` but what is set here, no ``REDIS_URL``, no ``PORT`` and no
     fault injection (``LOOPSQ_FAULT``: a stray one would make every worker kill itself on every run).
@@ -154,7 +160,7 @@ def app_specs(cfg: UpConfig, url: str) -> list[ChildSpec]:
               for i in range(1, cfg.workers + 1)]
     specs.append(ChildSpec("mirror", (*loopsq, "mirror"), child_env("mirror", url, cfg.data_dir)))
     if cfg.web:
-        # The mirror above already follows the change stream into this data dir.
+        # The mirror above already follows the change stream into this data dir (one follower per data dir).
         web_env = {**child_env("web", url, cfg.data_dir), API_TOKEN_ENV: api_token(cfg.data_dir)}
         specs.append(ChildSpec("web", (*loopsq, "web", "--port", str(cfg.web_port), "--no-mirror"), web_env))
     return specs
@@ -228,8 +234,9 @@ def run_up(cfg: UpConfig, stop: threading.Event, force: threading.Event | None =
     """Run everything until ``stop`` is set, then stop it all; ``force`` skips the stop grace.
 
     Raises:
-        LoopsqError: when another ``up`` runs on the data dir, the web port is taken, no redis-server can be
-            found, the embedded Redis does not start, or a child keeps failing right after it starts.
+        LoopsqError: when another ``up`` runs on the data dir, another process follows its mirror, the web port is
+            taken, no redis-server can be found, the embedded Redis does not start, or a child keeps failing right
+            after it starts.
         RedisUnavailableError: on a configuration error of a configured Redis (wrong password, bad URL); an
             unreachable one is waited for.
     """
@@ -243,6 +250,10 @@ def run_up(cfg: UpConfig, stop: threading.Event, force: threading.Event | None =
     cfg.data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     lock = UpLock(cfg.data_dir)
     lock.acquire()
+    holder = follower_lock.probe(cfg.data_dir)
+    if holder is not None:  # up's mirror would be refused: say so now, not in a restart loop
+        lock.release()
+        raise LoopsqError(follower_lock.busy_message(cfg.data_dir, holder))
     embedded: EmbeddedRedis | None = None
     try:
         sup.say(f"data dir {cfg.data_dir}")

@@ -2,7 +2,10 @@
 keeping ``STREAM_MARGIN`` entries more; the length cap of every ``XADD`` (``commit.STREAM_MAXLEN``) still holds.
 
 A mirror group is live while one of its consumers read within ``idle_ms`` (``LOOPSQ_MIRROR_IDLE``); a group idle
-for longer (or with no consumer at all) no longer holds the stream back, and ``doctor`` names it. A mirror that
+for longer (or with no consumer at all) no longer holds the stream back, and ``doctor`` names it. One silent for
+``FORGET_FACTOR`` times as long is removed, so that the groups of mirrors gone for good (one per restart of a
+platform's ephemeral disk) do not pile up, each costing every pass a look; a follower whose group was removed
+makes it again. A mirror that
 comes back after the stream moved on rebuilds by merge and keeps its archive. Without any live group the stream
 keeps only the margin: CLI reads of a mirror that no process follows catch up from Redis's entities.
 """
@@ -18,11 +21,16 @@ from loopsq.state.keys import Keys
 
 #: Entries kept before the oldest one a live mirror group still needs (a rebuilding mirror's replay, a CLI read).
 STREAM_MARGIN = 100
+#: A group silent for this many times the idle limit is removed (7 days with the default 24 h).
+FORGET_FACTOR = 7
 
 # Keep everything from ARGV[1] on (all but the newest margin entries when empty), plus the margin before it.
+# A group that has read nothing yet needs '0-0' on: everything stays (and Redis 7.0 refuses the exclusive end
+# '(0-0' of XREVRANGE with "invalid end ID for the interval").
 _TRIM = """
 local margin = tonumber(ARGV[2])
 local before
+if ARGV[1] == '0-0' then return 0 end
 if ARGV[1] == '' then
   before = redis.call('XREVRANGE', KEYS[1], '+', '-', 'COUNT', margin)
 else
@@ -96,7 +104,14 @@ def first_needed(client: redis.Redis, keys: Keys, groups: list[MirrorGroup]) -> 
 
 
 def trim_stream(client: redis.Redis, keys: Keys, idle_ms: int, margin: int = STREAM_MARGIN) -> int:
-    """Trim the change stream behind its live mirror groups; returns how many entries went."""
-    needed = first_needed(client, keys, mirror_groups(client, keys, idle_ms))
+    """Trim the change stream behind its live mirror groups, and remove the groups silent for ``FORGET_FACTOR``
+    times ``idle_ms``; returns how many entries went."""
+    groups = mirror_groups(client, keys, idle_ms)
+    for group in groups:
+        # A group without a consumer has no idle time to judge by (a follower between making it and its first
+        # read, say): it stays, holding nothing back.
+        if group.idle_ms is not None and group.idle_ms > idle_ms * FORGET_FACTOR:
+            client.xgroup_destroy(keys.changes, group.name)
+    needed = first_needed(client, keys, groups)
     script = client.register_script(_TRIM)
     return int(script(keys=[keys.changes], args=[needed or "", margin]))

@@ -20,6 +20,8 @@ MIRROR_FILENAME = "loops.db"
 REDIS_URL_FILENAME = "redis.url"
 #: Held (``flock``) by a running ``loopsq up`` for as long as it runs; holds its pid.
 UP_LOCK_FILENAME = "up.lock"
+#: Held (``flock``) by the one process that follows the change stream into the data dir's mirror; holds its pid.
+MIRROR_LOCK_FILENAME = "mirror.lock"
 
 
 #: Where a Redis URL can come from, in order; the first one set wins.

@@ -3,7 +3,9 @@
 Reads go through the SQLite mirror after a catch-up (read-your-writes: a request sees every write acknowledged
 before it started), writes through the Redis stores. SQLite connections are opened per request in the thread
 that serves it (``open_db`` connections belong to one thread); the Redis clients are shared (thread-safe pools).
-The follower thread keeps the mirror current between requests, as ``loopsq mirror`` does.
+The follower thread keeps the mirror current between requests, as ``loopsq mirror`` does, when this process is
+the data dir's one follower (``loopsq.mirror.follower_lock``): beside a ``loopsq mirror`` (or another web app) that
+follows the data dir already, it does not follow, and says so in one log line; its reads still catch up.
 """
 
 from __future__ import annotations
@@ -23,7 +25,9 @@ from loopsq.domain import timeutil
 from loopsq.engine import timers
 from loopsq.errors import LoopsqError, RedisUnavailableError
 from loopsq.mirror.damage import malformed_cause, malformed_error
-from loopsq.mirror.follow import catch_up, follow, mirror_id
+from loopsq.mirror.follow import catch_up, follow
+from loopsq.mirror.follower_lock import WEB_ROLE, FollowerLock, following
+from loopsq.mirror.identity import mirror_group
 from loopsq.mirror.schema import open_db
 from loopsq.state.connection import connect, mask_url, unavailable
 from loopsq.state.keys import Keys
@@ -47,7 +51,8 @@ class WebSettings:
         data_dir: This process's data directory; its mirror is ``<data_dir>/loops.db``.
         token: The API token every request must carry (``Authorization: Bearer``) or prove (session cookie).
         keys: Key names (namespace).
-        follow_mirror: Run the mirror follower thread (reads catch up anyway; this keeps the lag low).
+        follow_mirror: Run the mirror follower thread when no other process follows the data dir (reads catch up
+            anyway; this keeps the lag low, and makes this mirror an archive).
         rq_dashboard: Mount rq-dashboard under ``/rq``.
         refresh_s: Dashboard auto-refresh period.
         metrics_per_loop: ``/metrics`` labels run counts per loop (``LOOPSQ_METRICS_PER_LOOP=1``).
@@ -79,6 +84,12 @@ class WebContext:
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._follower_lock = FollowerLock(settings.data_dir, WEB_ROLE)
+
+    @property
+    def following(self) -> bool:
+        """Whether this process follows the change stream into its mirror (holds the data dir's follower lock)."""
+        return self._follower_lock.held
 
     @property
     def mirror_path(self) -> Path:
@@ -114,8 +125,19 @@ class WebContext:
 
     # -- the follower ---------------------------------------------------------------------------------------
     def start(self) -> None:
-        """Start the follower thread when configured (idempotent)."""
+        """Start the follower thread when configured and no other process follows the data dir (idempotent)."""
         if not self.settings.follow_mirror or self._thread is not None:
+            return
+        data_dir = self.settings.data_dir
+        try:
+            holder = self._follower_lock.acquire()
+        except OSError as exc:
+            log.error("mirror follower: not following: cannot lock %s: %s", self._follower_lock.path,
+                      exc.strerror or exc)
+            return
+        if holder is not None:
+            log.info("mirror follower: not following the change stream: %s; reads here still catch up from Redis",
+                     following(data_dir, holder))
             return
         self._stop.clear()
         self._thread = threading.Thread(target=self._follow, name="loopsq-web-mirror", daemon=True)
@@ -126,6 +148,8 @@ class WebContext:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=5)
+            if not self._thread.is_alive():  # else it still follows: the lock goes with the process
+                self._follower_lock.release()
             self._thread = None
         if self._raw is not None:
             self._raw.close()
@@ -137,8 +161,7 @@ class WebContext:
         """Follow the change stream into this mirror until stopped. Redis outages are waited out with a capped
         backoff (one log line when one starts, one when it ends); requests meanwhile get 503."""
         path = str(self.mirror_path)
-        group = mirror_id(path)
-        log.info("mirror follower: %s as %s into %s", mask_url(self.settings.redis_url), group, path)
+        announced = False
         outage = OutageLog(self.settings.redis_url, log)
         while not self._stop.is_set():
             try:
@@ -155,6 +178,10 @@ class WebContext:
                 self._stop.wait(RETRY_MAX_S)
                 continue
             try:
+                group = mirror_group(self.client, self.keys, conn, path)
+                if not announced:
+                    log.info("mirror follower: %s as %s into %s", mask_url(self.settings.redis_url), group, path)
+                    announced = True
                 follow(self.client, self.keys, conn, group, self._stop)
             except redis.RedisError as exc:
                 if is_transient(exc):

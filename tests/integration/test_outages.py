@@ -328,8 +328,10 @@ def test_processes_started_while_redis_is_away_wait_for_it_and_a_wrong_password_
                              "invalid username-password pair or user is disabled.")):
             shown = bad.replace(":nope@", ":***@")
             for role in ("scheduler", "worker", "mirror"):
+                # (a data dir of their own: the mirror above follows "d", and a second one there is refused first)
                 done = subprocess.run([sys.executable, "-m", "loopsq", "--redis-url", bad, role],
-                                      capture_output=True, text=True, timeout=30, env=env)
+                                      capture_output=True, text=True, timeout=30,
+                                      env={**env, "LOOPSQ_DATA_DIR": str(tmp_path / "other")})
                 assert (done.returncode, done.stdout, done.stderr) == (
                     3, "", f"error: cannot reach Redis at {shown}: {reason}\n"), role
         assert masked in procs[0].text()

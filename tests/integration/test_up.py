@@ -254,6 +254,20 @@ def test_bad_up_flags_get_one_line_exit_2_and_start_nothing(tmp_path: Path, monk
     assert not (tmp_path / "data").exists()
 
 
+@pytest.mark.parametrize(("name", "value", "message"), [
+    ("LOOPSQ_MIRROR_IDLE", "soon", "LOOPSQ_MIRROR_IDLE must be a duration greater than zero such as 24h, got 'soon'"),
+    ("LOOPSQ_KEEP_RUNS", "0", "LOOPSQ_KEEP_RUNS must be a positive integer, got '0'"),
+    ("LOOPSQ_KEEP_WORKFLOW_RUNS", "x", "LOOPSQ_KEEP_WORKFLOW_RUNS must be a positive integer, got 'x'"),
+])
+def test_up_refuses_a_retention_setting_its_scheduler_would_refuse_before_starting_anything(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str, value: str, message: str) -> None:
+    monkeypatch.setenv("LOOPSQ_DATA_DIR", str(tmp_path / "data"))
+    monkeypatch.setenv(name, value)
+    result = CliRunner().invoke(cli, ["up"], catch_exceptions=False)
+    assert (result.exit_code, result.stdout, result.stderr) == (2, "", f"error: {message}\n")
+    assert not (tmp_path / "data").exists()
+
+
 # -- failing fast ------------------------------------------------------------------------------------------------
 
 
@@ -499,12 +513,14 @@ def test_up_gives_its_children_only_what_they_need(tmp_path: Path) -> None:
     environ = {"PATH": "/bin", "HOME": "/h", "LC_ALL": "C", "ANTHROPIC_API_KEY": "k", "LOOPSQ_FAULT": "after_claim",
                "LOOPSQ_TEST_FAULTS": "1", "LOOPSQ_API_TOKEN": "t" * 32, "REDIS_URL": "redis://other:6379/0",
                "LOOPSQ_REDIS_URL": "redis://old:6379/0", "PORT": "5000", "LOOPSQ_HOST": "h1",
-               "LOOPSQ_METRICS_PER_LOOP": "1"}
+               "LOOPSQ_METRICS_PER_LOOP": "1", "LOOPSQ_MIRROR_NAME": "archive", "LOOPSQ_MIRROR_IDLE": "2h",
+               "LOOPSQ_KEEP_RUNS": "20", "LOOPSQ_KEEP_WORKFLOW_RUNS": "30"}
     url, data = "redis://:pw@127.0.0.1:7000/0", tmp_path
     common = {"LOOPSQ_REDIS_URL": url, "LOOPSQ_DATA_DIR": str(data), "PYTHONUNBUFFERED": "1", "LOOPSQ_HOST": "h1"}
     base = {"PATH": "/bin", "HOME": "/h", "LC_ALL": "C"}
-    assert child_env("scheduler", url, data, environ) == {**base, **common}
-    assert child_env("mirror", url, data, environ) == {**base, **common}
+    assert child_env("scheduler", url, data, environ) == {**base, **common, "LOOPSQ_MIRROR_IDLE": "2h",
+                                                          "LOOPSQ_KEEP_RUNS": "20", "LOOPSQ_KEEP_WORKFLOW_RUNS": "30"}
+    assert child_env("mirror", url, data, environ) == {**base, **common, "LOOPSQ_MIRROR_NAME": "archive"}
     assert child_env("web", url, data, environ) == {**base, **common, "LOOPSQ_METRICS_PER_LOOP": "1"}
     # A worker keeps the user's variables for the commands and agents it runs, but none of loopsq's own.
     assert child_env("worker", url, data, environ) == {**base, **common, "ANTHROPIC_API_KEY": "k"}

@@ -1,24 +1,29 @@
-"""Feeding mirrors from the change stream: catch-up, rebuild, following with consumer groups."""
+"""Feeding mirrors from the change stream: catch-up, rebuild, following with consumer groups (a follower removes the
+consumers an earlier follower of its data dir left, reads its pending entries after every idle wait, and makes its
+group again when it was destroyed)."""
 
 from __future__ import annotations
 
 import sqlite3
 import threading
 import time
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
+import pytest
 import redis
 
 from loopsq.domain.loop_spec import new_loop
 from loopsq.mirror import queries
 from loopsq.mirror.apply import last_applied_id
-from loopsq.mirror.follow import catch_up, follow, mirror_id, rebuild
+from loopsq.mirror.follow import catch_up, follow, rebuild
 from loopsq.mirror.schema import open_db
 from loopsq.state.keys import Keys
 from loopsq.state.loops import LoopStore
 from loopsq.state.workflows import WorkflowStore
+from loopsq.system.procs import hostname
 
 KEYS = Keys()
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
@@ -119,7 +124,7 @@ def test_two_mirrors_following_with_their_own_groups_each_receive_every_change(
     threads = []
     for path in paths:
         def run(p: Path = path) -> None:
-            follow(redis.Redis(connection_pool=real_redis.connection_pool), KEYS, open_db(p), mirror_id(str(p)),
+            follow(redis.Redis(connection_pool=real_redis.connection_pool), KEYS, open_db(p), f"mirror:{p.stem}",
                    stop, block_ms=50)
         thread = threading.Thread(target=run, daemon=True)
         thread.start()
@@ -140,5 +145,94 @@ def test_two_mirrors_following_with_their_own_groups_each_receive_every_change(
             thread.join(5)
     assert counts == [30, 30]
     groups = {g["name"]: g for g in real_redis.xinfo_groups(KEYS.changes)}
-    assert set(groups) == {mirror_id(str(p)) for p in paths}
+    assert set(groups) == {f"mirror:{p.stem}" for p in paths}
     assert all(g["pending"] == 0 for g in groups.values())
+
+
+T = TypeVar("T")
+
+
+def _wait(predicate: Callable[[], T], what: str, timeout: float = 10.0) -> T:
+    deadline = time.monotonic() + timeout
+    while not (value := predicate()):
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.02)
+    return value
+
+
+@pytest.fixture
+def following(real_redis: redis.Redis, tmp_path: Path) -> Iterator[Callable[[str], sqlite3.Connection]]:
+    """``start(group)`` runs ``follow`` in a thread (50 ms blocks) on a mirror of its own; stopped afterwards."""
+    stop = threading.Event()
+    threads: list[threading.Thread] = []
+
+    def start(group: str) -> sqlite3.Connection:
+        path = tmp_path / f"{len(threads)}.db"
+        conn = open_db(path)  # made here first: two threads switching a new file to WAL at once may not wait
+
+        def run() -> None:
+            follow(redis.Redis(connection_pool=real_redis.connection_pool), KEYS, open_db(path), group, stop,
+                   block_ms=50)
+
+        thread = threading.Thread(target=run, daemon=True)
+        thread.start()
+        threads.append(thread)
+        return conn
+
+    yield start
+    stop.set()
+    for thread in threads:
+        thread.join(5)
+    assert not any(t.is_alive() for t in threads)
+
+
+def _consumers(client: redis.Redis, group: str) -> dict[str, dict[str, int]]:
+    try:
+        consumers = client.xinfo_consumers(KEYS.changes, group)
+    except redis.ResponseError:  # NOGROUP: not made yet
+        return {}
+    return {str(c["name"]): {"pending": int(c["pending"]), "idle": int(c["idle"])} for c in consumers}
+
+
+@pytest.mark.integration
+def test_a_follower_removes_the_consumers_an_earlier_follower_of_its_data_dir_left_and_their_pending_entries(
+    real_redis: redis.Redis, following: Callable[[str], sqlite3.Connection]
+) -> None:
+    _make(LoopStore(real_redis, KEYS), "a", T0)
+    real_redis.xgroup_create(KEYS.changes, "mirror:kept", id="0-0")
+    # The follower before, on the same disk under another host name, read the entry and died before acking it.
+    real_redis.xreadgroup("mirror:kept", "old-dyno", {KEYS.changes: ">"}, count=10)
+    assert _consumers(real_redis, "mirror:kept")["old-dyno"]["pending"] == 1
+    conn = following("mirror:kept")
+    _wait(lambda: list(_consumers(real_redis, "mirror:kept")) == [hostname()], "the old consumer to go")
+    assert real_redis.xpending(KEYS.changes, "mirror:kept")["pending"] == 0
+    _make(LoopStore(real_redis, KEYS), "b", T0)
+    _wait(lambda: queries.count_loops(conn) == 2, "both loops in the mirror")
+
+
+@pytest.mark.integration
+def test_a_follower_on_a_quiet_stream_still_reads_as_live(
+    real_redis: redis.Redis, following: Callable[[str], sqlite3.Connection]
+) -> None:
+    # Redis 7.0 refreshes a consumer's idle time only when a read finds its pending entries or new ones; a
+    # follower of a deployment where nothing happens must not look gone (doctor, LOOPSQ_MIRROR_IDLE).
+    _make(LoopStore(real_redis, KEYS), "a", T0)
+    conn = following("mirror:quiet")
+    _wait(lambda: queries.count_loops(conn) == 1 and hostname() in _consumers(real_redis, "mirror:quiet"),
+          "the follower to read")
+    time.sleep(0.8)
+    assert _consumers(real_redis, "mirror:quiet")[hostname()]["idle"] < 400
+
+
+@pytest.mark.integration
+def test_a_follower_whose_group_was_destroyed_makes_it_again_and_follows_on(
+    real_redis: redis.Redis, following: Callable[[str], sqlite3.Connection]
+) -> None:
+    _make(LoopStore(real_redis, KEYS), "a", T0)
+    conn = following("mirror:gone")
+    _wait(lambda: queries.count_loops(conn) == 1, "the first loop")
+    _wait(lambda: hostname() in _consumers(real_redis, "mirror:gone"), "the follower to read")
+    real_redis.xgroup_destroy(KEYS.changes, "mirror:gone")  # as doctor suggests for a group that looks idle
+    _make(LoopStore(real_redis, KEYS), "b", T0)
+    _wait(lambda: queries.count_loops(conn) == 2, "the loop made after the group was destroyed")
+    _wait(lambda: "mirror:gone" in {g["name"] for g in real_redis.xinfo_groups(KEYS.changes)}, "the group again")

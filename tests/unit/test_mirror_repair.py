@@ -136,3 +136,16 @@ def test_salvage_never_replaces_a_row_the_rebuild_wrote(tmp_path: Path) -> None:
     done = salvage(Repair(tmp_path / "old.db", "test"), new)
     assert next((t.table, t.read, t.kept) for t in done.tables) == ("loop_runs", 2, 1)
     assert dict(new.execute("SELECT id, status FROM loop_runs").fetchall()) == {"r1": "succeeded", "r2": "failed"}
+
+
+def test_a_repaired_mirror_keeps_the_name_of_the_damaged_one_so_it_follows_on_in_its_own_group(tmp_path: Path) -> None:
+    from loopsq.mirror.apply import MIRROR_NAME_KEY, get_meta
+    from loopsq.mirror.repair import Repair
+    from loopsq.mirror.schema import open_db
+
+    old = open_db(tmp_path / "old.db")
+    old.execute("INSERT INTO mirror_meta (key, value) VALUES (?, 'c0ffee000001')", (MIRROR_NAME_KEY,))
+    old.close()
+    new = open_db(tmp_path / "new.db")
+    salvage(Repair(tmp_path / "old.db", "test"), new)
+    assert get_meta(new, MIRROR_NAME_KEY) == "c0ffee000001"

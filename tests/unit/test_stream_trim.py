@@ -80,3 +80,29 @@ def test_a_group_without_a_consumer_is_idle(client: redis.Redis) -> None:
 def test_no_stream_yet_means_no_groups_and_nothing_to_trim(client: redis.Redis) -> None:
     assert mirror_groups(client, KEYS, HOUR) == []
     assert trim_stream(client, KEYS, HOUR) == 0
+
+
+def test_a_live_group_that_has_read_nothing_keeps_the_whole_stream_without_an_error(client: redis.Redis) -> None:
+    # A fresh deployment: the mirror made its group at 0-0 on a new stream and has read nothing since (its first
+    # read, of its pending entries, made it a consumer). Redis 7.0 refuses 'XREVRANGE key (0-0 -'.
+    client.xgroup_create(KEYS.changes, "mirror:new", id="0-0", mkstream=True)
+    client.xreadgroup("mirror:new", "c1", {KEYS.changes: "0"}, count=1)
+    (group,) = mirror_groups(client, KEYS, HOUR)
+    assert (group.last_delivered, group.idle) == ("0-0", False)
+    assert first_needed(client, KEYS, [group]) == "0-0"
+    assert trim_stream(client, KEYS, HOUR, margin=2) == 0
+    ids = fill(client, 5)  # the first changes are written: the group still needs them all
+    assert trim_stream(client, KEYS, HOUR, margin=2) == 0
+    assert [str(i) for i, _ in client.xrange(KEYS.changes)] == ids
+
+
+def test_a_group_silent_for_seven_times_the_limit_is_removed_and_a_newer_silent_one_stays(client: redis.Redis) -> None:
+    fill(client, 10)
+    client.xgroup_create(KEYS.changes, "mirror:gone-for-good", id="0-0")
+    read(client, "mirror:gone-for-good", 5)
+    time.sleep(0.3)
+    client.xgroup_create(KEYS.changes, "mirror:silent", id="0-0")
+    read(client, "mirror:silent", 5)
+    client.xgroup_create(KEYS.changes, "mirror:no-consumer", id="0-0")
+    trim_stream(client, KEYS, idle_ms=30, margin=3)  # gone-for-good: silent > 210 ms; silent: < 210 ms
+    assert [g.name for g in mirror_groups(client, KEYS, 30)] == ["mirror:no-consumer", "mirror:silent"]
