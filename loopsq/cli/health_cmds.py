@@ -72,4 +72,6 @@ def fleet_lines(fleet: Mapping[str, Any]) -> list[str]:
     timers = fleet["timers"]
     late = f" (oldest {age_text(timers['oldestLateMs'])} late)" if timers["overdue"] else ""
     lines.append(f"timers overdue: {timers['overdue']}{late}")
+    for p in fleet.get("pools", []):
+        lines.append(f"  pool {p['name']}  in-use={len(p['holders'])}/{p['limit']}  waiting={len(p['waiters'])}")
     return lines

@@ -24,6 +24,7 @@ from loopsq.domain.durations import format_duration
 from loopsq.domain.timeutil import to_iso, to_ms
 from loopsq.engine import timers
 from loopsq.state.keys import Keys
+from loopsq.state.pools import PoolState, PoolStore
 
 #: A timer counts as overdue once its time is this far past: the schedulers move due timers every few ms, so a
 #: timer still armed seconds after its time means none is moving them (or they are far behind).
@@ -112,9 +113,8 @@ class FleetSnapshot:
     workers: tuple[FleetWorker, ...]
     queues: tuple[FleetQueue, ...]
     timers: FleetTimers
-    # -- POOLS: the lead adds the fleet-wide pools here (``state.pools.PoolStore(client, keys).list()`` and
-    # ``.state(name)``: each pool's limit, holders and waiters), read in ``read_fleet``'s second round trip, and
-    # to ``to_dict`` as ``pools``. --
+    #: The fleet-wide pools (``state.pools``): each one's limit, holders and waiters.
+    pools: tuple[PoolState, ...] = ()
 
     @property
     def capacity(self) -> int:
@@ -134,7 +134,7 @@ class FleetSnapshot:
         """camelCase JSON (``status --json``)."""
         return {"at": to_iso(self.at), "capacity": self.capacity, "busy": self.busy,
                 "workers": [w.to_dict() for w in self.workers], "queues": [q.to_dict() for q in self.queues],
-                "timers": self.timers.to_dict()}
+                "timers": self.timers.to_dict(), "pools": [p.to_dict() for p in self.pools]}
 
 
 def unserved_reason(missing: Sequence[str]) -> str:
@@ -152,14 +152,16 @@ def age_text(ms: int | None) -> str:
 
 
 def read_fleet(client: redis.Redis, keys: Keys) -> FleetSnapshot:
-    """The fleet now, in at most three pipelined round trips (see the module's docstring)."""
+    """The fleet now, in at most three pipelined round trips (see the module's docstring), and one more per
+    fleet-wide pool."""
     pipe = client.pipeline(transaction=False)
     pipe.time()
     pipe.smembers(keys.workers)
     pipe.hkeys(keys.queues)
     pipe.zcard(timers.scheduled_key())
     pipe.zrange(timers.scheduled_key(), 0, 0, withscores=True)
-    (seconds, micros), members, registered, armed, first = pipe.execute()
+    pipe.hkeys(keys.pools)
+    (seconds, micros), members, registered, armed, first, pool_names = pipe.execute()
     now_ms = int(seconds) * 1000 + int(micros) // 1000
     worker_ids = sorted(_text(m) for m in members)
     queues = timers.queues_named(registered)
@@ -176,7 +178,6 @@ def read_fleet(client: redis.Redis, keys: Keys) -> FleetSnapshot:
     overdue_now = first_s is not None and first_s <= cutoff_s
     if overdue_now:
         pipe.zcount(timers.scheduled_key(), "-inf", repr(cutoff_s))
-    # -- POOLS: ``PoolStore(client, keys)``'s reads join this round trip. --
     replies = iter(pipe.execute())
     records = next(replies) if worker_ids else []
     depths: dict[str, int] = {}
@@ -207,8 +208,10 @@ def read_fleet(client: redis.Redis, keys: Keys) -> FleetSnapshot:
         out.append(FleetQueue(name, needs, depths[name], age, served,
                               () if served else tuple(lacking(needs, (w.labels for w in workers)))))
     late = max(0, now_ms - round(first_s * 1000)) if overdue_now and first_s is not None else None
+    store = PoolStore(client, keys)  # (a round trip per pool: pools are few)
+    pools = tuple(state for state in (store.state(_text(name)) for name in sorted(pool_names)) if state is not None)
     return FleetSnapshot(datetime.fromtimestamp(now_ms / 1000, UTC), workers, tuple(out),
-                         FleetTimers(int(armed), overdue, late))
+                         FleetTimers(int(armed), overdue, late), pools)
 
 
 def lacking(needs: Sequence[str], workers: Iterable[Iterable[str]]) -> list[str]:

@@ -20,7 +20,8 @@ Everything is computed from the (caught-up) mirror and Redis when scraped, so no
   waits), ``loopsq_queue_unserved{queue}`` (1 when no live worker has the labels its runs need),
   ``loopsq_worker_slots{worker}`` and ``loopsq_worker_slots_busy{worker}`` (each live worker's capacity and slots
   in use), ``loopsq_fleet_slots``, ``loopsq_fleet_slots_busy`` (their sums), ``loopsq_timers_overdue`` (armed timers
-  past their time by more than ``engine.fleet.OVERDUE_AFTER_MS``).
+  past their time by more than ``engine.fleet.OVERDUE_AFTER_MS``), ``loopsq_pool_limit{pool}``,
+  ``loopsq_pool_holders{pool}`` and ``loopsq_pool_waiters{pool}`` (the fleet-wide pools).
 
 Per-loop labels (``loop_id``, ``loop``) on the run counts come only with ``LOOPSQ_METRICS_PER_LOOP=1``: by default
 the number of series does not grow with the number of loops. The fleet's labels are bounded too: ``queue`` takes
@@ -181,8 +182,16 @@ def fleet_families(fleet: FleetSnapshot) -> list[Metric]:
     for worker in fleet.workers:
         slots.add_metric([worker.id], worker.slots)
         busy.add_metric([worker.id], worker.busy)
+    limit = GaugeMetricFamily("loopsq_pool_limit", "Each fleet-wide pool's limit.", labels=["pool"])
+    held = GaugeMetricFamily("loopsq_pool_holders", "Slots of each pool held now.", labels=["pool"])
+    waiting = GaugeMetricFamily("loopsq_pool_waiters", "Runs and steps waiting for a slot of each pool.",
+                                labels=["pool"])
+    for pool in fleet.pools:  # (pools are few: operators create them by name)
+        limit.add_metric([pool.pool.name], pool.pool.limit)
+        held.add_metric([pool.pool.name], len(pool.holders))
+        waiting.add_metric([pool.pool.name], len(pool.waiters))
     return [
-        depth, oldest, unserved, slots, busy,
+        depth, oldest, unserved, slots, busy, limit, held, waiting,
         GaugeMetricFamily("loopsq_fleet_slots", "Slots across the live workers.", value=fleet.capacity),
         GaugeMetricFamily("loopsq_fleet_slots_busy", "Slots in use across the live workers.", value=fleet.busy),
         GaugeMetricFamily("loopsq_timers_overdue", "Armed timers past their time by more than a few seconds.",

@@ -192,3 +192,19 @@ def test_metrics_show_slots_queues_and_overdue_timers(scene: Scene, web: TestCli
     assert unserved == {"loopsq": 0, "loopsq+gpu": 0, "loopsq+nvme": 1}
     assert oldest["loopsq"] == 0 and oldest["loopsq+gpu"] >= 2 and oldest["loopsq+nvme"] >= 2
     assert got[("loopsq_timers_overdue", ())] == 1
+
+
+def test_the_fleet_page_shows_each_pool_with_its_holders_and_waiters(scene: Scene, web: TestClient) -> None:
+    from loopsq.state.pools import PoolStore
+
+    assert 'id="no-pools"' in web.get("/fleet").text
+    pools = PoolStore(scene.cluster.client, KEYS)
+    pools.set("page-acct", 1)
+    pools.acquire("page-acct", "holder-one", 10_000)
+    pools.acquire("page-acct", "waiter-two", 10_000)
+    try:
+        page = web.get("/fleet").text
+        assert '<tr data-pool="page-acct" data-holders="1" data-waiters="1">' in page
+        assert "holder-one" in page and "waiter-two" in page
+    finally:
+        pools.delete("page-acct")

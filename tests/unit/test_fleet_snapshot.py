@@ -186,7 +186,7 @@ def test_the_snapshot_is_read_in_three_round_trips_whatever_the_number_of_loops_
 def test_to_dict_is_camel_case_json(text: redis.Redis) -> None:
     live_worker(text, "w", labels=["gpu"], slots=2, busy=1, queues=["loopsq"])
     data = json.loads(json.dumps(fleet.read_fleet(text, KEYS).to_dict()))
-    assert set(data) == {"at", "capacity", "busy", "workers", "queues", "timers"}
+    assert set(data) == {"at", "capacity", "busy", "workers", "queues", "timers", "pools"}
     assert (data["capacity"], data["busy"]) == (2, 1)
     assert data["timers"] == {"armed": 0, "overdue": 0, "oldestLateMs": None, "overdueAfterMs": 5000}
 
@@ -222,3 +222,26 @@ def test_an_armed_timer_is_in_the_scheduled_set_at_its_time_in_seconds(text: red
     score = text.zscore(timers.scheduled_key(), job_id)
     assert score is not None and abs(score - at.timestamp()) < 0.002
     assert timers.scheduled_key() == timers.scheduler(raw).scheduled_jobs_key
+
+
+def test_the_fleet_shows_each_pool_with_its_holders_and_waiters_in_status_and_metrics(text: redis.Redis) -> None:
+    from loopsq.cli.health_cmds import fleet_lines
+    from loopsq.state.pools import PoolStore
+    from loopsq.web.metrics import fleet_families
+
+    pools = PoolStore(text, KEYS)
+    pools.set("claude-acct", 2)
+    pools.set("idle", 1)
+    assert not isinstance(pools.acquire("claude-acct", "loop-a", 10_000), type(None))
+    pools.acquire("claude-acct", "loop-b", 10_000)
+    waiting_ = pools.acquire("claude-acct", "loop-c", 10_000)
+    assert type(waiting_).__name__ == "Waiting"
+    snap = fleet.read_fleet(text, KEYS)
+    assert [(p.pool.name, len(p.holders), len(p.waiters)) for p in snap.pools] == [("claude-acct", 2, 1), ("idle", 0, 0)]
+    lines = fleet_lines(snap.to_dict())
+    assert "  pool claude-acct  in-use=2/2  waiting=1" in lines and "  pool idle  in-use=0/1  waiting=0" in lines
+    samples = {(m.name, s.labels.get("pool")): s.value for m in fleet_families(snap) for s in m.samples
+               if s.labels.get("pool")}
+    assert samples[("loopsq_pool_limit", "claude-acct")] == 2
+    assert samples[("loopsq_pool_holders", "claude-acct")] == 2
+    assert samples[("loopsq_pool_waiters", "claude-acct")] == 1
