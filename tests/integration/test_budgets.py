@@ -39,7 +39,7 @@ def test_an_agent_loop_records_usage_per_run_and_pauses_at_its_cost_budget(clust
     loop = cluster.loop("spender")
     assert loop["statusReason"] == "budget reached: $1.20 spent this day (limit $1.00/day)"
     assert loop["usage"]["day"]["runs"] == 3 and loop["usage"]["day"]["inputTokens"] == 360
-    runs = cluster.runs("spender")
+    runs = cluster.ran("spender")
     assert [(r.status, r.input_tokens, r.output_tokens, r.cost_usd) for r in runs] == [
         ("succeeded", 120, 30, 0.4)] * 3
     human = cluster.cli("runs", "spender").stdout
@@ -59,4 +59,4 @@ def test_a_runs_budget_pauses_the_loop_after_n_runs_in_the_window(cluster: Clust
     cluster.wait_until(lambda: cluster.loop("capped")["status"] == "paused", 20, "the budget to pause the loop")
     assert cluster.loop("capped")["statusReason"] == "budget reached: 2 runs this day (limit 2/day)"
     assert len(cluster.ledger("capped")) == 2
-    assert [r.status for r in cluster.runs("capped")] == ["succeeded", "succeeded"]
+    assert [r.status for r in cluster.ran("capped")] == ["succeeded", "succeeded"]

@@ -122,6 +122,6 @@ def test_the_api_the_dashboard_and_metrics_show_a_missed_streak(web: TestClient,
     families = text_string_to_metric_families(web.get("/metrics").text)
     got = {(s.name, tuple(sorted(s.labels.items()))): s.value for f in families for s in f.samples}
     assert {dict(k[1])["reason"]: v for k, v in got.items() if k[0] == "loopsq_slots_missed_total"} == {
-        "catch_up": 2, "no_free_worker": 14, "no_worker_labels": 0, "no_scheduler": 0}
+        "catch_up": 2, "no_free_worker": 14, "no_worker_labels": 0, "no_scheduler": 0, "stalled": 0}
     assert got[("loopsq_runs_current", (("status", "missed"),))] == 2
     assert not any(k[0] == "loopsq_runs_total" and dict(k[1])["status"] == "missed" for k in got)
