@@ -91,32 +91,25 @@ def take_for_slot(rt: Runtime, loop: Loop, slot: datetime, now: datetime, *,
     return _keep(rt, store, pool, holder, got)
 
 
-def hold_for_claim(rt: Runtime, loop: Loop, run_id: str, cancelled: object = None) -> PoolHold | str | None:
+def hold_for_claim(rt: Runtime, loop: Loop, run_id: str) -> PoolHold | str | None:
     """A pool slot for a run claimed by hand, waited for here: the hold; the reason it ended without one (the pool
     is gone, or stayed full for ``MANUAL_WAIT_MS``); None when the loop takes no pool."""
     pool = loop_pool(loop)
     if pool is None:
         return None
-    store = PoolStore(rt.client, rt.keys)
-    holder = f"{loop.id}|run:{run_id}"
-    started = time.monotonic()
-    while True:
-        got = store.acquire(pool, holder, POOL_LEASE_MS)
-        if got is None:
-            return missing_error(pool)
-        if isinstance(got, Acquired):
-            return _keep(rt, store, pool, holder, got)
-        waited = int((time.monotonic() - started) * 1000)
-        if waited >= MANUAL_WAIT_MS or rt.stopping:
-            store.leave(pool, holder)
-            return full_error(pool, waited)
-        time.sleep(POLL_S)
+    return _wait_for(rt, pool, f"{loop.id}|run:{run_id}", threading.Event())
 
 
 def hold_for_step(rt: Runtime, pool: str, holder: str, cancel: threading.Event) -> PoolHold | str:
     """A pool slot for a workflow step, waited for on its workflow run's worker (a step runs inside its run's
     job): the hold, or why the step fails without one (the pool is gone, it stayed full for ``MANUAL_WAIT_MS``,
     or the step was cancelled meanwhile)."""
+    return _wait_for(rt, pool, holder, cancel)
+
+
+def _wait_for(rt: Runtime, pool: str, holder: str, cancel: threading.Event) -> PoolHold | str:
+    """Ask for a slot of ``pool`` until one is had (the hold), or why not: the pool is gone, it stayed full for
+    ``MANUAL_WAIT_MS``, ``cancel`` was set, or the worker is stopping."""
     store = PoolStore(rt.client, rt.keys)
     started = time.monotonic()
     while True:
@@ -126,9 +119,9 @@ def hold_for_step(rt: Runtime, pool: str, holder: str, cancel: threading.Event) 
         if isinstance(got, Acquired):
             return _keep(rt, store, pool, holder, got)
         waited = int((time.monotonic() - started) * 1000)
-        if waited >= MANUAL_WAIT_MS or cancel.is_set():
+        if waited >= MANUAL_WAIT_MS or cancel.is_set() or rt.stopping:
             store.leave(pool, holder)
-            return full_error(pool, waited) if not cancel.is_set() else "cancelled"
+            return "cancelled" if cancel.is_set() else full_error(pool, waited)
         cancel.wait(POLL_S)
 
 

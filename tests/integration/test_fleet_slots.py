@@ -27,6 +27,18 @@ def slots(n: int) -> dict[str, str]:
     return {"LOOPSQ_WORKER_CONCURRENCY": str(n)}
 
 
+def trigger(cluster: Cluster, names: list[str]) -> None:
+    """Start a run of each loop now (``LoopsClient.trigger``)."""
+    from loopsq.sdk import LoopsClient
+
+    client = LoopsClient(cluster.url)
+    try:
+        for name in names:
+            client.trigger(name)
+    finally:
+        client.close()
+
+
 def running(cluster: Cluster, names: list[str]) -> list:  # type: ignore[type-arg]
     return [r for name in names for r in cluster.runs(name) if r.status == "running" and r.pid]
 
@@ -38,14 +50,7 @@ def test_one_worker_with_four_slots_runs_four_loops_at_once_each_as_a_child_it_s
         cluster.create(name, f"{cluster.ledger_cmd()}; sleep 30", "--every", "1h")
     worker = cluster.start("worker", env=slots(4))
     wid = cluster.worker_id(worker)
-    from loopsq.sdk import LoopsClient
-
-    client = LoopsClient(cluster.url)
-    try:
-        for name in names:
-            client.trigger(name)
-    finally:
-        client.close()
+    trigger(cluster, names)
     together = cluster.wait_until(lambda: (r := running(cluster, names)) and len(r) == 4 and r, 30,
                                   "four runs going at once")
     assert {r.worker_id for r in together} == {wid}
@@ -72,14 +77,7 @@ def test_a_worker_killed_with_three_runs_going_has_all_three_recovered_with_no_o
                        "--retry-delay", "1s")
     victim = cluster.start("worker", env=slots(3))
     cluster.start("scheduler")
-    from loopsq.sdk import LoopsClient
-
-    client = LoopsClient(cluster.url)
-    try:
-        for name in names:
-            client.trigger(name)
-    finally:
-        client.close()
+    trigger(cluster, names)
     held = cluster.wait_until(lambda: (r := running(cluster, names)) and len(r) == 3 and r, 30, "three runs")
     killed_at = time.monotonic()
     victim.kill9()
