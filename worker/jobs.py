@@ -80,11 +80,17 @@ def run_triggered(run_id: str) -> str | None:
 def trigger(loop: str, idempotency_key: str | None = None, no_retry: bool = False, **_ignored: Any) -> str:
     """Trigger a loop from another service by dotted path; returns the run id (the same for a repeated key).
     ``no_retry=True``: the loop's retry policy does not apply to this run (a keyword ``retry`` would be RQ's)."""
+    from loopsq.domain.labels import satisfies
+    from loopsq.engine.routing import loop_requirements
     from loopsq.engine.triggers import trigger_with
 
     rt = _runtime()
-    run_id, created = trigger_with(rt.client, rt.keys, loop, idempotency_key, enqueue=False, retry=not no_retry)
-    if created:
+    target = rt.loops.require(loop)
+    here = rt.labels is None or satisfies(rt.labels, loop_requirements(target))
+    # Run here when this worker may run the loop's runs; else hand the run to the loop's queue (a service that
+    # enqueues on the base queue reaches any worker, whatever the loop requires).
+    run_id, created = trigger_with(rt.client, rt.keys, loop, idempotency_key, enqueue=not here, retry=not no_retry)
+    if created and here:
         runner.run_triggered(rt, run_id)
     return run_id
 

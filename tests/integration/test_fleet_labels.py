@@ -87,3 +87,27 @@ def test_a_run_no_live_worker_can_take_waits_in_its_queue_and_run_now_names_the_
     assert "provider:claude" in record["labels"]
     cluster.wait_until(lambda: any(r.worker_id == cluster.worker_id(worker) for r in cluster.runs("bot")), 30,
                        "the waiting agent run to be taken by the worker that has claude")
+
+
+@pytest.mark.timeout(90)
+def test_a_trigger_another_service_enqueues_on_the_base_queue_still_runs_only_where_its_labels_are(
+    cluster: Cluster
+) -> None:
+    from rq import Queue
+
+    from loopsq.state.connection import client_for
+
+    plain = cluster.start("worker", name="plain", env=labelled(""))
+    gpu = cluster.start("worker", name="gpu", env=labelled("gpu"))
+    cluster.create("train", cluster.ledger_cmd(), "--every", "1h", "--requires", "gpu")
+    raw = client_for(cluster.url, decode_responses=False)
+    try:
+        queue = Queue("loopsq", connection=raw)
+        for i in range(4):  # as the README's "Triggering runs from other services" shows
+            queue.enqueue("worker.jobs.trigger", "train", idempotency_key=f"k{i}")
+    finally:
+        raw.close()
+    cluster.wait_until(lambda: len([r for r in cluster.runs("train") if r.status == "succeeded"]) == 4, 30,
+                       "the four triggered runs")
+    assert ran_on(cluster, "train") == {cluster.worker_id(gpu)}
+    assert cluster.worker_id(plain) not in ran_on(cluster, "train")
