@@ -88,6 +88,20 @@ def positive_int_flag(flag: str, text: str, maximum: int | None = None) -> int:
     return int(digits)
 
 
+def count_flag(flag: str, text: str, maximum: int, zero: str) -> int:
+    """A whole-number flag where 0 means something (``zero``, e.g. ``turns the circuit breaker off``):
+    ``<flag> must be a whole number (0 <zero>), got '<v>'`` or ``<flag> must be at most <maximum>, got '<v>'``."""
+    stripped = text.strip()
+    if stripped.isascii() and stripped.isdigit() and not stripped.lstrip("0"):
+        return 0
+    try:
+        return positive_int_flag(flag, text, maximum)
+    except ValidationError as exc:
+        if "at most" in exc.message:
+            raise
+        raise ValidationError(f"{flag} must be a whole number (0 {zero}), got {_q(text)}") from None
+
+
 def schedule_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     """The schedule and policy option group."""
     opts = [
@@ -110,7 +124,8 @@ def schedule_options(fn: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--retry-max-delay", metavar="DURATION", help="Cap of the exponential retry delay."),
         click.option("--lease", metavar="DURATION", default="30m", show_default=True, help="Run lease length."),
         click.option("--expires-at", metavar="TIME", help="Stop scheduling after TIME."),
-        click.option("--pause-after-failures", metavar="N", help="Pause after N consecutive failed runs."),
+        click.option("--pause-after-failures", metavar="N",
+                     help="Circuit breaker: pause after N consecutive unsuccessful runs [5]; 0 turns it off."),
         click.option("--keep-runs", metavar="N",
                      help="Settled runs Redis keeps for this loop [LOOPSQ_KEEP_RUNS, 100]; older ones stay in the "
                           "mirrors."),
@@ -190,8 +205,8 @@ def policy_body(opts: dict[str, Any], timezone: str) -> dict[str, Any]:
         expires = check_length(opts["expires_at"], "--expires-at", limits.MAX_TIME_LENGTH, _q)
         body["expiresAt"] = to_iso(parse_time(expires, timezone, "--expires-at"))
     if opts.get("pause_after_failures") is not None:
-        body["pauseAfterFailures"] = positive_int_flag("--pause-after-failures", opts["pause_after_failures"],
-                                                       limits.MAX_COUNT)
+        body["pauseAfterFailures"] = count_flag("--pause-after-failures", opts["pause_after_failures"],
+                                                limits.MAX_COUNT, "turns the circuit breaker off")
     if opts.get("keep_runs") is not None:
         body["keepRuns"] = positive_int_flag("--keep-runs", opts["keep_runs"], limits.MAX_COUNT)
     if opts.get("description") is not None:

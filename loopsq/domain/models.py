@@ -22,6 +22,9 @@ DEFAULT_OVERLAP = "skip"
 DEFAULT_MAX_ATTEMPTS = 1
 DEFAULT_RETRY_DELAY_MS = 60_000
 DEFAULT_LEASE_MS = 1_800_000
+#: The circuit breaker of a new loop (OpenLoops 0.4.0): paused after this many settled slots in a row did not
+#: succeed. Written into every new loop (``loop_spec.new_loop``), so a loop stored before it keeps none.
+DEFAULT_PAUSE_AFTER_FAILURES = 5
 
 # snake_case attribute -> camelCase JSON key, in the order JSON output shows them.
 _FIELDS: tuple[tuple[str, str], ...] = (
@@ -93,6 +96,8 @@ class Loop:
     retry_max_delay_ms: int | None = None
     lease_ms: int = DEFAULT_LEASE_MS
     expires_at: str | None = None
+    #: The circuit breaker: pause after this many unsuccessful settled slots in a row; 0 turns it off, and a loop
+    #: stored before the default breaker (None) has none.
     pause_after_failures: int | None = None
     #: How many settled runs Redis keeps for this loop (its history window); None: the deployment default.
     keep_runs: int | None = None

@@ -398,7 +398,8 @@ def after_finish(loop: Loop, run: LoopRun, finished_at: datetime, rng: random.Ra
     left schedules a retry of the same slot, unless the caller asked for none (``noRetry``); a run a worker
     shutdown gave up is re-run at once (it did not fail: ``next_attempt``). A manual run's slot (``ad_hoc``,
     ``trigger``) is not the schedule's: once settled it moves nothing. A settled regular slot updates the failure
-    streak, and a streak reaching ``pauseAfterFailures`` pauses the loop with the reason recorded; loops
+    streak, and a streak reaching ``pauseAfterFailures`` (the circuit breaker; 0, or None for a loop stored before
+    the default breaker, is none) pauses the loop with the reason recorded (``breaker_reason``); loops
     scheduling from the end of a run get their next slot (a once loop stops). A run that overlap ``replace``
     cancelled for a newer slot is settled, not retried: its retry would in turn replace the newer run; nor is one
     cancelled on request.
@@ -418,10 +419,9 @@ def after_finish(loop: Loop, run: LoopRun, finished_at: datetime, rng: random.Ra
     # The slot is settled: it counts towards the failure streak once, however many attempts it took.
     streak = 0 if succeeded else loop.failure_streak + 1
     loop = loop.with_changes(failure_streak=streak, updated_at=stamp)
-    if loop.pause_after_failures is not None and streak >= loop.pause_after_failures:
-        reason = f"paused after {streak} consecutive unsuccessful runs (last: {run.status}"
-        reason += f": {run.error})" if run.error else ")"
-        return Advance(loop.with_changes(status="paused", status_reason=reason), "paused_by_streak")
+    if loop.pause_after_failures and streak >= loop.pause_after_failures:  # (0 or None: no breaker)
+        return Advance(loop.with_changes(status="paused", status_reason=breaker_reason(loop, run, streak)),
+                       "paused_by_streak")
     slot = from_iso(run.scheduled_for)
     if advances_at_finish(loop):
         upcoming = compute_next_after(loop.schedule, slot, finished_at, loop.timezone)
@@ -435,6 +435,19 @@ def after_finish(loop: Loop, run: LoopRun, finished_at: datetime, rng: random.Ra
         upcoming = compute_next_after(loop.schedule, next_run, finished_at, loop.timezone)
         loop = loop.with_changes(next_run_at=to_iso(upcoming) if upcoming else None)
     return Advance(loop, "loop_advanced")
+
+
+#: How the reason of a loop the circuit breaker paused begins (OpenLoops 0.4.0's prefix).
+BREAKER_PREFIX = "circuit breaker open"
+
+
+def breaker_reason(loop: Loop, run: LoopRun, streak: int) -> str:
+    """Why the circuit breaker paused ``loop`` after ``run`` made ``streak`` unsuccessful slots in a row, and what
+    to do: ``circuit breaker open: paused after 5 consecutive unsuccessful runs (last: failed: <error>); fix the
+    cause, then resume it (loopsq resume <id>)``."""
+    last = f"{run.status}: {run.error}" if run.error else run.status
+    return (f"{BREAKER_PREFIX}: paused after {streak} consecutive unsuccessful runs (last: {last}); fix the cause, "
+            f"then resume it (loopsq resume {loop.id})")
 
 
 def manual_slot(loop: Loop, now: datetime) -> tuple[datetime, str]:

@@ -105,7 +105,8 @@ LOOP_POLICIES: dict[str, Schema] = {
     "retryMaxDelayMs": milliseconds("Cap of the exponential retry delay."),
     "leaseMs": milliseconds("Run lease length (default 1800000)."),
     "expiresAt": string("Stop scheduling after this ISO-8601 time."),
-    "pauseAfterFailures": integer("Pause the loop after this many consecutive failed runs."),
+    "pauseAfterFailures": integer("The circuit breaker: pause the loop after this many unsuccessful runs in a row "
+                                  "(default 5); 0 turns it off.", 0),
     "requires": {"type": "array", "maxItems": MAX_LABELS, "items": LABEL,
                  "description": "Run only on workers carrying every one of these labels (e.g. gpu, repo:web)."},
     "pool": {**LABEL, "description": "Count runs against this fleet-wide pool; it must exist "

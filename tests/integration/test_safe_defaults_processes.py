@@ -1,0 +1,67 @@
+"""The behaviours loopsq takes from OpenLoops 0.4-0.5, on real scheduler and worker processes: the default circuit
+breaker, the default idle timeout of agent loops, agent runs that print nothing, exit 75 ("nothing to do") and
+expiry after N successful runs. A loop stored before these defaults (its JSON without the new fields) keeps the
+behaviour it was stored with."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+
+from loopsq.domain import timeutil
+from loopsq.domain.loop_spec import new_loop
+from loopsq.domain.models import Loop
+from loopsq.state.loops import LoopStore
+from tests.integration.processes import Cluster, open_cluster
+from tests.redis_server import RedisServer
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def cluster(redis_server: RedisServer, tmp_path: Path) -> Iterator[Cluster]:
+    yield from open_cluster(redis_server.url, tmp_path)
+
+
+def store(cluster: Cluster, body: dict[str, Any], *, stored_before: tuple[str, ...] = ()) -> Loop:
+    """Store a loop as ``create`` would; ``stored_before``: top-level fields (``pauseAfterFailures``) or target
+    fields (``target.idleTimeoutMs``) dropped from its JSON, as a loop stored before they were written has it."""
+    data = new_loop({"timezone": "UTC", **body}, timeutil.now()).to_dict()
+    for name in stored_before:
+        holder, _, key = name.rpartition(".")
+        (data[holder] if holder else data).pop(key)
+    client = redis.Redis.from_url(cluster.url, decode_responses=True)
+    try:
+        return LoopStore(client).create(Loop.from_dict(data))
+    finally:
+        client.close()
+
+
+def every_second(name: str, command: str, **fields: Any) -> dict[str, Any]:
+    return {"name": name, "schedule": {"type": "interval", "everyMs": 1000},
+            "target": {"type": "command", "command": command, "shell": True}, **fields}
+
+
+@pytest.mark.timeout(90)
+def test_the_default_breaker_pauses_a_new_loop_after_five_failures_and_never_an_old_stored_one(
+        cluster: Cluster) -> None:
+    new = store(cluster, every_second("new", "exit 3"))
+    old = store(cluster, every_second("old", "exit 3"), stored_before=("pauseAfterFailures",))
+    assert (new.pause_after_failures, old.pause_after_failures) == (5, None)
+    cluster.start_all(schedulers=1, workers=1)
+    cluster.wait_until(lambda: cluster.loop("new")["status"] == "paused", 40, "the breaker to pause the new loop")
+    cluster.wait_until(lambda: sum(r.status == "failed" for r in cluster.runs("old")) >= 8, 40,
+                       "the old loop to fail eight times")
+    shown = json.loads(cluster.cli("--json", "show", "new").stdout)
+    assert shown["statusReason"] == (
+        "circuit breaker open: paused after 5 consecutive unsuccessful runs (last: failed: process exited with "
+        f"code 3); fix the cause, then resume it (loopsq resume {new.id})")
+    assert [r.status for r in cluster.runs("new")] == ["failed"] * 5
+    old_loop = cluster.loop("old")
+    assert old_loop["status"] == "active" and "pauseAfterFailures" not in old_loop
+    assert old_loop["failureStreak"] >= 8

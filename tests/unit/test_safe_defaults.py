@@ -1,0 +1,68 @@
+"""Safe defaults of new loops (OpenLoops 0.4.0 / 0.4.40): the circuit breaker every new loop gets, written into
+the stored loop so that loops stored before keep what they had."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from loopsq.domain.loop_spec import new_loop
+from loopsq.errors import ValidationError
+from tests.unit.cli_helpers import Cli, make_cli
+
+T0 = datetime(2026, 1, 1, tzinfo=UTC)
+EVERY = ("--every", "1m")
+
+
+@pytest.fixture
+def cli(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Cli:
+    return make_cli(tmp_path, monkeypatch)
+
+
+def body(**fields: Any) -> dict[str, Any]:
+    return {"name": "l", "timezone": "UTC", "schedule": {"type": "interval", "everyMs": 60_000},
+            "target": {"type": "command", "command": "true"}, **fields}
+
+
+def bad(cli: Cli, *args: str) -> str:
+    before = cli.state()
+    result = cli.run(*args)
+    assert result.exit_code == 2, (result.stdout, result.stderr)
+    assert cli.state() == before
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1, result.stderr
+    return lines[0].removeprefix("error: ")
+
+
+# -- the circuit breaker -------------------------------------------------------------------------------------------
+def test_every_new_loop_stores_the_default_breaker_of_five_and_zero_turns_it_off(cli: Cli) -> None:
+    command = cli.json("create", "command", "c", "--cmd", "true", *EVERY)
+    agent = cli.json("create", "agent", "a", "--provider", "codex", "--prompt", "p", *EVERY)
+    off = cli.json("create", "command", "off", "--cmd", "true", *EVERY, "--pause-after-failures", "0")
+    three = cli.json("create", "command", "three", "--cmd", "true", *EVERY, "--pause-after-failures", "3")
+    assert [loop["pauseAfterFailures"] for loop in (command, agent, off, three)] == [5, 5, 0, 3]
+    assert cli.json("show", "off")["pauseAfterFailures"] == 0
+
+
+def test_a_bad_pause_after_failures_is_one_line_naming_the_flag_and_stores_nothing(cli: Cli) -> None:
+    assert bad(cli, "create", "command", "c", "--cmd", "true", *EVERY, "--pause-after-failures", "-2") == (
+        "--pause-after-failures must be a whole number (0 turns the circuit breaker off), got '-2'")
+    assert bad(cli, "create", "command", "c", "--cmd", "true", *EVERY, "--pause-after-failures", "five") == (
+        "--pause-after-failures must be a whole number (0 turns the circuit breaker off), got 'five'")
+
+
+@pytest.mark.parametrize(("value", "stored"), [(None, 5), (0, 0), (0.0, 0), (7, 7)])
+def test_the_api_body_takes_pause_after_failures_zero_or_more_and_null_means_the_default(
+        value: Any, stored: int) -> None:
+    assert new_loop(body(pauseAfterFailures=value), T0).pause_after_failures == stored
+
+
+@pytest.mark.parametrize("value", [-1, True, "5", 1.5])
+def test_a_bad_pause_after_failures_in_a_body_names_the_field_and_the_value(value: Any) -> None:
+    with pytest.raises(ValidationError) as caught:
+        new_loop(body(pauseAfterFailures=value), T0)
+    assert caught.value.message.startswith(
+        "pauseAfterFailures must be a whole number (0 turns the circuit breaker off), got ")
