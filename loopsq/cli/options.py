@@ -75,6 +75,14 @@ def duration_flag(flag: str, text: str, *, allow_none: bool = False) -> int | No
     return int(ms)
 
 
+def off_or_duration_flag(flag: str, text: str) -> int | None:
+    """A duration flag where ``none`` (any of ``NO_TIMEOUT_WORDS``) or a zero duration (``0``, ``0s``) means
+    "never" (None)."""
+    if text.strip().lower() in NO_TIMEOUT_WORDS:
+        return None
+    return int(prefixed(flag, lambda: parse_duration(text))) or None
+
+
 def positive_int_flag(flag: str, text: str, maximum: int | None = None) -> int:
     """A positive integer flag, of at most ``maximum`` when given: ``<flag> must be a positive integer, got '<v>'``
     or ``<flag> must be at most <maximum>, got '<v>'``."""

@@ -115,6 +115,8 @@ LOOP_POLICIES: dict[str, Schema] = {
 
 TIMEOUT_MS: Schema = {"type": ["integer", "null"], "minimum": 1, "maximum": MAX_DURATION_MS,
               "description": "Kill the run after this many ms (default 30 minutes); null for no limit."}
-IDLE_TIMEOUT_MS = milliseconds("Kill the run after this many ms without output.")
+IDLE_TIMEOUT_MS: Schema = {"type": ["integer", "null"], "minimum": 1, "maximum": MAX_DURATION_MS,
+                   "description": "Kill the run after this many ms without output; null for none. An agent given "
+                                  "neither timeoutMs nor idleTimeoutMs gets 30 minutes (codex) or 4 hours."}
 ACCOUNT = obj({"profile": string("The accounts profile."), "tool": string("The accounts tool id.")}, ("profile",))
 STRING_MAP: Schema = {"type": "object", "additionalProperties": {"type": "string"}}

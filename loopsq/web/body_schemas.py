@@ -132,7 +132,9 @@ def _args(description: str) -> dict[str, Any]:
 def _timeouts() -> dict[str, Any]:
     return {
         "timeoutMs": _int(1, limits.MAX_MS, nullable=True, description="null: no timeout (default 30 minutes)."),
-        "idleTimeoutMs": _int(1, limits.MAX_MS, nullable=True),
+        "idleTimeoutMs": _int(1, limits.MAX_MS, nullable=True,
+                              description="Kill after this many ms without output; null: never. An agent given "
+                                          "neither timeoutMs nor idleTimeoutMs gets 30 minutes (codex) or 4 hours."),
     }
 
 

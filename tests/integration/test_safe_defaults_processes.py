@@ -6,19 +6,22 @@ behaviour it was stored with."""
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Iterator
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
 import redis
 
-from loopsq.domain import timeutil
+from loopsq.domain import agent_options, timeutil
 from loopsq.domain.loop_spec import new_loop
 from loopsq.domain.models import Loop
 from loopsq.state.loops import LoopStore
 from tests.integration.processes import Cluster, open_cluster
 from tests.redis_server import RedisServer
+from tests.unit.test_executor_agents import install_fake
 
 pytestmark = pytest.mark.integration
 
@@ -40,6 +43,31 @@ def store(cluster: Cluster, body: dict[str, Any], *, stored_before: tuple[str, .
         return LoopStore(client).create(Loop.from_dict(data))
     finally:
         client.close()
+
+
+def soon(seconds: float = 1.0) -> dict[str, Any]:
+    """A once schedule ``seconds`` from now."""
+    return {"type": "once", "at": timeutil.to_iso(timeutil.now() + timedelta(seconds=seconds))}
+
+
+def codex_loop(name: str, **target: Any) -> dict[str, Any]:
+    return {"name": name, "schedule": soon(), "target": {"type": "agent", "provider": "codex", "prompt": "review",
+                                                        **target}}
+
+
+#: What a codex run that answered prints (``codex exec --json`` lines).
+CODEX_ANSWER = json.dumps({"type": "item.completed", "item": {"type": "agent_message", "text": "all clean"}})
+
+
+def fake_codex(cluster: Cluster, **env: str) -> dict[str, str]:
+    """A worker env whose PATH finds the fake provider as ``codex``, behaving as ``env`` (``FAKE_*``) says."""
+    bin_dir = cluster.tmp / "bin"
+    install_fake(bin_dir, "codex", "fake_provider.py")
+    return {"PATH": f"{bin_dir}:{os.environ['PATH']}", **env}
+
+
+def ended(cluster: Cluster, *names: str) -> bool:
+    return all(any(r.terminal for r in cluster.runs(name)) for name in names)
 
 
 def every_second(name: str, command: str, **fields: Any) -> dict[str, Any]:
@@ -65,3 +93,19 @@ def test_the_default_breaker_pauses_a_new_loop_after_five_failures_and_never_an_
     old_loop = cluster.loop("old")
     assert old_loop["status"] == "active" and "pauseAfterFailures" not in old_loop
     assert old_loop["failureStreak"] >= 8
+
+
+@pytest.mark.timeout(90)
+def test_the_default_idle_timeout_kills_a_silent_run_of_a_new_agent_loop_and_not_of_an_old_stored_one(
+        cluster: Cluster, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The default shortened to 1 s where new loops are made (this process): the stored value is what the worker uses.
+    monkeypatch.setattr(agent_options, "AGENT_IDLE_TIMEOUT_MS", 1000)
+    new = store(cluster, codex_loop("new"))
+    old = store(cluster, codex_loop("old"), stored_before=("target.idleTimeoutMs",))
+    assert (new.target.get("idleTimeoutMs"), old.target.get("idleTimeoutMs")) == (1000, None)
+    cluster.start("scheduler")
+    cluster.start("worker", env=fake_codex(cluster, FAKE_SLEEP="3", FAKE_STDOUT=CODEX_ANSWER))
+    cluster.wait_until(lambda: ended(cluster, "new", "old"), 40, "both agent runs to end")
+    [new_run], [old_run] = cluster.runs("new"), cluster.runs("old")
+    assert (new_run.status, new_run.error) == ("timed_out", "idle timed out after 1000ms without stdout/stderr")
+    assert (old_run.status, old_run.error, old_run.stdout) == ("succeeded", None, CODEX_ANSWER)

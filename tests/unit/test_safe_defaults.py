@@ -66,3 +66,48 @@ def test_a_bad_pause_after_failures_in_a_body_names_the_field_and_the_value(valu
         new_loop(body(pauseAfterFailures=value), T0)
     assert caught.value.message.startswith(
         "pauseAfterFailures must be a whole number (0 turns the circuit breaker off), got ")
+
+
+# -- the idle timeout of new agent loops ---------------------------------------------------------------------------
+@pytest.mark.parametrize(("provider", "idle_ms"), [("codex", 1_800_000), ("claude", 14_400_000),
+                                                    ("cursor", 14_400_000), ("codewith", 14_400_000),
+                                                    ("aicopilot", 14_400_000)])
+def test_a_new_agent_loop_stores_the_default_idle_timeout_of_its_provider(cli: Cli, provider: str,
+                                                                          idle_ms: int) -> None:
+    loop = cli.json("create", "agent", "a", "--provider", provider, "--prompt", "p", *EVERY)
+    assert (loop["target"]["idleTimeoutMs"], loop["target"]["timeoutMs"]) == (idle_ms, None)
+    assert cli.json("show", "a")["target"]["idleTimeoutMs"] == idle_ms
+
+
+def test_an_agent_loop_given_a_timeout_or_an_idle_timeout_keeps_it_and_none_turns_the_idle_timeout_off(
+        cli: Cli) -> None:
+    timed = cli.json("create", "agent", "timed", "--provider", "codex", "--prompt", "p", *EVERY, "--timeout", "2h")
+    unlimited = cli.json("create", "agent", "unlimited", "--provider", "codex", "--prompt", "p", *EVERY,
+                         "--timeout", "none")
+    idle = cli.json("create", "agent", "idle", "--provider", "codex", "--prompt", "p", *EVERY, "--idle-timeout", "5m")
+    off = cli.json("create", "agent", "off", "--provider", "codex", "--prompt", "p", *EVERY, "--idle-timeout", "none")
+    assert "idleTimeoutMs" not in timed["target"] and timed["target"]["timeoutMs"] == 7_200_000
+    assert "idleTimeoutMs" not in unlimited["target"] and unlimited["target"]["timeoutMs"] is None
+    assert idle["target"]["idleTimeoutMs"] == 300_000
+    assert off["target"]["idleTimeoutMs"] is None
+
+
+def test_a_command_loop_gets_no_idle_timeout() -> None:
+    assert "idleTimeoutMs" not in new_loop(body(), T0).target
+
+
+def test_the_api_body_stores_the_default_idle_timeout_and_null_turns_it_off() -> None:
+    agent = {"type": "agent", "provider": "codex", "prompt": "p"}
+    assert new_loop(body(target=agent), T0).target["idleTimeoutMs"] == 1_800_000
+    off = new_loop(body(target={**agent, "idleTimeoutMs": None}), T0).target
+    assert "idleTimeoutMs" in off and off["idleTimeoutMs"] is None
+
+
+def test_an_agent_target_stored_before_the_default_has_no_idle_timeout_when_it_runs() -> None:
+    from loopsq.executor import RunMetadata, build_spec
+
+    old = {"type": "agent", "provider": "codex", "prompt": "p", "timeoutMs": None}  # as stored before
+    assert build_spec(old, RunMetadata(), env={"PATH": "/bin"}).idle_timeout_ms is None
+    new = new_loop(body(target={"type": "agent", "provider": "codex", "prompt": "p"}), T0).target
+    assert build_spec(new, RunMetadata(), env={"PATH": "/bin"}).idle_timeout_ms == 1_800_000
+    assert build_spec({**new, "idleTimeoutMs": None}, RunMetadata(), env={"PATH": "/bin"}).idle_timeout_ms is None
