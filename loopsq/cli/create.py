@@ -31,6 +31,7 @@ from loopsq.cli.options import (
 )
 from loopsq.domain import limits
 from loopsq.domain.agent_options import default_prompt_via
+from loopsq.domain.agent_output import prompt_problem
 from loopsq.domain.loop_spec import new_loop, validate_name
 from loopsq.domain.models import Loop
 from loopsq.domain.redaction import public_loop
@@ -188,6 +189,9 @@ def create_agent(
     prompt, prompt_source = prompt_from_flags(prompt, opts.get("prompt_file"))
     if not prompt.strip():
         raise ValidationError(f"--prompt must be a non-empty string, got {quote(prompt)}")
+    problem = prompt_problem(prompt)
+    if problem is not None:
+        raise ValidationError(f"{'--prompt-file' if prompt_source else '--prompt'} {problem}, got {quote(prompt)}")
     bounded_flag("--prompt", prompt, limits.MAX_PROMPT_LENGTH)
     if config_isolation not in ("safe", "none"):
         raise ValidationError(f"--config-isolation must be safe or none, got {quote(config_isolation)}")

@@ -14,6 +14,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from loopsq.domain import agent_options, limits
+from loopsq.domain.agent_output import prompt_problem
 from loopsq.domain.checks import check_length, check_text, whole
 from loopsq.domain.text import quoted
 from loopsq.errors import ValidationError
@@ -249,6 +250,14 @@ def _idle_timeout(value: Any, label: str, field: str) -> int | None:
     return int(value)
 
 
+def _prompt(value: Any, label: str, field: str) -> Any:
+    """An agent prompt (already a non-empty string, the reference's check) must say something (0.4.40)."""
+    problem = prompt_problem(value) if isinstance(value, str) else None
+    if problem is not None:
+        raise ValidationError(f"{label}.{field} {problem}, got {short_repr(value)}")
+    return value
+
+
 def _account(value: Any, label: str, _field: str) -> dict[str, Any]:
     return validate_account(value, label)
 
@@ -309,7 +318,7 @@ _EXTRA_CHECKS: dict[str, tuple[tuple[str, _Check], ...]] = {
         ("preflight", _preflight),
     ),
     "agent": (
-        ("prompt", _bounded(limits.MAX_PROMPT_LENGTH)),
+        ("prompt", _bounded(limits.MAX_PROMPT_LENGTH, _prompt)),
         ("cwd", _bounded(limits.MAX_CWD_LENGTH, _non_empty)),
         ("model", _bounded(limits.MAX_WORD_LENGTH, _string)),
         ("agent", _bounded(limits.MAX_WORD_LENGTH, _string)),

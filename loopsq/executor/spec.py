@@ -20,6 +20,7 @@ from loopsq.domain.agent_options import (
     option_problem,
     prompt_on_argv,
 )
+from loopsq.domain.agent_output import prompt_problem
 from loopsq.errors import ExecutionError, ValidationError
 from loopsq.executor.accounts import AUTH_ENV_KEYS, account_tool_for_provider, resolve_account_env
 from loopsq.system.exec_path import normalize_execution_path, not_found_message
@@ -326,6 +327,12 @@ def build_spec(
         provider = str(target.get("provider"))
         if provider not in PROVIDER_EXECUTABLES:
             raise ValidationError(f"unknown agent provider: {provider!r}")
+        prompt = target.get("prompt")
+        problem = prompt_problem(prompt) if isinstance(prompt, str) else "is missing"
+        if problem is not None:
+            # A stored target the create-time check did not see (stored before it, or written by hand): fail the
+            # run rather than start an agent with nothing to do (OpenLoops 0.4.40).
+            raise ExecutionError(f"agent prompt {problem}; nothing was started")
         command = PROVIDER_EXECUTABLES[provider]
         args = tuple(agent_args(target))
         if provider == "codewith":

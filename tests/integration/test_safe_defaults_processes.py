@@ -109,3 +109,15 @@ def test_the_default_idle_timeout_kills_a_silent_run_of_a_new_agent_loop_and_not
     [new_run], [old_run] = cluster.runs("new"), cluster.runs("old")
     assert (new_run.status, new_run.error) == ("timed_out", "idle timed out after 1000ms without stdout/stderr")
     assert (old_run.status, old_run.error, old_run.stdout) == ("succeeded", None, CODEX_ANSWER)
+
+
+@pytest.mark.timeout(60)
+def test_an_agent_run_that_printed_nothing_fails_with_agent_produced_no_output(cluster: Cluster) -> None:
+    store(cluster, codex_loop("mute"))
+    cluster.start("scheduler")
+    cluster.start("worker", env=fake_codex(cluster, FAKE_STDOUT=""))
+    cluster.wait_until(lambda: ended(cluster, "mute"), 30, "the agent run to end")
+    [run] = cluster.runs("mute")
+    assert (run.status, run.exit_code, run.error) == ("failed", 0, "agent produced no output")
+    shown = json.loads(cluster.cli("--json", "show", "mute").stdout)
+    assert (shown["lastRun"]["status"], shown["lastRun"]["error"]) == ("failed", "agent produced no output")

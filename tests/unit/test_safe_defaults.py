@@ -111,3 +111,32 @@ def test_an_agent_target_stored_before_the_default_has_no_idle_timeout_when_it_r
     new = new_loop(body(target={"type": "agent", "provider": "codex", "prompt": "p"}), T0).target
     assert build_spec(new, RunMetadata(), env={"PATH": "/bin"}).idle_timeout_ms == 1_800_000
     assert build_spec({**new, "idleTimeoutMs": None}, RunMetadata(), env={"PATH": "/bin"}).idle_timeout_ms is None
+
+
+# -- agent loops must have something to ask ------------------------------------------------------------------------
+def test_an_agent_loop_with_a_blank_prompt_is_refused_at_create_and_nothing_is_stored(cli: Cli) -> None:
+    agent = ("create", "agent", "a", "--provider", "codex", *EVERY, "--prompt")
+    assert bad(cli, *agent, "  ") == "--prompt must be a non-empty string, got '  '"
+    assert bad(cli, *agent, "\u200b\n") == (
+        "--prompt must have a visible character (it is blank), got '\\u200b\\x0a'")
+    assert bad(cli, *agent, "fix it... [redacted 12 chars]") == (
+        "--prompt is a redacted copy ('[redacted N chars]', as show prints it): send the full prompt, got "
+        "'fix it... [redacted 12 chars]'")
+
+
+@pytest.mark.parametrize(("prompt", "message"), [
+    ("", "target.prompt must be a non-empty string"),
+    ("\u200b", 'target.prompt must have a visible character (it is blank), got "\\u200b"'),
+    ("[redacted 99 chars]", "target.prompt is a redacted copy ('[redacted N chars]', as show prints it): send the "
+                            'full prompt, got "[redacted 99 chars]"'),
+])
+def test_the_api_body_and_spec_steps_refuse_a_blank_prompt_naming_the_field(prompt: str, message: str) -> None:
+    from loopsq.domain.workflow_spec import workflow_body_from_json
+
+    with pytest.raises(ValidationError) as caught:
+        new_loop(body(target={"type": "agent", "provider": "codex", "prompt": prompt}), T0)
+    assert caught.value.message == message
+    with pytest.raises(ValidationError) as step:
+        workflow_body_from_json({"name": "w", "steps": [
+            {"id": "s", "target": {"type": "agent", "provider": "codex", "prompt": prompt}}]})
+    assert step.value.message == message.replace("target.", "workflow.steps[0].target.", 1)
