@@ -37,6 +37,11 @@ SKIP_ERROR = "previous run still active"
 SHUTDOWN_ERROR = "worker shut down before completion"
 #: The error of a run that overlap ``replace`` cancelled for a newer slot (``replaced by slot <slot>``).
 REPLACED_ERROR = "replaced by slot "
+#: A command or agent run of an overlap-``skip`` loop that exits 75 (``EX_TEMPFAIL``) had nothing to do now
+#: (OpenLoops 0.4.39): it is recorded ``skipped`` with ``NOTHING_TO_DO_ERROR`` (``finished_status``), is never
+#: retried, leaves the failure streak as it was, and the loop moves on as after a success (``after_finish``).
+NOTHING_TO_DO_EXIT = 75
+NOTHING_TO_DO_ERROR = "nothing to do (exit 75)"
 #: The error of a run cancelled on request (``loopsq cancel``, the API, the SDK, the dashboard), with
 #: ``: <reason>`` when one was given. Such a run is settled: never retried.
 USER_CANCEL_ERROR = "cancelled by user"
@@ -205,6 +210,21 @@ def next_attempt(ended: LoopRun, stamp: str) -> LoopRun:
         outcome=None, control=None, control_warning=None, workspace=None, workspace_fence=None,
         input_tokens=None, output_tokens=None, cost_usd=None,
     )
+
+
+def finished_status(loop: Loop, status: str, exit_code: int | None, error: str | None) -> tuple[str, str | None]:
+    """The status and error a finished command or agent target's run is recorded with: as the executor reported
+    them, except a failure with exit code 75 of an overlap-``skip`` loop (``NOTHING_TO_DO_EXIT``), which is
+    ``skipped``: nothing to do now. (A workflow loop's run ends as its workflow does.)"""
+    if (status == "failed" and exit_code == NOTHING_TO_DO_EXIT and loop.overlap == "skip"
+            and loop.target_type in ("command", "agent")):
+        return "skipped", NOTHING_TO_DO_ERROR
+    return status, error
+
+
+def is_nothing_to_do(run: LoopRun) -> bool:
+    """Whether ``run`` ended ``skipped`` because its target said it had nothing to do (``finished_status``)."""
+    return run.status == "skipped" and run.error == NOTHING_TO_DO_ERROR
 
 
 def run_source(existing: LoopRun | None, source: str) -> str:
@@ -402,22 +422,25 @@ def after_finish(loop: Loop, run: LoopRun, finished_at: datetime, rng: random.Ra
     the default breaker, is none) pauses the loop with the reason recorded (``breaker_reason``); loops
     scheduling from the end of a run get their next slot (a once loop stops). A run that overlap ``replace``
     cancelled for a newer slot is settled, not retried: its retry would in turn replace the newer run; nor is one
-    cancelled on request.
+    cancelled on request. A run whose target had nothing to do (``skipped``, exit 75: ``finished_status``) is
+    not retried, leaves the failure streak as it was and moves the loop on as a success does.
     """
     stamp = to_iso(finished_at)
     succeeded = run.status == "succeeded"
+    # A target that said "nothing to do" (exit 75, ``finished_status``): neither a success nor a failure.
+    idle = run.status == "skipped"
     if loop.status != "active":
         return Advance(loop, "none")
     replaced = run.status == "failed" and (run.error or "").startswith((REPLACED_ERROR, USER_CANCEL_ERROR))
     if is_shutdown_rerun(run):
         return Advance(with_retry(loop, run.scheduled_for, stamp, stamp), "retry_scheduled")
-    if not succeeded and not replaced and not run.no_retry and run.attempt < loop.max_attempts:
+    if not succeeded and not idle and not replaced and not run.no_retry and run.attempt < loop.max_attempts:
         retry_at = finished_at + timedelta(milliseconds=retry_delay_ms(loop, run.attempt, rng))
         return Advance(with_retry(loop, run.scheduled_for, to_iso(retry_at), stamp), "retry_scheduled")
     if run.source in MANUAL_SOURCES:
         return Advance(loop, "none")
     # The slot is settled: it counts towards the failure streak once, however many attempts it took.
-    streak = 0 if succeeded else loop.failure_streak + 1
+    streak = loop.failure_streak if idle else 0 if succeeded else loop.failure_streak + 1
     loop = loop.with_changes(failure_streak=streak, updated_at=stamp)
     if loop.pause_after_failures and streak >= loop.pause_after_failures:  # (0 or None: no breaker)
         return Advance(loop.with_changes(status="paused", status_reason=breaker_reason(loop, run, streak)),

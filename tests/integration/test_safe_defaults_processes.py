@@ -18,6 +18,7 @@ import redis
 from loopsq.domain import agent_options, timeutil
 from loopsq.domain.loop_spec import new_loop
 from loopsq.domain.models import Loop
+from loopsq.domain.run_rules import LoopRun
 from loopsq.state.loops import LoopStore
 from tests.integration.processes import Cluster, open_cluster
 from tests.redis_server import RedisServer
@@ -121,3 +122,29 @@ def test_an_agent_run_that_printed_nothing_fails_with_agent_produced_no_output(c
     assert (run.status, run.exit_code, run.error) == ("failed", 0, "agent produced no output")
     shown = json.loads(cluster.cli("--json", "show", "mute").stdout)
     assert (shown["lastRun"]["status"], shown["lastRun"]["error"]) == ("failed", "agent produced no output")
+
+
+@pytest.mark.timeout(90)
+def test_exit_75_is_recorded_skipped_not_retried_not_counted_and_the_next_slots_run(cluster: Cluster) -> None:
+    cluster.start_all(schedulers=1, workers=1)  # (first: slots before a scheduler runs would be missed)
+    cluster.create("idle", "exit 75", "--every", "1s", "--attempts", "3", "--retry-delay", "100ms")
+    cluster.create("busy", "exit 75", "--every", "1s", "--overlap", "allow", "--attempts", "2",
+                   "--retry-delay", "100ms")
+
+    def ran() -> list[LoopRun]:  # (a slot a busy worker reached late is recorded missed: not a run)
+        return [r for r in cluster.runs("idle") if r.terminal and r.status != "missed"]
+
+    cluster.wait_until(lambda: len(ran()) >= 7, 40, "seven slots of the idle loop to end")
+    runs = ran()
+    assert {(r.status, r.error, r.exit_code, r.attempt) for r in runs} == {
+        ("skipped", "nothing to do (exit 75)", 75, 1)}
+    assert len({r.scheduled_for for r in runs}) == len(runs)  # one row per slot: every next slot ran
+    loop = cluster.loop("idle")
+    assert (loop["status"], loop["failureStreak"], loop["pauseAfterFailures"]) == ("active", 0, 5)
+    assert "retryScheduledFor" not in loop
+    # On an overlap-allow loop exit 75 is an ordinary failure: retried, counted, and the breaker pauses it.
+    cluster.wait_until(lambda: cluster.loop("busy")["status"] == "paused", 40, "the breaker to pause the busy loop")
+    assert {(r.status, r.attempt) for r in cluster.runs("busy") if r.status != "missed"} == {("failed", 2)}
+    done = cluster.cli("run-now", "idle", check=False)
+    assert done.returncode == 0, done.stderr
+    assert " skipped source=ad_hoc " in done.stdout
