@@ -132,6 +132,8 @@ def schedule_options(fn: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--retry-max-delay", metavar="DURATION", help="Cap of the exponential retry delay."),
         click.option("--lease", metavar="DURATION", default="30m", show_default=True, help="Run lease length."),
         click.option("--expires-at", metavar="TIME", help="Stop scheduling after TIME."),
+        click.option("--expires-after-runs", metavar="N",
+                     help="Expire the loop after N consecutive successful runs of its schedule."),
         click.option("--pause-after-failures", metavar="N",
                      help="Circuit breaker: pause after N consecutive unsuccessful runs [5]; 0 turns it off."),
         click.option("--keep-runs", metavar="N",
@@ -182,8 +184,8 @@ def schedule_body(opts: dict[str, Any], timezone: str) -> dict[str, Any]:
 
 
 def policy_body(opts: dict[str, Any], timezone: str) -> dict[str, Any]:
-    """Policies (catch-up, overlap, attempts, retry, lease, expiry, failure streak, history window) from their
-    flags."""
+    """Policies (catch-up, overlap, attempts, retry, lease, expiry by time or after N successful runs, circuit
+    breaker, history window) from their flags."""
     catch_up = opts["catch_up"]
     if catch_up not in CATCH_UP_POLICIES:
         raise ValidationError(f"--catch-up must be none, latest, or all, got {_q(catch_up)}")
@@ -212,6 +214,9 @@ def policy_body(opts: dict[str, Any], timezone: str) -> dict[str, Any]:
     if opts.get("expires_at") is not None:
         expires = check_length(opts["expires_at"], "--expires-at", limits.MAX_TIME_LENGTH, _q)
         body["expiresAt"] = to_iso(parse_time(expires, timezone, "--expires-at"))
+    if opts.get("expires_after_runs") is not None:
+        body["expiresAfterRuns"] = positive_int_flag("--expires-after-runs", opts["expires_after_runs"],
+                                                     limits.MAX_COUNT)
     if opts.get("pause_after_failures") is not None:
         body["pauseAfterFailures"] = count_flag("--pause-after-failures", opts["pause_after_failures"],
                                                 limits.MAX_COUNT, "turns the circuit breaker off")

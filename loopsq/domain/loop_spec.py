@@ -120,6 +120,7 @@ def new_loop(body: Mapping[str, Any], now: datetime) -> Loop:
     schedule = jittered(schedule, loop_id, jitter_ms)
     target = with_creation_defaults(validate_target(body.get("target"), "target"))
     expires_at = _expiry(body.get("expiresAt"), timezone)
+    expire_after = _positive_int(body, "expiresAfterRuns", None)
     loop = Loop(
         id=loop_id,
         name=name,
@@ -140,6 +141,8 @@ def new_loop(body: Mapping[str, Any], now: datetime) -> Loop:
         lease_ms=_positive_int(body, "leaseMs", models.DEFAULT_LEASE_MS, limits.MAX_MS, limits.MIN_LEASE_MS) or 0,
         expires_at=expires_at,
         pause_after_failures=_breaker(body),
+        expires_after_runs=expire_after,
+        success_streak=0 if expire_after else None,
         keep_runs=_positive_int(body, "keepRuns", None),
         jitter_ms=jitter_ms,
         **feature_fields(body),

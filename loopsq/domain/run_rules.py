@@ -407,7 +407,8 @@ class Advance:
     """The loop after a run ended, and which loop transition that was (for the change stream)."""
 
     loop: Loop
-    transition: str  # "retry_scheduled" | "loop_advanced" | "loop_stopped" | "paused_by_streak" | "none"
+    #: "retry_scheduled" | "loop_advanced" | "loop_stopped" | "paused_by_streak" | "loop_expired" | "none"
+    transition: str
 
 
 def after_finish(loop: Loop, run: LoopRun, finished_at: datetime, rng: random.Random | None = None) -> Advance:
@@ -423,7 +424,9 @@ def after_finish(loop: Loop, run: LoopRun, finished_at: datetime, rng: random.Ra
     scheduling from the end of a run get their next slot (a once loop stops). A run that overlap ``replace``
     cancelled for a newer slot is settled, not retried: its retry would in turn replace the newer run; nor is one
     cancelled on request. A run whose target had nothing to do (``skipped``, exit 75: ``finished_status``) is
-    not retried, leaves the failure streak as it was and moves the loop on as a success does.
+    not retried, leaves the failure streak as it was and moves the loop on as a success does. A loop with
+    ``expiresAfterRuns`` N counts its successful settled slots in a row (``successStreak``: a final failure starts
+    it again, a nothing-to-do run leaves it) and is ``expired`` at the Nth (OpenLoops 0.5.3).
     """
     stamp = to_iso(finished_at)
     succeeded = run.status == "succeeded"
@@ -439,12 +442,21 @@ def after_finish(loop: Loop, run: LoopRun, finished_at: datetime, rng: random.Ra
         return Advance(with_retry(loop, run.scheduled_for, to_iso(retry_at), stamp), "retry_scheduled")
     if run.source in MANUAL_SOURCES:
         return Advance(loop, "none")
-    # The slot is settled: it counts towards the failure streak once, however many attempts it took.
+    # The slot is settled: it counts towards the failure streak once, however many attempts it took (and towards
+    # the success streak of a loop that expires after N successful runs).
     streak = loop.failure_streak if idle else 0 if succeeded else loop.failure_streak + 1
     loop = loop.with_changes(failure_streak=streak, updated_at=stamp)
+    if loop.expires_after_runs:
+        wins = loop.success_streak or 0
+        loop = loop.with_changes(success_streak=wins if idle else wins + 1 if succeeded else 0)
     if loop.pause_after_failures and streak >= loop.pause_after_failures:  # (0 or None: no breaker)
         return Advance(loop.with_changes(status="paused", status_reason=breaker_reason(loop, run, streak)),
                        "paused_by_streak")
+    if succeeded and loop.expires_after_runs and (loop.success_streak or 0) >= loop.expires_after_runs:
+        reason = (f"expired after {loop.success_streak} consecutive successful runs; resume it to start a new "
+                  f"count (loopsq resume {loop.id})")
+        return Advance(loop.with_changes(status="expired", status_reason=reason, next_run_at=None,
+                                         retry_scheduled_for=None, retry_at=None, retry_queue=None), "loop_expired")
     slot = from_iso(run.scheduled_for)
     if advances_at_finish(loop):
         upcoming = compute_next_after(loop.schedule, slot, finished_at, loop.timezone)

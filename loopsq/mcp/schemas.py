@@ -105,6 +105,7 @@ LOOP_POLICIES: dict[str, Schema] = {
     "retryMaxDelayMs": milliseconds("Cap of the exponential retry delay."),
     "leaseMs": milliseconds("Run lease length (default 1800000)."),
     "expiresAt": string("Stop scheduling after this ISO-8601 time."),
+    "expiresAfterRuns": integer("Expire the loop after this many consecutive successful runs."),
     "pauseAfterFailures": integer("The circuit breaker: pause the loop after this many unsuccessful runs in a row "
                                   "(default 5); 0 turns it off.", 0),
     "requires": {"type": "array", "maxItems": MAX_LABELS, "items": LABEL,

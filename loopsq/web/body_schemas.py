@@ -320,6 +320,8 @@ def components() -> dict[str, dict[str, Any]]:
             "retryMaxDelayMs": ms,
             "leaseMs": _int(limits.MIN_LEASE_MS, limits.MAX_MS, nullable=True),
             "expiresAt": _nullable(_string(limits.MAX_TIME_LENGTH, format="date-time")),
+            "expiresAfterRuns": _int(1, limits.MAX_COUNT, nullable=True,
+                                     description="Expire the loop after this many consecutive successful runs."),
             "pauseAfterFailures": _int(0, limits.MAX_COUNT, nullable=True,
                                        description="The circuit breaker: pause after this many unsuccessful runs "
                                                    "in a row; 0 turns it off (absent or null: 5)."),

@@ -148,3 +148,26 @@ def test_exit_75_is_recorded_skipped_not_retried_not_counted_and_the_next_slots_
     done = cluster.cli("run-now", "idle", check=False)
     assert done.returncode == 0, done.stderr
     assert " skipped source=ad_hoc " in done.stdout
+
+
+@pytest.mark.timeout(90)
+def test_a_loop_expires_after_n_consecutive_successes_a_failure_starting_the_count_again(cluster: Cluster) -> None:
+    counter = cluster.tmp / "count"
+    # Succeeds, fails on its second run, then succeeds: expires at its fifth run, the third success in a row.
+    command = f'n=$(( $(cat {counter} 2>/dev/null || echo 0) + 1 )); echo $n > {counter}; [ $n -ne 2 ]'
+    cluster.start_all(schedulers=1, workers=1)
+    loop_id = cluster.create("thrice", command, "--every", "1s", "--expires-after-runs", "3")
+    cluster.wait_until(lambda: cluster.loop("thrice")["status"] == "expired", 40, "the loop to expire")
+    ran = [r.status for r in cluster.runs("thrice") if r.status != "missed"]
+    assert ran == ["succeeded", "failed", "succeeded", "succeeded", "succeeded"]
+    loop = cluster.loop("thrice")
+    assert (loop["successStreak"], loop["expiresAfterRuns"], "nextRunAt" in loop) == (3, 3, False)
+    assert loop["statusReason"] == (
+        f"expired after 3 consecutive successful runs; resume it to start a new count (loopsq resume {loop_id})")
+    assert cluster.timer_at("thrice") is None
+    assert [c["data"].get("also") for c in cluster.changes() if "loop_expired" in c["data"].get("also", [])] == [
+        ["loop_expired"]]
+    shown = json.loads(cluster.cli("--json", "show", "thrice").stdout)
+    assert (shown["status"], shown["successStreak"]) == ("expired", 3)
+    resumed = json.loads(cluster.cli("--json", "resume", "thrice").stdout)
+    assert (resumed["status"], resumed["successStreak"]) == ("active", 0)
