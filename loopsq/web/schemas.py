@@ -70,6 +70,14 @@ class LoopOut(Entity):
     failureStreak: int | None = Field(None, description="Unsuccessful settled slots in a row.")
     expiresAfterRuns: int | None = Field(None, description="Expire after this many consecutive successful runs.")
     successStreak: int | None = Field(None, description="Successful settled slots in a row (with expiresAfterRuns).")
+    commandLine: str | None = Field(None, description="Loop detail only: the argv a command or agent run starts, "
+                                    "shell-quoted (an agent prompt redacted).")
+    commandEnvKeys: list[str] | None = Field(None, description="Loop detail only: the names of the variables loopsq "
+                                             "gives the target (never their values).")
+    commandDigest: str | None = Field(None, description="Loop detail only: cmd:sha256:<hex> of the argv, working "
+                                      "directory, stdin prompt and variable names: it changes iff what runs "
+                                      "changes.")
+    commandError: str | None = Field(None, description="Loop detail only: why the target cannot run.")
     createdAt: str
     updatedAt: str
 
