@@ -431,25 +431,26 @@ def after_finish(loop: Loop, run: LoopRun, finished_at: datetime, rng: random.Ra
     stamp = to_iso(finished_at)
     succeeded = run.status == "succeeded"
     # A target that said "nothing to do" (exit 75, ``finished_status``): neither a success nor a failure.
-    idle = run.status == "skipped"
+    nothing = run.status == "skipped"
     if loop.status != "active":
         return Advance(loop, "none")
     replaced = run.status == "failed" and (run.error or "").startswith((REPLACED_ERROR, USER_CANCEL_ERROR))
     if is_shutdown_rerun(run):
         return Advance(with_retry(loop, run.scheduled_for, stamp, stamp), "retry_scheduled")
-    if not succeeded and not idle and not replaced and not run.no_retry and run.attempt < loop.max_attempts:
+    if not succeeded and not nothing and not replaced and not run.no_retry and run.attempt < loop.max_attempts:
         retry_at = finished_at + timedelta(milliseconds=retry_delay_ms(loop, run.attempt, rng))
         return Advance(with_retry(loop, run.scheduled_for, to_iso(retry_at), stamp), "retry_scheduled")
     if run.source in MANUAL_SOURCES:
         return Advance(loop, "none")
     # The slot is settled: it counts towards the failure streak once, however many attempts it took (and towards
     # the success streak of a loop that expires after N successful runs).
-    streak = loop.failure_streak if idle else 0 if succeeded else loop.failure_streak + 1
+    streak = loop.failure_streak if nothing else 0 if succeeded else loop.failure_streak + 1
     loop = loop.with_changes(failure_streak=streak, updated_at=stamp)
     if loop.expires_after_runs:
         wins = loop.success_streak or 0
-        loop = loop.with_changes(success_streak=wins if idle else wins + 1 if succeeded else 0)
-    if loop.pause_after_failures and streak >= loop.pause_after_failures:  # (0 or None: no breaker)
+        loop = loop.with_changes(success_streak=wins if nothing else wins + 1 if succeeded else 0)
+    failed = not succeeded and not nothing
+    if failed and loop.pause_after_failures and streak >= loop.pause_after_failures:  # (0 or None: no breaker)
         return Advance(loop.with_changes(status="paused", status_reason=breaker_reason(loop, run, streak)),
                        "paused_by_streak")
     if succeeded and loop.expires_after_runs and (loop.success_streak or 0) >= loop.expires_after_runs:

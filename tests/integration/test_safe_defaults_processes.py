@@ -79,10 +79,10 @@ def every_second(name: str, command: str, **fields: Any) -> dict[str, Any]:
 @pytest.mark.timeout(90)
 def test_the_default_breaker_pauses_a_new_loop_after_five_failures_and_never_an_old_stored_one(
         cluster: Cluster) -> None:
+    cluster.start_all(schedulers=1, workers=1)  # (first: slots before a scheduler runs would be missed)
     new = store(cluster, every_second("new", "exit 3"))
     old = store(cluster, every_second("old", "exit 3"), stored_before=("pauseAfterFailures",))
     assert (new.pause_after_failures, old.pause_after_failures) == (5, None)
-    cluster.start_all(schedulers=1, workers=1)
     cluster.wait_until(lambda: cluster.loop("new")["status"] == "paused", 40, "the breaker to pause the new loop")
     cluster.wait_until(lambda: sum(r.status == "failed" for r in cluster.runs("old")) >= 8, 40,
                        "the old loop to fail eight times")
@@ -90,7 +90,8 @@ def test_the_default_breaker_pauses_a_new_loop_after_five_failures_and_never_an_
     assert shown["statusReason"] == (
         "circuit breaker open: paused after 5 consecutive unsuccessful runs (last: failed: process exited with "
         f"code 3); fix the cause, then resume it (loopsq resume {new.id})")
-    assert [r.status for r in cluster.runs("new")] == ["failed"] * 5
+    # (a slot a loaded worker reached late is recorded missed: neither a run nor a failure)
+    assert [r.status for r in cluster.runs("new") if r.status != "missed"] == ["failed"] * 5
     old_loop = cluster.loop("old")
     assert old_loop["status"] == "active" and "pauseAfterFailures" not in old_loop
     assert old_loop["failureStreak"] >= 8

@@ -88,3 +88,21 @@ def test_the_loop_detail_and_the_loop_page_show_the_command_line_and_its_digest(
     assert line and digest, page
     assert (html.unescape(line.group(1)), digest.group(1)) == (expected.line, expected.digest)
     assert "s3cret" not in page
+
+
+def test_the_sdk_takes_expires_after_runs_and_names_a_bad_value(redis_server: RedisServer,
+                                                                real_redis: redis.Redis) -> None:
+    from loopsq.errors import ValidationError
+    from loopsq.sdk import LoopsClient
+
+    sdk = LoopsClient(redis_server.url)
+    try:
+        loop = sdk.create(loop_body("sdk-expiring", expiresAfterRuns=2, pauseAfterFailures=0))
+        assert (loop.expires_after_runs, loop.success_streak, loop.pause_after_failures) == (2, 0, 0)
+        before = redis_state(real_redis)
+        with pytest.raises(ValidationError) as refused:
+            sdk.create(loop_body("sdk-bad", expiresAfterRuns=0))
+        assert refused.value.message == "expiresAfterRuns must be a positive integer, got 0"
+        assert redis_state(real_redis) == before
+    finally:
+        sdk.close()

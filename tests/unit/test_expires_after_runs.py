@@ -130,3 +130,28 @@ def test_a_mirror_of_the_previous_version_gains_the_columns_in_place_keeping_its
         assert column_names(again, "loops")[-2:] == ["expires_after_runs", "success_streak"]
     finally:
         again.close()
+
+
+@pytest.mark.parametrize(("extra", "message"), [
+    ({"expiresAfterRuns": 0}, "expiresAfterRuns must be a positive integer, got 0"),
+    ({"expiresAfterRuns": 2}, None),
+    ({"pauseAfterFailures": 0}, None),
+    ({"pauseAfterFailures": -1}, "pauseAfterFailures must be an integer >= 0, got -1"),
+    ({"idleTimeoutMs": None}, None),
+])
+def test_the_mcp_create_tools_take_expires_after_runs_a_zero_breaker_and_a_null_idle_timeout(
+        extra: dict[str, Any], message: str | None) -> None:
+    from loopsq.mcp import server
+    from loopsq.mcp.arguments import check_schema
+
+    for tool, fields in (("loop_create_agent", {"provider": "codex", "prompt": "p"}),
+                         ("loop_create_command", {"command": "true"})):
+        schema = server.TOOLS_BY_NAME[tool].schema
+        arguments = {"name": "x", "schedule": EVERY_MIN, "confirm": server.TOOLS_BY_NAME[tool].confirm, **fields,
+                     **extra}
+        if message is None:
+            check_schema(schema, arguments)
+            continue
+        with pytest.raises(ValidationError) as refused:
+            check_schema(schema, arguments)
+        assert refused.value.message == message
