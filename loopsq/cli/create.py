@@ -22,6 +22,7 @@ from loopsq.cli.options import (
     duration_flag,
     env_body,
     env_option,
+    off_or_duration_flag,
     policy_body,
     quote,
     resolve_timezone,
@@ -30,6 +31,7 @@ from loopsq.cli.options import (
 )
 from loopsq.domain import limits
 from loopsq.domain.agent_options import default_prompt_via
+from loopsq.domain.agent_output import prompt_problem
 from loopsq.domain.loop_spec import new_loop, validate_name
 from loopsq.domain.models import Loop
 from loopsq.domain.redaction import public_loop
@@ -59,7 +61,8 @@ def _timeouts(target: dict[str, Any], opts: dict[str, Any]) -> None:
     if opts.get("timeout") is not None:
         target["timeoutMs"] = duration_flag("--timeout", opts["timeout"], allow_none=True)
     if opts.get("idle_timeout") is not None:
-        target["idleTimeoutMs"] = duration_flag("--idle-timeout", opts["idle_timeout"])
+        # 'none' (or 0) is stored as null: no idle timeout, where an agent loop given nothing gets the default.
+        target["idleTimeoutMs"] = off_or_duration_flag("--idle-timeout", opts["idle_timeout"])
 
 
 def _store(body: dict[str, Any], preflight: bool) -> Loop:
@@ -117,7 +120,7 @@ def _print_created(loop: Loop, human: str) -> None:
 @click.option("--cmd", "cmd", required=True, metavar="COMMAND", help="The command to run.")
 @click.option("--cwd", metavar="DIR", help="Working directory.")
 @click.option("--timeout", metavar="DURATION", help="Kill after DURATION [30m]; 'none' for no limit.")
-@click.option("--idle-timeout", metavar="DURATION", help="Kill after DURATION without output.")
+@click.option("--idle-timeout", metavar="DURATION", help="Kill after DURATION without output [none].")
 @click.option("--shell/--no-shell", default=True, show_default=True, help="Run through /bin/sh -c.")
 @click.option("--preflight", is_flag=True,
               help="Refuse (and store nothing) if the target cannot start here; warn if no live worker can run it.")
@@ -153,7 +156,9 @@ def create_command(name: str, cmd: str, shell: bool, preflight: bool, **opts: An
 @click.option("--agent", "agent_name", metavar="AGENT", help="Agent name passed to the provider.")
 @click.option("--extra-arg", "extra_args", multiple=True, metavar="ARG", help="Extra provider argument (repeat).")
 @click.option("--timeout", metavar="DURATION", help="Kill after DURATION [none]; 'none' for no limit.")
-@click.option("--idle-timeout", metavar="DURATION", help="Kill after DURATION without output.")
+@click.option("--idle-timeout", metavar="DURATION",
+              help="Kill after DURATION without output [codex 30m, other providers 4h, unless --timeout is given]; "
+                   "'none' or 0 for no idle limit.")
 @click.option("--config-isolation", default="safe", show_default=True, metavar="MODE", help="safe or none.")
 @click.option("--prompt-via", metavar="HOW",
               help="stdin (keeps the prompt out of the process table) or argv (after --) [stdin; codewith: argv].")
@@ -185,6 +190,9 @@ def create_agent(
     prompt, prompt_source = prompt_from_flags(prompt, opts.get("prompt_file"))
     if not prompt.strip():
         raise ValidationError(f"--prompt must be a non-empty string, got {quote(prompt)}")
+    problem = prompt_problem(prompt)
+    if problem is not None:
+        raise ValidationError(f"{'--prompt-file' if prompt_source else '--prompt'} {problem}, got {quote(prompt)}")
     bounded_flag("--prompt", prompt, limits.MAX_PROMPT_LENGTH)
     if config_isolation not in ("safe", "none"):
         raise ValidationError(f"--config-isolation must be safe or none, got {quote(config_isolation)}")

@@ -13,6 +13,7 @@ from loopsq.domain.models import LOOP_STATUSES, Loop
 from loopsq.domain.redaction import public_loop
 from loopsq.domain.text import shown
 from loopsq.errors import NotFoundError, ValidationError
+from loopsq.executor.digest import command_fields
 from loopsq.mirror import queries
 from loopsq.system import limits
 
@@ -49,14 +50,14 @@ LAST_RUN_FIELDS = ("id", "status", "attempt", "scheduledFor", "finishedAt", "exi
 @click.argument("id_or_name")
 @json_flag
 def show(id_or_name: str) -> None:
-    """Show one loop as JSON (prompts and env redacted), with its history window in Redis and its newest run's
-    status and error."""
+    """Show one loop as JSON (prompts and env redacted), with the command line it runs and its digest, its
+    history window in Redis and its newest run's status and error."""
     app = get_app()
     conn = app.mirror()
     loop = queries.find_loop(conn, id_or_name)
     if loop is None:
         raise NotFoundError(f"loop not found: {shown(id_or_name)}")
-    payload = {**public_loop(loop), "historyWindow": history_window(loop)}
+    payload = {**public_loop(loop), **command_fields(loop.get("target")), "historyWindow": history_window(loop)}
     newest = queries.list_runs(conn, loop_id=str(loop["id"]), limit=1)
     if newest:
         payload["lastRun"] = {k: newest[0][k] for k in LAST_RUN_FIELDS if newest[0].get(k) is not None}

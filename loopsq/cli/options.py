@@ -75,6 +75,14 @@ def duration_flag(flag: str, text: str, *, allow_none: bool = False) -> int | No
     return int(ms)
 
 
+def off_or_duration_flag(flag: str, text: str) -> int | None:
+    """A duration flag where ``none`` (any of ``NO_TIMEOUT_WORDS``) or a zero duration (``0``, ``0s``) means
+    "never" (None)."""
+    if text.strip().lower() in NO_TIMEOUT_WORDS:
+        return None
+    return int(prefixed(flag, lambda: parse_duration(text))) or None
+
+
 def positive_int_flag(flag: str, text: str, maximum: int | None = None) -> int:
     """A positive integer flag, of at most ``maximum`` when given: ``<flag> must be a positive integer, got '<v>'``
     or ``<flag> must be at most <maximum>, got '<v>'``."""
@@ -86,6 +94,20 @@ def positive_int_flag(flag: str, text: str, maximum: int | None = None) -> int:
     if maximum is not None and (len(digits) > len(str(maximum)) or int(digits) > maximum):
         raise ValidationError(f"{flag} must be at most {maximum}, got {_q(text)}")
     return int(digits)
+
+
+def count_flag(flag: str, text: str, maximum: int, zero: str) -> int:
+    """A whole-number flag where 0 means something (``zero``, e.g. ``turns the circuit breaker off``):
+    ``<flag> must be a whole number (0 <zero>), got '<v>'`` or ``<flag> must be at most <maximum>, got '<v>'``."""
+    stripped = text.strip()
+    if stripped.isascii() and stripped.isdigit() and not stripped.lstrip("0"):
+        return 0
+    try:
+        return positive_int_flag(flag, text, maximum)
+    except ValidationError as exc:
+        if "at most" in exc.message:
+            raise
+        raise ValidationError(f"{flag} must be a whole number (0 {zero}), got {_q(text)}") from None
 
 
 def schedule_options(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -110,7 +132,10 @@ def schedule_options(fn: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--retry-max-delay", metavar="DURATION", help="Cap of the exponential retry delay."),
         click.option("--lease", metavar="DURATION", default="30m", show_default=True, help="Run lease length."),
         click.option("--expires-at", metavar="TIME", help="Stop scheduling after TIME."),
-        click.option("--pause-after-failures", metavar="N", help="Pause after N consecutive failed runs."),
+        click.option("--expires-after-runs", metavar="N",
+                     help="Expire the loop after N consecutive successful runs of its schedule."),
+        click.option("--pause-after-failures", metavar="N",
+                     help="Circuit breaker: pause after N consecutive unsuccessful runs [5]; 0 turns it off."),
         click.option("--keep-runs", metavar="N",
                      help="Settled runs Redis keeps for this loop [LOOPSQ_KEEP_RUNS, 100]; older ones stay in the "
                           "mirrors."),
@@ -159,8 +184,8 @@ def schedule_body(opts: dict[str, Any], timezone: str) -> dict[str, Any]:
 
 
 def policy_body(opts: dict[str, Any], timezone: str) -> dict[str, Any]:
-    """Policies (catch-up, overlap, attempts, retry, lease, expiry, failure streak, history window) from their
-    flags."""
+    """Policies (catch-up, overlap, attempts, retry, lease, expiry by time or after N successful runs, circuit
+    breaker, history window) from their flags."""
     catch_up = opts["catch_up"]
     if catch_up not in CATCH_UP_POLICIES:
         raise ValidationError(f"--catch-up must be none, latest, or all, got {_q(catch_up)}")
@@ -189,9 +214,12 @@ def policy_body(opts: dict[str, Any], timezone: str) -> dict[str, Any]:
     if opts.get("expires_at") is not None:
         expires = check_length(opts["expires_at"], "--expires-at", limits.MAX_TIME_LENGTH, _q)
         body["expiresAt"] = to_iso(parse_time(expires, timezone, "--expires-at"))
+    if opts.get("expires_after_runs") is not None:
+        body["expiresAfterRuns"] = positive_int_flag("--expires-after-runs", opts["expires_after_runs"],
+                                                     limits.MAX_COUNT)
     if opts.get("pause_after_failures") is not None:
-        body["pauseAfterFailures"] = positive_int_flag("--pause-after-failures", opts["pause_after_failures"],
-                                                       limits.MAX_COUNT)
+        body["pauseAfterFailures"] = count_flag("--pause-after-failures", opts["pause_after_failures"],
+                                                limits.MAX_COUNT, "turns the circuit breaker off")
     if opts.get("keep_runs") is not None:
         body["keepRuns"] = positive_int_flag("--keep-runs", opts["keep_runs"], limits.MAX_COUNT)
     if opts.get("description") is not None:

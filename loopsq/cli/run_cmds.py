@@ -15,7 +15,15 @@ from loopsq.domain.checks import check_visible
 from loopsq.domain.control import OUTCOMES
 from loopsq.domain.lifecycle import ensure_not_archived
 from loopsq.domain.redaction import public_run
-from loopsq.domain.run_rules import MISSED, RETRYABLE, RUN_STATUSES, TERMINAL, LoopRun, attempt_label
+from loopsq.domain.run_rules import (
+    MISSED,
+    RETRYABLE,
+    RUN_STATUSES,
+    TERMINAL,
+    LoopRun,
+    attempt_label,
+    is_nothing_to_do,
+)
 from loopsq.domain.text import shown
 from loopsq.domain.timeutil import gen_id
 from loopsq.engine.routing import enqueue_for_loop
@@ -75,7 +83,7 @@ def run_now(id_or_name: str, local: bool, show_output: bool, wait_s: float, no_r
     payload = {**public_run(final.to_dict(), show_output), "runNow": {"source": source, "advancesLoop": advances}}
     line = f"{final.id} {final.status} source={source} slot={final.scheduled_for}"
     app.emit(payload, (line + "\n" + _print_output(final.to_dict())) if show_output else line)
-    if final.status != "succeeded":
+    if final.status != "succeeded" and not is_nothing_to_do(final):  # (exit 75: a normal outcome)
         if final.error and not app.json:
             echo_err(f"error: run {final.id} {final.status}: {final.error}")
         raise click.exceptions.Exit(1)

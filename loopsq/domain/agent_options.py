@@ -35,6 +35,16 @@ OPENCODE_MODEL_HINT = "pass a provider/model id such as openrouter/google/gemini
 #: The timeout a new agent target gets when none is given: none (0.3.55). Command targets get 30 minutes.
 AGENT_DEFAULT_TIMEOUT_MS: int | None = None
 COMMAND_DEFAULT_TIMEOUT_MS = 1_800_000
+#: The idle timeout (no stdout or stderr for that long) a new agent target gets when it is given neither a timeout
+#: nor an idle timeout (OpenLoops 0.4.0's idle watchdog): 30 minutes for a provider whose CLI, as loopsq runs it,
+#: writes while it works; 4 hours for one that prints nothing until it ends, where half an hour of silence is an
+#: ordinary long run, not a hang.
+AGENT_IDLE_TIMEOUT_MS = 1_800_000
+BUFFERED_AGENT_IDLE_TIMEOUT_MS = 14_400_000
+#: The providers that write while they work: ``codex exec --json`` streams its events. The others print their
+#: result at the end: ``claude -p --output-format json``, ``cursor -p`` (text), ``opencode``/``aicopilot run
+#: --format json`` (as OpenLoops 0.4.0 counts them) and codewith's durable agent, whose progress can stay flat.
+STREAMING_PROVIDERS = frozenset({"codex"})
 
 
 def default_prompt_via(provider: str) -> str:
@@ -57,16 +67,26 @@ def codex_like_sandbox(target: Mapping[str, Any]) -> str:
     return "danger-full-access" if target.get("permissionMode") == "bypass" else "workspace-write"
 
 
+def default_idle_timeout_ms(provider: str) -> int:
+    """The idle timeout a new agent target of ``provider`` gets (``AGENT_IDLE_TIMEOUT_MS`` for the
+    ``STREAMING_PROVIDERS``, else ``BUFFERED_AGENT_IDLE_TIMEOUT_MS``)."""
+    return AGENT_IDLE_TIMEOUT_MS if provider in STREAMING_PROVIDERS else BUFFERED_AGENT_IDLE_TIMEOUT_MS
+
+
 def with_creation_defaults(target: Mapping[str, Any]) -> dict[str, Any]:
     """A new (validated) command or agent target with the defaults it is created with written into it, so that the
     stored target keeps them whatever later versions default to: ``timeoutMs`` (agents: ``null``, no timeout;
-    commands: 30 min) and an agent's ``promptVia`` (``default_prompt_via``). Other targets are returned as they
-    are."""
+    commands: 30 min), an agent's ``promptVia`` (``default_prompt_via``) and, on an agent given neither
+    ``timeoutMs`` nor ``idleTimeoutMs``, the idle timeout (``default_idle_timeout_ms``; a target given
+    ``idleTimeoutMs: null``, or a timeout of its own, has none, as in OpenLoops 0.4.0). A target stored before
+    keeps what it has: no idle timeout. Other targets are returned as they are."""
     out = dict(target)
     kind = out.get("type")
     if kind == "command":
         out.setdefault("timeoutMs", COMMAND_DEFAULT_TIMEOUT_MS)
     elif kind == "agent":
+        if "timeoutMs" not in out and "idleTimeoutMs" not in out:
+            out["idleTimeoutMs"] = default_idle_timeout_ms(str(out.get("provider")))
         out.setdefault("timeoutMs", AGENT_DEFAULT_TIMEOUT_MS)
         out.setdefault("promptVia", default_prompt_via(str(out.get("provider"))))
     return out

@@ -30,6 +30,12 @@ def first_invisible(text: str) -> int | None:
     return None
 
 
+def has_visible_text(text: str) -> bool:
+    """Whether ``text`` holds a character that is neither whitespace nor invisible (``INVISIBLE_CATEGORIES``): a
+    prompt of spaces, newlines and zero-width characters only says nothing."""
+    return any(not ch.isspace() and unicodedata.category(ch) not in INVISIBLE_CATEGORIES for ch in text)
+
+
 def check_length(value: str, field: str, limit: int, quote: Quote = quoted) -> str:
     """``value`` when it has at most ``limit`` characters; else ``<field> must be at most <limit> characters``."""
     if len(value) > limit:

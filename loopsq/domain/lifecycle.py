@@ -44,8 +44,9 @@ def resume(loop: Loop, now: datetime, *, once_slot_ran: bool = False) -> Loop:
     """Status ``active``; a loop without a next run (stopped) is scheduled again from ``now``.
 
     The reference kept ``nextRunAt`` empty after ``stop``, so a resumed loop never ran again; loopsq computes the
-    schedule's first slot after ``now``. A resume also clears a failure streak and its recorded reason. An active
-    loop is returned unchanged (a no-op).
+    schedule's first slot after ``now``. A resume also clears a failure streak, the success streak of a loop that
+    expires after N successful runs (an expired one starts a new count), and its recorded reason. An active loop
+    is returned unchanged (a no-op).
 
     Args:
         loop: The stored loop.
@@ -69,6 +70,7 @@ def resume(loop: Loop, now: datetime, *, once_slot_ran: bool = False) -> Loop:
         next_run_at=next_run_at,
         status_reason=None,
         failure_streak=0,
+        success_streak=0 if loop.success_streak is not None else None,
         updated_at=to_iso(now),
     )
 

@@ -56,6 +56,21 @@ def _positive_int(body: Mapping[str, Any], key: str, default: int | None, maximu
     return value
 
 
+def _breaker(body: Mapping[str, Any]) -> int:
+    """``pauseAfterFailures``: a whole number up to ``MAX_COUNT``, 0 turning the breaker off; absent or null: the
+    default breaker, ``DEFAULT_PAUSE_AFTER_FAILURES`` (stored explicitly, so the loop keeps it whatever later
+    versions default to)."""
+    value = whole(body.get("pauseAfterFailures"))
+    if value is None:
+        return models.DEFAULT_PAUSE_AFTER_FAILURES
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValidationError(
+            f"pauseAfterFailures must be a whole number (0 turns the circuit breaker off), got {show(value)}")
+    if value > limits.MAX_COUNT:
+        raise ValidationError(f"pauseAfterFailures must be at most {limits.MAX_COUNT}, got {show(value)}")
+    return int(value)
+
+
 def _check_interval(schedule: Schedule) -> None:
     """An interval loop's ``everyMs`` and a dynamic loop's ``minIntervalMs`` are at least ``MIN_EVERY_MS``."""
     for kind, label, value in (("interval", "interval everyMs", schedule.every_ms),
@@ -105,6 +120,7 @@ def new_loop(body: Mapping[str, Any], now: datetime) -> Loop:
     schedule = jittered(schedule, loop_id, jitter_ms)
     target = with_creation_defaults(validate_target(body.get("target"), "target"))
     expires_at = _expiry(body.get("expiresAt"), timezone)
+    expire_after = _positive_int(body, "expiresAfterRuns", None)
     loop = Loop(
         id=loop_id,
         name=name,
@@ -124,7 +140,9 @@ def new_loop(body: Mapping[str, Any], now: datetime) -> Loop:
         retry_max_delay_ms=_positive_int(body, "retryMaxDelayMs", None, limits.MAX_MS),
         lease_ms=_positive_int(body, "leaseMs", models.DEFAULT_LEASE_MS, limits.MAX_MS, limits.MIN_LEASE_MS) or 0,
         expires_at=expires_at,
-        pause_after_failures=_positive_int(body, "pauseAfterFailures", None),
+        pause_after_failures=_breaker(body),
+        expires_after_runs=expire_after,
+        success_streak=0 if expire_after else None,
         keep_runs=_positive_int(body, "keepRuns", None),
         jitter_ms=jitter_ms,
         **feature_fields(body),

@@ -22,6 +22,9 @@ DEFAULT_OVERLAP = "skip"
 DEFAULT_MAX_ATTEMPTS = 1
 DEFAULT_RETRY_DELAY_MS = 60_000
 DEFAULT_LEASE_MS = 1_800_000
+#: The circuit breaker of a new loop (OpenLoops 0.4.0): paused after this many settled slots in a row did not
+#: succeed. Written into every new loop (``loop_spec.new_loop``), so a loop stored before it keeps none.
+DEFAULT_PAUSE_AFTER_FAILURES = 5
 
 # snake_case attribute -> camelCase JSON key, in the order JSON output shows them.
 _FIELDS: tuple[tuple[str, str], ...] = (
@@ -43,10 +46,12 @@ _FIELDS: tuple[tuple[str, str], ...] = (
     ("retry_max_delay_ms", "retryMaxDelayMs"),
     ("lease_ms", "leaseMs"),
     ("expires_at", "expiresAt"),
+    ("expires_after_runs", "expiresAfterRuns"),
     ("timezone", "timezone"),
     ("pause_after_failures", "pauseAfterFailures"),
     ("keep_runs", "keepRuns"),
     ("failure_streak", "failureStreak"),
+    ("success_streak", "successStreak"),
     ("status_reason", "statusReason"),
     ("archived_at", "archivedAt"),
     ("archived_from_status", "archivedFromStatus"),
@@ -93,10 +98,17 @@ class Loop:
     retry_max_delay_ms: int | None = None
     lease_ms: int = DEFAULT_LEASE_MS
     expires_at: str | None = None
+    #: Expire the loop after this many consecutive successful runs of its schedule (OpenLoops 0.5.3), counted in
+    #: ``success_streak``; None: never (``run_rules.after_finish``).
+    expires_after_runs: int | None = None
+    #: The circuit breaker: pause after this many unsuccessful settled slots in a row; 0 turns it off, and a loop
+    #: stored before the default breaker (None) has none.
     pause_after_failures: int | None = None
     #: How many settled runs Redis keeps for this loop (its history window); None: the deployment default.
     keep_runs: int | None = None
     failure_streak: int = 0
+    #: Successful settled slots in a row, kept only on a loop with ``expires_after_runs`` (None otherwise).
+    success_streak: int | None = None
     status_reason: str | None = None
     #: When the loop was archived (0.3.15) and the status it had then (``unarchive`` restores it).
     archived_at: str | None = None

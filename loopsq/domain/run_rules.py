@@ -37,6 +37,11 @@ SKIP_ERROR = "previous run still active"
 SHUTDOWN_ERROR = "worker shut down before completion"
 #: The error of a run that overlap ``replace`` cancelled for a newer slot (``replaced by slot <slot>``).
 REPLACED_ERROR = "replaced by slot "
+#: A command or agent run of an overlap-``skip`` loop that exits 75 (``EX_TEMPFAIL``) had nothing to do now
+#: (OpenLoops 0.4.39): it is recorded ``skipped`` with ``NOTHING_TO_DO_ERROR`` (``finished_status``), is never
+#: retried, leaves the failure streak as it was, and the loop moves on as after a success (``after_finish``).
+NOTHING_TO_DO_EXIT = 75
+NOTHING_TO_DO_ERROR = "nothing to do (exit 75)"
 #: The error of a run cancelled on request (``loopsq cancel``, the API, the SDK, the dashboard), with
 #: ``: <reason>`` when one was given. Such a run is settled: never retried.
 USER_CANCEL_ERROR = "cancelled by user"
@@ -205,6 +210,21 @@ def next_attempt(ended: LoopRun, stamp: str) -> LoopRun:
         outcome=None, control=None, control_warning=None, workspace=None, workspace_fence=None,
         input_tokens=None, output_tokens=None, cost_usd=None,
     )
+
+
+def finished_status(loop: Loop, status: str, exit_code: int | None, error: str | None) -> tuple[str, str | None]:
+    """The status and error a finished command or agent target's run is recorded with: as the executor reported
+    them, except a failure with exit code 75 of an overlap-``skip`` loop (``NOTHING_TO_DO_EXIT``), which is
+    ``skipped``: nothing to do now. (A workflow loop's run ends as its workflow does.)"""
+    if (status == "failed" and exit_code == NOTHING_TO_DO_EXIT and loop.overlap == "skip"
+            and loop.target_type in ("command", "agent")):
+        return "skipped", NOTHING_TO_DO_ERROR
+    return status, error
+
+
+def is_nothing_to_do(run: LoopRun) -> bool:
+    """Whether ``run`` ended ``skipped`` because its target said it had nothing to do (``finished_status``)."""
+    return run.status == "skipped" and run.error == NOTHING_TO_DO_ERROR
 
 
 def run_source(existing: LoopRun | None, source: str) -> str:
@@ -387,7 +407,8 @@ class Advance:
     """The loop after a run ended, and which loop transition that was (for the change stream)."""
 
     loop: Loop
-    transition: str  # "retry_scheduled" | "loop_advanced" | "loop_stopped" | "paused_by_streak" | "none"
+    #: "retry_scheduled" | "loop_advanced" | "loop_stopped" | "paused_by_streak" | "loop_expired" | "none"
+    transition: str
 
 
 def after_finish(loop: Loop, run: LoopRun, finished_at: datetime, rng: random.Random | None = None) -> Advance:
@@ -398,30 +419,45 @@ def after_finish(loop: Loop, run: LoopRun, finished_at: datetime, rng: random.Ra
     left schedules a retry of the same slot, unless the caller asked for none (``noRetry``); a run a worker
     shutdown gave up is re-run at once (it did not fail: ``next_attempt``). A manual run's slot (``ad_hoc``,
     ``trigger``) is not the schedule's: once settled it moves nothing. A settled regular slot updates the failure
-    streak, and a streak reaching ``pauseAfterFailures`` pauses the loop with the reason recorded; loops
+    streak, and a streak reaching ``pauseAfterFailures`` (the circuit breaker; 0, or None for a loop stored before
+    the default breaker, is none) pauses the loop with the reason recorded (``breaker_reason``); loops
     scheduling from the end of a run get their next slot (a once loop stops). A run that overlap ``replace``
     cancelled for a newer slot is settled, not retried: its retry would in turn replace the newer run; nor is one
-    cancelled on request.
+    cancelled on request. A run whose target had nothing to do (``skipped``, exit 75: ``finished_status``) is
+    not retried, leaves the failure streak as it was and moves the loop on as a success does. A loop with
+    ``expiresAfterRuns`` N counts its successful settled slots in a row (``successStreak``: a final failure starts
+    it again, a nothing-to-do run leaves it) and is ``expired`` at the Nth (OpenLoops 0.5.3).
     """
     stamp = to_iso(finished_at)
     succeeded = run.status == "succeeded"
+    # A target that said "nothing to do" (exit 75, ``finished_status``): neither a success nor a failure.
+    nothing = run.status == "skipped"
     if loop.status != "active":
         return Advance(loop, "none")
     replaced = run.status == "failed" and (run.error or "").startswith((REPLACED_ERROR, USER_CANCEL_ERROR))
     if is_shutdown_rerun(run):
         return Advance(with_retry(loop, run.scheduled_for, stamp, stamp), "retry_scheduled")
-    if not succeeded and not replaced and not run.no_retry and run.attempt < loop.max_attempts:
+    if not succeeded and not nothing and not replaced and not run.no_retry and run.attempt < loop.max_attempts:
         retry_at = finished_at + timedelta(milliseconds=retry_delay_ms(loop, run.attempt, rng))
         return Advance(with_retry(loop, run.scheduled_for, to_iso(retry_at), stamp), "retry_scheduled")
     if run.source in MANUAL_SOURCES:
         return Advance(loop, "none")
-    # The slot is settled: it counts towards the failure streak once, however many attempts it took.
-    streak = 0 if succeeded else loop.failure_streak + 1
+    # The slot is settled: it counts towards the failure streak once, however many attempts it took (and towards
+    # the success streak of a loop that expires after N successful runs).
+    streak = loop.failure_streak if nothing else 0 if succeeded else loop.failure_streak + 1
     loop = loop.with_changes(failure_streak=streak, updated_at=stamp)
-    if loop.pause_after_failures is not None and streak >= loop.pause_after_failures:
-        reason = f"paused after {streak} consecutive unsuccessful runs (last: {run.status}"
-        reason += f": {run.error})" if run.error else ")"
-        return Advance(loop.with_changes(status="paused", status_reason=reason), "paused_by_streak")
+    if loop.expires_after_runs:
+        wins = loop.success_streak or 0
+        loop = loop.with_changes(success_streak=wins if nothing else wins + 1 if succeeded else 0)
+    failed = not succeeded and not nothing
+    if failed and loop.pause_after_failures and streak >= loop.pause_after_failures:  # (0 or None: no breaker)
+        return Advance(loop.with_changes(status="paused", status_reason=breaker_reason(loop, run, streak)),
+                       "paused_by_streak")
+    if succeeded and loop.expires_after_runs and (loop.success_streak or 0) >= loop.expires_after_runs:
+        reason = (f"expired after {loop.success_streak} consecutive successful runs; resume it to start a new "
+                  f"count (loopsq resume {loop.id})")
+        return Advance(loop.with_changes(status="expired", status_reason=reason, next_run_at=None,
+                                         retry_scheduled_for=None, retry_at=None, retry_queue=None), "loop_expired")
     slot = from_iso(run.scheduled_for)
     if advances_at_finish(loop):
         upcoming = compute_next_after(loop.schedule, slot, finished_at, loop.timezone)
@@ -435,6 +471,19 @@ def after_finish(loop: Loop, run: LoopRun, finished_at: datetime, rng: random.Ra
         upcoming = compute_next_after(loop.schedule, next_run, finished_at, loop.timezone)
         loop = loop.with_changes(next_run_at=to_iso(upcoming) if upcoming else None)
     return Advance(loop, "loop_advanced")
+
+
+#: How the reason of a loop the circuit breaker paused begins (OpenLoops 0.4.0's prefix).
+BREAKER_PREFIX = "circuit breaker open"
+
+
+def breaker_reason(loop: Loop, run: LoopRun, streak: int) -> str:
+    """Why the circuit breaker paused ``loop`` after ``run`` made ``streak`` unsuccessful slots in a row, and what
+    to do: ``circuit breaker open: paused after 5 consecutive unsuccessful runs (last: failed: <error>); fix the
+    cause, then resume it (loopsq resume <id>)``."""
+    last = f"{run.status}: {run.error}" if run.error else run.status
+    return (f"{BREAKER_PREFIX}: paused after {streak} consecutive unsuccessful runs (last: {last}); fix the cause, "
+            f"then resume it (loopsq resume {loop.id})")
 
 
 def manual_slot(loop: Loop, now: datetime) -> tuple[datetime, str]:

@@ -3,7 +3,8 @@
 The reference's own checks (OpenLoops 0.3 §5.2 step 6) run first, in its order and with its exact messages. loopsq's
 extra type checks follow; each names the field and quotes the offending value. As with the reference's ``??``, an
 optional field given as ``null`` counts as absent and is dropped from the result, except ``timeoutMs``, where
-``null`` means "no timeout" (0.3.55) and is kept.
+``null`` means "no timeout" (0.3.55) and is kept, and ``idleTimeoutMs``, where ``null`` means "no idle timeout"
+(kept: a new agent target without one gets the default, ``agent_options.with_creation_defaults``).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from loopsq.domain import agent_options, limits
+from loopsq.domain.agent_output import prompt_problem
 from loopsq.domain.checks import check_length, check_text, whole
 from loopsq.domain.text import quoted
 from loopsq.errors import ValidationError
@@ -222,14 +224,6 @@ def _boolean(value: Any, label: str, field: str) -> bool:
     return value
 
 
-def _positive_int(value: Any, label: str, field: str) -> int:
-    if not is_positive_int(value):
-        raise _fail(label, field, "a positive integer", value)
-    if value > limits.MAX_MS:
-        raise _fail(label, field, f"at most {limits.MAX_MS} (100 years)", value)
-    return int(value)
-
-
 def _one_of(choices: tuple[str, ...]) -> _Check:
     expected = " or ".join(f'"{choice}"' for choice in choices)
 
@@ -243,6 +237,24 @@ def _one_of(choices: tuple[str, ...]) -> _Check:
 
 def _timeout(value: Any, label: str, _field: str) -> Any:
     validate_timeout_ms(value, label)
+    return value
+
+
+def _idle_timeout(value: Any, label: str, field: str) -> int | None:
+    if value is None:
+        return None
+    if not is_positive_int(value):
+        raise _fail(label, field, "a positive integer or null", value)
+    if value > limits.MAX_MS:
+        raise _fail(label, field, f"at most {limits.MAX_MS} (100 years)", value)
+    return int(value)
+
+
+def _prompt(value: Any, label: str, field: str) -> Any:
+    """An agent prompt (already a non-empty string, the reference's check) must say something (0.4.40)."""
+    problem = prompt_problem(value) if isinstance(value, str) else None
+    if problem is not None:
+        raise ValidationError(f"{label}.{field} {problem}, got {short_repr(value)}")
     return value
 
 
@@ -301,18 +313,18 @@ _EXTRA_CHECKS: dict[str, tuple[tuple[str, _Check], ...]] = {
         ("shell", _boolean),
         ("env", _env),
         ("timeoutMs", _timeout),
-        ("idleTimeoutMs", _positive_int),
+        ("idleTimeoutMs", _idle_timeout),
         ("account", _account),
         ("preflight", _preflight),
     ),
     "agent": (
-        ("prompt", _bounded(limits.MAX_PROMPT_LENGTH)),
+        ("prompt", _bounded(limits.MAX_PROMPT_LENGTH, _prompt)),
         ("cwd", _bounded(limits.MAX_CWD_LENGTH, _non_empty)),
         ("model", _bounded(limits.MAX_WORD_LENGTH, _string)),
         ("agent", _bounded(limits.MAX_WORD_LENGTH, _string)),
         ("extraArgs", _string_list),
         ("timeoutMs", _timeout),
-        ("idleTimeoutMs", _positive_int),
+        ("idleTimeoutMs", _idle_timeout),
         ("configIsolation", _one_of(CONFIG_ISOLATIONS)),
         ("promptVia", _one_of(PROMPT_VIAS)),
         ("account", _account),
@@ -330,6 +342,9 @@ _EXTRA_CHECKS: dict[str, tuple[tuple[str, _Check], ...]] = {
                  ("preflight", _preflight)),
 }
 
+
+# Fields where ``null`` is kept: it means "none" (no timeout, no idle timeout), not "the default".
+_NULL_MEANS_NONE = frozenset({"timeoutMs", "idleTimeoutMs"})
 
 # Integer fields: a whole float (``60000.0``) counts as the integer it holds.
 _INTEGER_FIELDS = frozenset({"timeoutMs", "idleTimeoutMs"})
@@ -376,7 +391,7 @@ def _validate(target: Any, label: str, allow_workflow: bool) -> dict[str, Any]:
     for field, check in _EXTRA_CHECKS[kind]:
         if field not in result:
             continue
-        if result[field] is None and field != "timeoutMs":
+        if result[field] is None and field not in _NULL_MEANS_NONE:
             del result[field]
         else:
             result[field] = check(whole(result[field]) if field in _INTEGER_FIELDS else result[field], label, field)

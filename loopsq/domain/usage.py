@@ -42,7 +42,7 @@ class Usage:
                 "cost_usd": None if self.cost_usd is None else round(self.cost_usd, 6)}
 
 
-def _objects(text: str) -> Iterator[dict[str, Any]]:
+def json_objects(text: str) -> Iterator[dict[str, Any]]:
     """The JSON objects in ``text``: the whole text as one, else one per line."""
     text = text[-MAX_SCAN_CHARS:]
     stripped = text.strip()
@@ -142,7 +142,7 @@ _PARSERS = {"claude": _claude, "codex": _codex, "opencode": _opencode, "aicopilo
 
 def parse_usage(provider: str, stdout: str) -> Usage | None:
     """The usage an agent run of ``provider`` reported on stdout, or None when it reported none."""
-    objects = list(_objects(stdout or ""))
+    objects = list(json_objects(stdout or ""))
     if not objects:
         return None
     return _PARSERS.get(provider, _generic)(objects) or _generic(objects)

@@ -183,6 +183,7 @@ def _execute_held(rt: Runtime, claim: Claim, *,
                 result.status, result.exit_code, result.stdout, result.stderr, result.error, result.pid,
                 result.duration_ms,
             )
+            status, error = rules.finished_status(loop, status, exit_code, error)  # exit 75: nothing to do
             if status == "cancelled":
                 # loop_runs has no "cancelled": a cancelled run failed, with the reason of the cancel.
                 status, error = "failed", held.reason or "cancelled"

@@ -16,6 +16,7 @@ from collections.abc import Callable, Mapping
 from datetime import datetime
 from typing import Any
 
+from loopsq.domain.agent_output import NO_OUTPUT_ERROR, produced_no_output
 from loopsq.domain.limits import MAX_CWD_LENGTH
 from loopsq.domain.text import shown
 from loopsq.domain.timeutil import now, to_iso
@@ -120,7 +121,8 @@ def execute_target(
         The result. It never raises for a target that cannot start: an account failure, a missing executable or
         a spawn error give status ``failed`` with the message as error and ``durationMs`` 0. A target with
         ``preflight.beforeRun`` is preflighted first; a failure there is ``runtime preflight failed: <msg>``
-        (``workflow step <id> preflight failed: <msg>`` for a workflow step).
+        (``workflow step <id> preflight failed: <msg>`` for a workflow step). An agent that exits 0 having said
+        nothing (``agent_output.produced_no_output``) fails with ``agent produced no output``.
     """
     if preflights_each_run(target):
         try:
@@ -171,11 +173,15 @@ def execute_target(
         guard.unregister(proc.pid)
     finished = now()
     status, error = supervisor.outcome()
+    stdout = supervisor.stdout.text()
+    if status == "succeeded" and target.get("type") == "agent" and produced_no_output(
+            str(target.get("provider")), stdout):
+        status, error = "failed", NO_OUTPUT_ERROR  # (OpenLoops 0.4.40) an exit 0 that said nothing is no success
     returncode = proc.returncode
     return ExecutorResult(
         status=status,
         exit_code=returncode if returncode is not None and returncode >= 0 else None,
-        stdout=supervisor.stdout.text(),
+        stdout=stdout,
         stderr=supervisor.stderr.text(),
         error=error,
         pid=proc.pid,

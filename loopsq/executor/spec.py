@@ -10,7 +10,7 @@ import json
 import os
 import secrets
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,6 +20,7 @@ from loopsq.domain.agent_options import (
     option_problem,
     prompt_on_argv,
 )
+from loopsq.domain.agent_output import prompt_problem
 from loopsq.errors import ExecutionError, ValidationError
 from loopsq.executor.accounts import AUTH_ENV_KEYS, account_tool_for_provider, resolve_account_env
 from loopsq.system.exec_path import normalize_execution_path, not_found_message
@@ -292,8 +293,13 @@ def compose_env(
     return env
 
 
+#: Turns a target's ``account`` into the variables of its profile (``resolve_account_env``'s signature).
+AccountResolver = Callable[[Mapping[str, Any], str | None, Mapping[str, str]], dict[str, str]]
+
+
 def build_spec(
-    target: Mapping[str, Any], metadata: RunMetadata, *, env: Mapping[str, str] | None = None
+    target: Mapping[str, Any], metadata: RunMetadata, *, env: Mapping[str, str] | None = None,
+    resolve_account: AccountResolver = resolve_account_env,
 ) -> CommandSpec:
     """Build the command spec of a command or agent target, resolving its account.
 
@@ -301,6 +307,7 @@ def build_spec(
         target: a validated ``command`` or ``agent`` target (camelCase keys).
         metadata: the run identifiers for the ``LOOPS_*`` variables.
         env: the base environment; ``os.environ`` when None.
+        resolve_account: how the account becomes variables (the ``accounts`` CLI; ``digest`` runs nothing).
 
     Returns:
         The spec.
@@ -326,6 +333,12 @@ def build_spec(
         provider = str(target.get("provider"))
         if provider not in PROVIDER_EXECUTABLES:
             raise ValidationError(f"unknown agent provider: {provider!r}")
+        prompt = target.get("prompt")
+        problem = prompt_problem(prompt) if isinstance(prompt, str) else "is missing"
+        if problem is not None:
+            # A stored target the create-time check did not see (stored before it, or written by hand): fail the
+            # run rather than start an agent with nothing to do (OpenLoops 0.4.40).
+            raise ExecutionError(f"agent prompt {problem}; nothing was started")
         command = PROVIDER_EXECUTABLES[provider]
         args = tuple(agent_args(target))
         if provider == "codewith":
@@ -341,7 +354,7 @@ def build_spec(
     account_profile = account_tool = None
     if account:
         # The accounts CLI runs with the caller's env (§6), but never with loopsq's own variables.
-        account_env = resolve_account_env(account, tool_hint, inherited_env(base))
+        account_env = resolve_account(account, tool_hint, inherited_env(base))
         account_profile = account_env["LOOPS_ACCOUNT_PROFILE"]
         account_tool = account_env["LOOPS_ACCOUNT_TOOL"]
     full_env = compose_env(base, metadata, account_env=account_env, target_env=target_env)

@@ -105,7 +105,9 @@ LOOP_POLICIES: dict[str, Schema] = {
     "retryMaxDelayMs": milliseconds("Cap of the exponential retry delay."),
     "leaseMs": milliseconds("Run lease length (default 1800000)."),
     "expiresAt": string("Stop scheduling after this ISO-8601 time."),
-    "pauseAfterFailures": integer("Pause the loop after this many consecutive failed runs."),
+    "expiresAfterRuns": integer("Expire the loop after this many consecutive successful runs."),
+    "pauseAfterFailures": integer("The circuit breaker: pause the loop after this many unsuccessful runs in a row "
+                                  "(default 5); 0 turns it off.", 0),
     "requires": {"type": "array", "maxItems": MAX_LABELS, "items": LABEL,
                  "description": "Run only on workers carrying every one of these labels (e.g. gpu, repo:web)."},
     "pool": {**LABEL, "description": "Count runs against this fleet-wide pool; it must exist "
@@ -114,6 +116,8 @@ LOOP_POLICIES: dict[str, Schema] = {
 
 TIMEOUT_MS: Schema = {"type": ["integer", "null"], "minimum": 1, "maximum": MAX_DURATION_MS,
               "description": "Kill the run after this many ms (default 30 minutes); null for no limit."}
-IDLE_TIMEOUT_MS = milliseconds("Kill the run after this many ms without output.")
+IDLE_TIMEOUT_MS: Schema = {"type": ["integer", "null"], "minimum": 1, "maximum": MAX_DURATION_MS,
+                   "description": "Kill the run after this many ms without output; null for none. An agent given "
+                                  "neither timeoutMs nor idleTimeoutMs gets 30 minutes (codex) or 4 hours."}
 ACCOUNT = obj({"profile": string("The accounts profile."), "tool": string("The accounts tool id.")}, ("profile",))
 STRING_MAP: Schema = {"type": "object", "additionalProperties": {"type": "string"}}

@@ -213,6 +213,9 @@ LOOPSQ_COLUMNS: tuple[tuple[str, str, str], ...] = (
     ("loop_runs", "missed_last", "TEXT"),
     ("loop_runs", "missed_count", "INTEGER"),
     ("loop_runs", "missed_kind", "TEXT"),
+    # Expiry after N consecutive successful runs (OpenLoops 0.5.3) and the count so far.
+    ("loops", "expires_after_runs", "INTEGER"),
+    ("loops", "success_streak", "INTEGER"),
 )
 
 _MIRRORED_TABLES = (

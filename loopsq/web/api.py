@@ -19,6 +19,7 @@ from loopsq.engine.cancel import cancel_run
 from loopsq.engine.routing import arm_created
 from loopsq.engine.triggers import trigger_with
 from loopsq.errors import LoopsqError, NotFoundError, RedisUnavailableError, ValidationError
+from loopsq.executor.digest import command_fields
 from loopsq.mirror import pages, queries
 from loopsq.mirror.follow import mirror_lag
 from loopsq.state.loops import LoopStore
@@ -107,12 +108,12 @@ def _resolve_workflow(ctx: Ctx, request: dict[str, Any]) -> dict[str, Any]:
 
 @router.get("/loops/{loop}", tags=["loops"], summary="Show a loop", responses=responses(200, schemas.LoopOut, 404))
 def show_loop(ctx: Ctx, loop: LoopRef) -> JSONResponse:
-    """One loop by id, else by name."""
+    """One loop by id, else by name, with the command line its runs start and its digest (``commandDigest``)."""
     with ctx.mirror() as conn:
         found = queries.find_loop(conn, loop)
     if found is None:
         raise NotFoundError(f"loop not found: {shown(loop)}")
-    return JSONResponse(public_loop(found))
+    return JSONResponse({**public_loop(found), **command_fields(found.get("target"))})
 
 
 def _lifecycle(ctx: Ctx, loop: str, verb: str) -> JSONResponse:

@@ -132,7 +132,9 @@ def _args(description: str) -> dict[str, Any]:
 def _timeouts() -> dict[str, Any]:
     return {
         "timeoutMs": _int(1, limits.MAX_MS, nullable=True, description="null: no timeout (default 30 minutes)."),
-        "idleTimeoutMs": _int(1, limits.MAX_MS, nullable=True),
+        "idleTimeoutMs": _int(1, limits.MAX_MS, nullable=True,
+                              description="Kill after this many ms without output; null: never. An agent given "
+                                          "neither timeoutMs nor idleTimeoutMs gets 30 minutes (codex) or 4 hours."),
     }
 
 
@@ -318,7 +320,11 @@ def components() -> dict[str, dict[str, Any]]:
             "retryMaxDelayMs": ms,
             "leaseMs": _int(limits.MIN_LEASE_MS, limits.MAX_MS, nullable=True),
             "expiresAt": _nullable(_string(limits.MAX_TIME_LENGTH, format="date-time")),
-            "pauseAfterFailures": count,
+            "expiresAfterRuns": _int(1, limits.MAX_COUNT, nullable=True,
+                                     description="Expire the loop after this many consecutive successful runs."),
+            "pauseAfterFailures": _int(0, limits.MAX_COUNT, nullable=True,
+                                       description="The circuit breaker: pause after this many unsuccessful runs "
+                                                   "in a row; 0 turns it off (absent or null: 5)."),
             **feature_properties(),
         },
         # ``minIntervalMs``/``maxIntervalMs`` only with ``steerable: true`` (``domain.loop_features``).

@@ -20,6 +20,7 @@ from loopsq.domain.run_rules import RUN_STATUSES
 from loopsq.domain.text import shown
 from loopsq.domain.upcoming import fire_times, policies_in_words, schedule_in_words
 from loopsq.errors import NotFoundError, ValidationError
+from loopsq.executor.digest import command_fields
 from loopsq.mirror import pages, queries
 from loopsq.web import filters, run_chart
 from loopsq.web.dashboard import STRIP_RUNS, describe_schedule, render
@@ -67,7 +68,7 @@ def loop_page(request: Request, ctx: Ctx, loop: str, status: Text = None, since:
         "schedule_words": schedule_in_words(found.get("schedule") or {}, zone), "zone": zone,
         "fire_times": fire_times(found), "policies": policies_in_words(found), "history": history,
         "chart": run_chart.layout(list(reversed(recent))), "filters": wanted, "notice": notice,
-        "query": {k: v for k, v in wanted.items() if v},
+        "query": {k: v for k, v in wanted.items() if v}, "command": command_fields(found.get("target")),
     }
     return render(request, ctx, "loop.html", context)
 

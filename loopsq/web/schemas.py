@@ -65,6 +65,19 @@ class LoopOut(Entity):
     budgetRuns: dict[str, Any] | None = Field(None, description="{limit, per: day|week}: runs per window.")
     budgetCost: dict[str, Any] | None = Field(None, description="{limit (USD), per: day|week}: cost per window.")
     usage: dict[str, Any] | None = Field(None, description="Runs, tokens and cost of the current day and week.")
+    pauseAfterFailures: int | None = Field(None, description="The circuit breaker: pause after this many "
+                                           "unsuccessful runs in a row; 0: off; absent: a loop stored before it.")
+    failureStreak: int | None = Field(None, description="Unsuccessful settled slots in a row.")
+    expiresAfterRuns: int | None = Field(None, description="Expire after this many consecutive successful runs.")
+    successStreak: int | None = Field(None, description="Successful settled slots in a row (with expiresAfterRuns).")
+    commandLine: str | None = Field(None, description="Loop detail only: the argv a command or agent run starts, "
+                                    "shell-quoted (an agent prompt redacted).")
+    commandEnvKeys: list[str] | None = Field(None, description="Loop detail only: the names of the variables loopsq "
+                                             "gives the target (never their values).")
+    commandDigest: str | None = Field(None, description="Loop detail only: cmd:sha256:<hex> of the argv, working "
+                                      "directory, stdin prompt and variable names: it changes iff what runs "
+                                      "changes.")
+    commandError: str | None = Field(None, description="Loop detail only: why the target cannot run.")
     createdAt: str
     updatedAt: str
 

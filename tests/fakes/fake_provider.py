@@ -2,8 +2,9 @@
 
 Installed by tests under a provider's name (``claude``, ``agent``...) in a directory prepended to PATH. Every
 invocation is appended to ``$FAKE_RECORD_DIR/<name>.jsonl``; ``<name>.json`` holds the latest one (for codewith,
-the latest that is not a control command). ``FAKE_SKIP_STDIN=1`` leaves stdin unread; ``FAKE_STDOUT`` is printed;
-``FAKE_EXIT`` is the exit code.
+the latest that is not a control command). ``FAKE_SKIP_STDIN=1`` leaves stdin unread; ``FAKE_SLEEP`` is how many
+seconds it then stays silent (an agent thinking, or hung); ``FAKE_STDOUT`` is printed (``fake answer`` when unset:
+an agent that answered; an agent run that prints nothing fails); ``FAKE_EXIT`` is the exit code.
 
 As ``codewith``, it also plays a durable agent: ``… agent start`` prints ``{"agent": {"agentId": ...}}``;
 ``agent read <id>`` prints the next status of ``FAKE_CODEWITH_STATUSES`` (comma-separated, default
@@ -61,5 +62,9 @@ if control is not None:
         print("{}")
     sys.exit(0)
 
-sys.stdout.write(os.environ.get("FAKE_STDOUT", ""))
+if os.environ.get("FAKE_SLEEP"):
+    import time
+
+    time.sleep(float(os.environ["FAKE_SLEEP"]))
+sys.stdout.write(os.environ.get("FAKE_STDOUT", "fake answer\n"))
 sys.exit(int(os.environ.get("FAKE_EXIT", "0")))

@@ -57,7 +57,7 @@ def test_the_api_takes_the_agent_options_and_stores_the_creation_defaults(api: T
     response = api.post("/api/loops", json=body)
     assert response.status_code == 201, response.text
     target = stored(real_redis, response.json()["id"])["target"]
-    assert target == {**body["target"], "timeoutMs": None, "promptVia": "stdin"}
+    assert target == {**body["target"], "timeoutMs": None, "idleTimeoutMs": 1_800_000, "promptVia": "stdin"}
 
 
 @pytest.mark.parametrize(("target", "message"), [

@@ -29,7 +29,8 @@ def test_a_failure_streak_pauses_the_loop_and_show_says_why(cluster: Cluster) ->
     shown = json.loads(cluster.cli("--json", "show", "flaky").stdout)
     assert shown["status"] == "paused"
     assert shown["statusReason"] == (
-        "paused after 2 consecutive unsuccessful runs (last: failed: process exited with code 3)"
+        "circuit breaker open: paused after 2 consecutive unsuccessful runs (last: failed: process exited with "
+        f"code 3); fix the cause, then resume it (loopsq resume {shown['id']})"
     )
     assert [r.status for r in cluster.runs("flaky")] == ["failed", "failed"]
     notes = [c["data"].get("also", []) for c in cluster.changes() if c["type"] == "run_failed"]

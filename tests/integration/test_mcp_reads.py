@@ -186,7 +186,8 @@ def test_every_read_tool_answers_from_real_runs(deployment: Deployment, transpor
 def test_prompts_env_and_output_are_redacted_as_the_cli_redacts_them(deployment: Deployment, transport: str
                                                                      ) -> None:
     cli_show = json.loads(deployment.cluster.cli("show", "agent-loop", "--json").stdout)
-    for extra in ("historyWindow", "lastRun"):  # what `show` adds beside the loop itself
+    # What `show` adds beside the loop itself (the MCP tool does not print the command line and its digest yet).
+    for extra in ("historyWindow", "lastRun", "commandLine", "commandEnvKeys", "commandDigest"):
         cli_show.pop(extra, None)
     cli_runs = json.loads(deployment.cluster.cli("runs", "echo-loop", "--json").stdout)
 

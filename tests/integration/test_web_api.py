@@ -22,6 +22,7 @@ from loopsq.domain import timeutil
 from loopsq.engine import timers
 from loopsq.engine.runtime import Runtime
 from loopsq.engine.workflow_runner import execute_workflow
+from loopsq.executor.digest import command_fields
 from loopsq.state.commit import Committer, Tx
 from loopsq.state.keys import Keys
 from loopsq.state.workflow_runs import WorkflowRunStore
@@ -158,8 +159,11 @@ def test_a_loop_is_created_listed_shown_paused_resumed_stopped_and_removed(web: 
     assert (loop["name"], loop["status"], loop["schedule"]) == (target_env, "active", {**HOURLY, "anchor": "fixed_rate"})
     assert created.headers["location"] == f"/api/loops/{loop['id']}"
     assert web.client.get("/api/loops").json() == {"items": [loop]}
-    assert web.client.get(f"/api/loops/{loop['id']}").json() == loop
-    assert web.client.get("/api/loops/hello").json() == loop
+    # The detail adds the command line its runs start and its digest (``executor.digest``) to the loop.
+    detail = {**loop, **command_fields(loop["target"])}
+    assert set(detail) - set(loop) == {"commandLine", "commandEnvKeys", "commandDigest"}
+    assert web.client.get(f"/api/loops/{loop['id']}").json() == detail
+    assert web.client.get("/api/loops/hello").json() == detail
     assert web.client.post("/api/loops/hello/pause").json()["status"] == "paused"
     assert web.client.get("/api/loops?status=paused").json()["items"][0]["id"] == loop["id"]
     assert web.client.get("/api/loops?status=active").json() == {"items": []}

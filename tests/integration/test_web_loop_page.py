@@ -77,7 +77,7 @@ def test_a_loop_page_shows_schedule_fire_times_in_both_zones_policies_and_the_re
     assert expected[0][0].endswith(("+01:00", "+02:00")) and expected[0][1].endswith("Z")
     assert '<dd id="policy-retry">up to 3 attempts, 1m apart (fixed)</dd>' in text
     assert "hunter2" not in text and "[redacted]" in text
-    assert '<dd id="failure-streak">0</dd>' in text
+    assert '<dd id="failure-streak">0 (the circuit breaker pauses the loop at 5)</dd>' in text
 
 
 def test_a_loop_page_shows_the_pause_reason_the_streak_and_the_history_with_reasons(

@@ -185,13 +185,14 @@ def test_an_agent_loop_stored_before_the_default_changed_keeps_thirty_minutes() 
     assert build_spec({**old, "timeoutMs": None}, RunMetadata(), env={"PATH": "/bin"}).timeout_ms is None
 
 
-def test_idle_timeout_is_stored_and_bad_values_are_refused(cli: Cli) -> None:
+def test_idle_timeout_is_stored_none_or_zero_stores_null_and_bad_values_are_refused(cli: Cli) -> None:
     loop = cli.json(*AGENT, "claude", "--prompt", "p", "--idle-timeout", "90s")
     assert loop["target"]["idleTimeoutMs"] == 90_000
-    assert bad(cli, *AGENT[:2], "x", *AGENT[3:], "claude", "--prompt", "p", "--idle-timeout", "0") == (
-        "--idle-timeout must be greater than zero, got '0'")
-    assert bad(cli, *AGENT[:2], "x", *AGENT[3:], "claude", "--prompt", "p", "--idle-timeout", "none") == (
-        "--idle-timeout: invalid duration: none")
+    for index, off in enumerate(("0", "none", "0s", "off")):
+        loop = cli.json(*AGENT[:2], f"off{index}", *AGENT[3:], "claude", "--prompt", "p", "--idle-timeout", off)
+        assert "idleTimeoutMs" in loop["target"] and loop["target"]["idleTimeoutMs"] is None
+    assert bad(cli, *AGENT[:2], "x", *AGENT[3:], "claude", "--prompt", "p", "--idle-timeout", "soon") == (
+        "--idle-timeout: invalid duration: soon")
 
 
 # -- agent options -----------------------------------------------------------------------------------------------
@@ -201,7 +202,7 @@ def test_the_agent_option_flags_are_stored_on_the_target(cli: Cli) -> None:
     assert loop["target"] == {
         "type": "agent", "provider": "codewith", "prompt": "p", "configIsolation": "safe", "promptVia": "argv",
         "variant": "high", "permissionMode": "bypass", "sandbox": "read-only", "addDirs": ["/a", "/b"],
-        "authProfile": "work", "timeoutMs": None,
+        "authProfile": "work", "timeoutMs": None, "idleTimeoutMs": 14_400_000,
     }
     assert cli.json(*AGENT[:2], "c", *AGENT[3:], "codex", "--prompt", "p")["target"]["promptVia"] == "stdin"
 

@@ -70,7 +70,11 @@ CASES = [
     ((*BASE, "--attempts", "10001"), "--attempts must be at most 10000, got '10001'"),
     ((*BASE, "--catch-up-limit", "9" * 30), f"--catch-up-limit must be at most 10000, got '{'9' * 30}'"),
     ((*BASE, "--attempts", "²"), "--attempts must be a positive integer, got '²'"),
-    ((*BASE, "--pause-after-failures", "0000"), "--pause-after-failures must be a positive integer, got '0000'"),
+    ((*BASE, "--pause-after-failures", "-1"),
+     "--pause-after-failures must be a whole number (0 turns the circuit breaker off), got '-1'"),
+    ((*BASE, "--pause-after-failures", "10001"), "--pause-after-failures must be at most 10000, got '10001'"),
+    ((*BASE, "--expires-after-runs", "0"), "--expires-after-runs must be a positive integer, got '0'"),
+    ((*BASE, "--expires-after-runs", "10001"), "--expires-after-runs must be at most 10000, got '10001'"),
     # page sizes, as in the API
     (("runs", "--limit", "99999999999999999999"), "--limit must be at most 1000, got '99999999999999999999'"),
     (("runs", "--limit", "1001"), "--limit must be at most 1000, got '1001'"),

@@ -117,7 +117,7 @@ def test_agent_loop_stores_the_provider_options(cli: Cli) -> None:
     assert loop["target"] == {
         "type": "agent", "provider": "codex", "prompt": "review", "cwd": "/repo", "model": "m1",
         "extraArgs": ["--x"], "configIsolation": "safe", "promptVia": "stdin", "account": {"profile": "work"},
-        "timeoutMs": None,
+        "timeoutMs": None, "idleTimeoutMs": 1_800_000,
     }
     assert loop["schedule"] == {"type": "cron", "expression": "0 9 * * MON-FRI"}
     assert loop["timezone"] == "Europe/Berlin"

@@ -354,8 +354,67 @@ def test_provider_that_never_reads_its_stdin_prompt_still_succeeds(fake_env: dic
     assert record["stdin"] == ""
 
 
-def test_empty_prompt_via_stdin_gives_immediate_eof(fake_env: dict[str, str]) -> None:
-    assert run_agent(fake_env, "opencode", promptVia="stdin", prompt="", model="m")["stdin"] == ""
+@pytest.mark.parametrize("prompt", ["", "  \n\t", "\u200b\u200b", "[redacted 1200 chars]",
+                                    "Review the repo... [redacted 40 chars]"])
+def test_a_stored_agent_target_with_a_blank_or_redacted_prompt_fails_without_starting_the_agent(
+        fake_env: dict[str, str], prompt: str) -> None:
+    # A target stored before the create-time check (or written by hand): the agent is never started with nothing to do.
+    result = execute_target({"type": "agent", "provider": "opencode", "prompt": prompt, "model": "m",
+                             "promptVia": "stdin"}, META, env=fake_env)
+    assert (result.status, result.pid, result.exit_code) == ("failed", None, None)
+    assert result.error is not None and result.error.startswith("agent prompt ")
+    assert result.error.endswith("; nothing was started")
+    assert calls(fake_env, "opencode") == []
+
+
+CLAUDE_SAID_NOTHING = json.dumps({"type": "result", "subtype": "success", "is_error": False, "result": " \n"})
+CODEX_SAID_NOTHING = "\n".join(json.dumps(e) for e in (
+    {"type": "thread.started", "thread_id": "t"}, {"type": "turn.started"},
+    {"type": "turn.completed", "usage": {"input_tokens": 10, "output_tokens": 0}}))
+OPENCODE_SAID_NOTHING = "\n".join(json.dumps(e) for e in (
+    {"type": "step_start", "part": {"type": "step-start"}},
+    {"type": "step_finish", "part": {"type": "step-finish", "tokens": {"input": 5, "output": 0}}}))
+
+
+@pytest.mark.parametrize(("provider", "stdout"), [
+    ("claude", ""), ("claude", " \n\n"), ("claude", CLAUDE_SAID_NOTHING), ("codex", CODEX_SAID_NOTHING),
+    ("opencode", OPENCODE_SAID_NOTHING), ("aicopilot", OPENCODE_SAID_NOTHING), ("cursor", ""), ("cursor", "\n"),
+])
+def test_an_agent_run_that_exits_0_having_said_nothing_fails_with_agent_produced_no_output(
+        fake_env: dict[str, str], provider: str, stdout: str) -> None:
+    fake_env["FAKE_STDOUT"] = stdout
+    result = execute_target({"type": "agent", "provider": provider, "prompt": P, "model": "m"}, META, env=fake_env)
+    assert (result.status, result.exit_code, result.error) == ("failed", 0, "agent produced no output")
+    assert result.stdout == stdout  # kept, to see what it printed
+
+
+CLAUDE_ANSWERED = json.dumps({"type": "result", "result": "Fixed the build.", "usage": {"output_tokens": 9}})
+CODEX_ANSWERED = CODEX_SAID_NOTHING + "\n" + json.dumps(
+    {"type": "item.completed", "item": {"id": "i", "type": "agent_message", "text": "Nothing to change."}})
+OPENCODE_ANSWERED = OPENCODE_SAID_NOTHING + "\n" + json.dumps({"type": "text", "part": {"type": "text", "text": "ok"}})
+
+
+@pytest.mark.parametrize(("provider", "stdout"), [
+    ("claude", CLAUDE_ANSWERED), ("claude", "plain text, not json"), ("claude", json.dumps({"type": "result"})),
+    ("codex", CODEX_ANSWERED), ("codex", json.dumps({"type": "turn.started"})), ("codex", "{\"msg\": 1}"),
+    ("opencode", OPENCODE_ANSWERED), ("cursor", "done\n"), ("aicopilot", '{"type": "unknown"}'),
+])
+def test_an_agent_run_that_said_something_or_printed_a_shape_not_recognised_succeeds(
+        fake_env: dict[str, str], provider: str, stdout: str) -> None:
+    fake_env["FAKE_STDOUT"] = stdout
+    result = execute_target({"type": "agent", "provider": provider, "prompt": P, "model": "m"}, META, env=fake_env)
+    assert (result.status, result.error) == ("succeeded", None)
+
+
+def test_a_command_target_that_prints_nothing_still_succeeds(fake_env: dict[str, str]) -> None:
+    result = execute_target({"type": "command", "command": "true"}, META, env=fake_env)
+    assert (result.status, result.stdout) == ("succeeded", "")
+
+
+def test_an_agent_that_prints_nothing_and_fails_keeps_its_own_failure(fake_env: dict[str, str]) -> None:
+    fake_env |= {"FAKE_STDOUT": "", "FAKE_EXIT": "2"}
+    result = execute_target({"type": "agent", "provider": "claude", "prompt": P}, META, env=fake_env)
+    assert (result.status, result.error) == ("failed", "process exited with code 2")
 
 
 def test_agent_env_carries_run_metadata(fake_env: dict[str, str]) -> None:

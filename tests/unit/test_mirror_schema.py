@@ -58,6 +58,8 @@ EXPECTED_COLUMNS: dict[str, list[tuple[str, str, bool, bool]]] = {
         ("usage_json", "TEXT", False, False),
         ("requires_json", "TEXT", False, False),
         ("pool", "TEXT", False, False),
+        ("expires_after_runs", "INTEGER", False, False),
+        ("success_streak", "INTEGER", False, False),
     ],
     "loop_runs": [
         ("id", "TEXT", False, True),

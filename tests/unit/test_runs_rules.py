@@ -97,8 +97,43 @@ def test_a_failure_streak_pauses_the_loop_and_records_why() -> None:
     assert advance.transition == "paused_by_streak"
     assert advance.loop.status == "paused"
     assert advance.loop.status_reason == (
-        "paused after 2 consecutive unsuccessful runs (last: timed_out: process exited with code 1)"
+        "circuit breaker open: paused after 2 consecutive unsuccessful runs (last: timed_out: process exited with "
+        f"code 1); fix the cause, then resume it (loopsq resume {loop.id})"
     )
+
+
+def test_a_new_loop_gets_the_default_circuit_breaker_stored_and_pauses_after_five_unsuccessful_slots() -> None:
+    loop = loop_at(EVERY_MIN)
+    assert loop.pause_after_failures == 5 and loop.to_dict()["pauseAfterFailures"] == 5
+    for minute in range(1, 5):
+        advance = rules.after_finish(loop, run_of(loop, at(minute), "failed"), at(minute + 0.1))
+        assert (advance.transition, advance.loop.status) == ("loop_advanced", "active")
+        loop = advance.loop
+    advance = rules.after_finish(loop, run_of(loop, at(5), "failed"), at(5.1))
+    assert (advance.transition, advance.loop.status, advance.loop.failure_streak) == ("paused_by_streak", "paused", 5)
+    assert advance.loop.status_reason is not None
+    assert advance.loop.status_reason.startswith("circuit breaker open: paused after 5 consecutive unsuccessful runs")
+
+
+def test_a_loop_stored_before_the_default_breaker_keeps_running_however_many_slots_fail() -> None:
+    stored = loop_at(EVERY_MIN).to_dict()
+    del stored["pauseAfterFailures"]  # as a loop created before the default breaker was stored
+    loop = Loop.from_dict(stored)
+    assert loop.pause_after_failures is None
+    for minute in range(1, 12):
+        advance = rules.after_finish(loop, run_of(loop, at(minute), "failed"), at(minute + 0.1))
+        assert (advance.transition, advance.loop.status) == ("loop_advanced", "active")
+        loop = advance.loop
+    assert loop.failure_streak == 11
+
+
+def test_pause_after_failures_zero_turns_the_breaker_off_and_is_stored() -> None:
+    loop = loop_at(EVERY_MIN, pauseAfterFailures=0)
+    assert loop.to_dict()["pauseAfterFailures"] == 0
+    loop = loop.with_changes(failure_streak=40)
+    advance = rules.after_finish(loop, run_of(loop, at(1), "failed"), at(1.1))
+    assert (advance.transition, advance.loop.status, advance.loop.failure_streak) == ("loop_advanced", "active", 41)
+    assert rules.after_finish(loop, run_of(loop, at(1), "succeeded"), at(1.1)).loop.status == "active"
 
 
 def test_a_success_resets_the_streak() -> None:

@@ -247,11 +247,11 @@ def test_the_reference_example_validates_and_normalises() -> None:
     expected_steps = copy.deepcopy(REFERENCE_EXAMPLE["steps"])
     expected_steps[0].update(dependsOn=[], continueOnFailure=False)
     expected_steps[2].update(continueOnFailure=False)
-    # Each target keeps the defaults it was created with (0.3.55/0.3.60): commands 30 min, agents no timeout and
-    # their prompt on stdin.
+    # Each target keeps the defaults it was created with (0.3.55/0.3.60/0.4.0): commands 30 min, agents no timeout,
+    # the idle timeout of their provider (codex: 30 min without output) and their prompt on stdin.
     for index in (0, 1):
         expected_steps[index]["target"]["timeoutMs"] = 1_800_000
-    expected_steps[2]["target"].update(timeoutMs=None, promptVia="stdin")
+    expected_steps[2]["target"].update(timeoutMs=None, idleTimeoutMs=1_800_000, promptVia="stdin")
     assert body == {
         "name": "repo-morning",
         "description": "optional",
