@@ -19,6 +19,7 @@ from loopsq.domain.agent_options import (
     option_problem,
     prompt_on_argv,
 )
+from loopsq.domain.scrub import secret_values
 from loopsq.errors import ExecutionError, ValidationError
 from loopsq.executor.accounts import AUTH_ENV_KEYS, account_tool_for_provider, resolve_account_env
 from loopsq.system.exec_path import normalize_execution_path, not_found_message
@@ -95,6 +96,8 @@ class CommandSpec:
     account_tool: str | None = None
     #: A ``codewith exec --json`` run: its JSON events decide whether it succeeded (``domain.codewith_exec``).
     codewith_exec: bool = False
+    #: The target's own ``env`` values that its captured output is scrubbed of (``domain.scrub.secret_values``).
+    secrets: tuple[str, ...] = field(default=(), repr=False)
 
 
 def _opt(flag: str, value: Any) -> list[str]:
@@ -326,6 +329,7 @@ def build_spec(
         account_profile=account_profile,
         account_tool=account_tool,
         codewith_exec=kind == "agent" and target.get("provider") == "codewith",
+        secrets=secret_values(target_env),
     )
 
 
