@@ -49,10 +49,27 @@ PATTERNS: tuple[tuple[str, str], ...] = (
                         rf"(?:[\t ]*{_SEP}[\t ]*-----END (?:[A-Z0-9]{{1,12}} ){{0,4}}PRIVATE KEY-----)?"),
     ("bearer", r"(?:Bearer|bearer|BEARER)[\t ]+(?P<secret>[A-Za-z0-9._~+/-]{8,}=*)"),
 )
-#: Text holding none of these cannot hold a shape: the regex is not run (a few fast substring scans instead).
-_MARKERS = ("sk-", "AKIA", "ASIA", "ghp_", "gho_", "ghu_", "ghs_", "ghr_", "github_pat_", "xox", "-----BEGIN ",
-            "earer", "EARER")
+#: A shape holds one of these characters (single-character scans run at memory speed): text without any, a
+#: binary flood say, is done with at once.
+_FIRST_SIEVE = ("-", "_", "I", "r", "R")
+#: And one of these strings (each one scan; the GitHub ones only where "gh" is): text holding none of them cannot
+#: hold a shape, and the regex is not run.
+_MARKERS = ("sk-", "IA", "xox", "-----BEGIN ", "earer", "EARER")
+_GITHUB_MARKERS = ("ghp_", "gho_", "ghu_", "ghs_", "ghr_", "github_pat_")
+_FIRST_SIEVE_BYTES = tuple(marker.encode() for marker in _FIRST_SIEVE)
 _MARKER_BYTES = tuple(marker.encode() for marker in _MARKERS)
+_GITHUB_MARKER_BYTES = tuple(marker.encode() for marker in _GITHUB_MARKERS)
+
+
+def _may_hold_shape(value: Any, sieve: tuple[Any, ...], markers: tuple[Any, ...], gh: Any,
+                    github: tuple[Any, ...]) -> bool:
+    if not any(mark in value for mark in sieve):
+        return False
+    if any(marker in value for marker in markers):
+        return True
+    return gh in value and any(marker in value for marker in github)
+
+
 _ALTERNATION = "|".join(f"(?:{regex})" for _name, regex in PATTERNS)
 _TEXT_RE = re.compile(_ALTERNATION)
 _BYTES_RE = re.compile(_ALTERNATION.encode())
@@ -114,7 +131,7 @@ class Scrubber:
         for secret in self.secrets:
             if secret in value:
                 value = value.replace(secret, REPLACEMENT)
-        if not any(marker in value for marker in _MARKERS):
+        if not _may_hold_shape(value, _FIRST_SIEVE, _MARKERS, "gh", _GITHUB_MARKERS):
             return value
         return _TEXT_RE.sub(_text_sub, value)
 
@@ -125,7 +142,7 @@ class Scrubber:
         for secret in self._secret_bytes:
             if secret in value:
                 value = value.replace(secret, _REPLACEMENT_BYTES)
-        if not any(marker in value for marker in _MARKER_BYTES):
+        if not _may_hold_shape(value, _FIRST_SIEVE_BYTES, _MARKER_BYTES, b"gh", _GITHUB_MARKER_BYTES):
             return value
         return _BYTES_RE.sub(_bytes_sub, value)
 
