@@ -17,6 +17,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse
 
 from loopsq.domain.redaction import public_event, public_run, public_step_run, redact
+from loopsq.domain.scrub import SHAPES
 from loopsq.domain.text import shown, terminal_safe
 from loopsq.errors import NotFoundError
 from loopsq.mirror import queries
@@ -31,14 +32,15 @@ LIVE_STEP_STATUSES = ("pending", "running")
 
 
 def _shown_text(text: str, show_output: bool) -> str:
-    return terminal_safe(text) if show_output else redact(text)
+    return terminal_safe(SHAPES.text(text)) if show_output else redact(text)
 
 
 def _safe(record: dict[str, Any]) -> dict[str, Any]:
-    """A public run or step with its output, error and earlier attempts' output shown escaped."""
+    """A public run or step with its output, error and earlier attempts' output shown escaped, and scrubbed of the
+    secret shapes once more: a run stored before loopsq scrubbed at write is shown by default too."""
     for key in ("stdout", "stderr", "error"):
         if isinstance(record.get(key), str):
-            record[key] = terminal_safe(record[key])
+            record[key] = terminal_safe(SHAPES.text(record[key]))
     if isinstance(record.get("previousAttempts"), list):
         record["previousAttempts"] = [_safe(dict(a)) if isinstance(a, dict) else a for a in record["previousAttempts"]]
     return record

@@ -109,6 +109,15 @@ def test_a_run_page_shows_its_scrubbed_output_by_default_and_redacts_it_when_the
     assert '<a id="output-toggle" href="/runs/r1">Show output</a>' in hidden
 
 
+def test_a_run_stored_before_scrubbing_is_shown_scrubbed_of_the_secret_shapes(
+        client: TestClient, real_redis: redis.Redis) -> None:
+    key = "sk-proj-" + "xY9zQ2wE4rT6" * 4
+    put_run(real_redis, "r1", "l1", "2026-01-01T00:00:00.000Z", stdout=f"key={key}\n", error=f"bad {key}",
+            previousAttempts=[{"attempt": 1, "status": "failed", "stdout": f"old {key}\n"}], attempt=2)
+    page = client.get("/runs/r1").text
+    assert key not in page and '<pre id="stdout">key=[SCRUBBED]\n</pre>' in page and "bad [SCRUBBED]" in page
+
+
 def test_a_run_pages_output_shows_terminal_escapes_escaped(client: TestClient, real_redis: redis.Redis) -> None:
     put_run(real_redis, "r1", "l1", "2026-01-01T00:00:00.000Z", stdout="copy\x1b]52;c;ZXZpbA==\x07 done\r\n",
             stderr="\x9b31m red", error="exit \x1b[2J")
