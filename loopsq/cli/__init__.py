@@ -35,6 +35,7 @@ from loopsq.cli import (
     workflows_cmds,
 )
 from loopsq.cli.app import App, echo_err
+from loopsq.domain.text import json_terminal_safe
 from loopsq.errors import LoopsqError
 from loopsq.mirror.damage import malformed_cause, malformed_error
 from loopsq.state.connection import unavailable
@@ -159,7 +160,7 @@ def _json_failure(kind: str, message: str, exit_code: int) -> None:
     """With ``--json``, an error is one JSON object on stderr: ``{"error": {"code", "exitCode", "message"}}``."""
     code = _ERROR_CODES.get(kind) or _EXIT_NAMES.get(exit_code, "failed")
     body = {"error": {"code": code, "exitCode": exit_code, "message": message}}
-    click.echo(json.dumps(body, ensure_ascii=False), err=True)
+    click.echo(json_terminal_safe(json.dumps(body, ensure_ascii=False)), err=True)
     sys.exit(exit_code)
 
 

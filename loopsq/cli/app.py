@@ -16,7 +16,7 @@ import click
 import redis
 
 from loopsq.domain import timeutil
-from loopsq.domain.text import QUOTE_LIMIT, shown
+from loopsq.domain.text import QUOTE_LIMIT, json_terminal_safe, shown, terminal_safe
 from loopsq.errors import RedisNotConfiguredError
 from loopsq.mirror.follow import catch_up
 from loopsq.mirror.schema import open_db
@@ -94,11 +94,12 @@ class App:
     def emit(self, payload: Any, human: str | Callable[[], str] | None = None) -> None:
         """Print ``payload`` as JSON in JSON mode, else the human text (``payload`` as JSON when there is none)."""
         if self.json or human is None:
-            click.echo(json.dumps(payload, indent=2, ensure_ascii=False))
+            click.echo(json_terminal_safe(json.dumps(payload, indent=2, ensure_ascii=False)))
             return
         text = human() if callable(human) else human
         if text:
-            click.echo(text)
+            # Run output and errors are in there: no escape sequence of theirs reaches the terminal.
+            click.echo(terminal_safe(text))
 
     def close(self) -> None:
         """Release connections."""

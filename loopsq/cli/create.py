@@ -161,7 +161,7 @@ def create_command(name: str, cmd: str, shell: bool, preflight: bool, **opts: An
                    "'none' or 0 for no idle limit.")
 @click.option("--config-isolation", default="safe", show_default=True, metavar="MODE", help="safe or none.")
 @click.option("--prompt-via", metavar="HOW",
-              help="stdin (keeps the prompt out of the process table) or argv (after --) [stdin; codewith: argv].")
+              help="stdin (keeps the prompt out of the process table) or argv (after --) [stdin].")
 @click.option("--preflight", is_flag=True,
               help="Refuse (and store nothing) if the target cannot start here; warn if no live worker can run it.")
 @preflight_each_run_flag

@@ -4,6 +4,9 @@ While a run or step runs, its output comes from the bounded live stream its work
 once it has ended, from its stored output (the record). A workflow run, or a workflow loop's run, prints every
 step's output in step order, each line prefixed with the step's id; ``-f`` follows them all until the run ends.
 With ``--json`` every line is a JSON object ``{"runId", "stepId"?, "stream", "line"}``.
+
+Output reaches the terminal neutralised: ESC and the other C0 controls but newline and tab, DEL and the C1 controls
+are shown escaped (``\x1b``), so no escape sequence a target printed (OSC 52 writing the clipboard, say) acts.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from typing import Any
 import click
 
 from loopsq.cli.app import App, get_app, json_flag
+from loopsq.domain.text import json_terminal_safe, terminal_safe
 from loopsq.engine import timers
 from loopsq.errors import NotFoundError
 from loopsq.mirror import queries
@@ -57,7 +61,7 @@ class Printer:
             return
         source.printed = True
         if not (self.json_mode or self.prefixed):
-            click.echo(text, nl=False, err=stream == "stderr")
+            click.echo(terminal_safe(text), nl=False, err=stream == "stderr")
             return
         key = (source.run_id, source.step_id, stream)
         lines = (self._partial.pop(key, "") + text).split("\n")
@@ -78,9 +82,9 @@ class Printer:
         if self.json_mode:
             row = {"runId": source.run_id, **({"stepId": source.step_id} if source.step_id else {}),
                    "stream": stream, "line": line}
-            click.echo(json.dumps(row, ensure_ascii=False))
+            click.echo(json_terminal_safe(json.dumps(row, ensure_ascii=False)))
         else:
-            click.echo(f"{source.step_id} | {line}", err=stream == "stderr")
+            click.echo(f"{source.step_id} | {terminal_safe(line)}", err=stream == "stderr")
 
 
 def _step_source(app: App, store: WorkflowRunStore, run_id: str, step_id: str) -> Source:

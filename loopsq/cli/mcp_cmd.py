@@ -14,16 +14,18 @@ from loopsq.cli.app import get_app
 @click.group("mcp", invoke_without_command=True)
 @click.pass_context
 def mcp(ctx: click.Context) -> None:
-    """Serve the MCP server on stdin/stdout (mutations need LOOPSQ_MCP_ALLOW_MUTATIONS=true)."""
+    """Serve the MCP server on stdin/stdout (mutations need LOOPSQ_MCP_ALLOW_MUTATIONS=true; LOOPSQ_MCP_ALLOW_TOOLS
+    may name the only mutation tools allowed)."""
     if ctx.invoked_subcommand is not None:
         return
     from loopsq.mcp.context import McpContext
-    from loopsq.mcp.server import serve_stdio
+    from loopsq.mcp.server import allowed_tools_from_env, serve_stdio
 
+    allowed_tools = allowed_tools_from_env()  # a bad name stops it here, exit 2
     # stdout carries the protocol: every log line goes to stderr.
     logging.basicConfig(level=logging.WARNING, format="[loopsq-mcp] %(levelname)s %(name)s: %(message)s")
     app = get_app()
-    mcp_ctx = McpContext(app.redis_url, app.data_dir, app.keys)
+    mcp_ctx = McpContext(app.redis_url, app.data_dir, app.keys, allowed_tools=allowed_tools)
     try:
         serve_stdio(mcp_ctx)
     finally:

@@ -60,9 +60,11 @@ def up(workers: str, concurrency: str, demo: bool, stop_timeout: str, web_port: 
     if has_web and not no_web:
         # What the web app would refuse: say so now, not in a restart loop.
         from loopsq.cli.web_cmd import resolve_token
+        from loopsq.mcp.server import allowed_tools_from_env
         from loopsq.web.metrics import per_loop_from_env
 
         per_loop_from_env()
+        allowed_tools_from_env()
         if os.environ.get(API_TOKEN_ENV, "").strip():
             resolve_token(False)
     cfg = UpConfig(

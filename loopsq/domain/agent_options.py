@@ -4,7 +4,9 @@ defaults a new target gets, and the rule that keeps a prompt on argv from being 
 Options (each optional): ``variant`` (reasoning effort), ``permissionMode`` (``default|plan|auto|bypass``),
 ``sandbox`` (``read-only|workspace-write|danger-full-access`` for codex and codewith, ``enabled|disabled`` for
 cursor), ``addDirs`` (codex and codewith), ``authProfile`` (codewith only). ``loopsq.executor.spec.agent_args``
-turns them into each provider's argv.
+turns them into each provider's argv. codewith runs as one ``codewith exec --json`` process, as codex does
+(OpenLoops 0.4.9 dropped 0.3.60's durable ``agent start`` + polling); a target stored for the durable mode (its
+prompt on argv) loads and runs the same way.
 
 **End of options.** A prompt passed on argv always follows ``--`` where the provider's CLI takes it as the end of
 its options (claude and cursor: commander; codex and codewith: clap; opencode: yargs, which joins what follows
@@ -25,8 +27,8 @@ SANDBOXES = (*CODEX_SANDBOXES, *CURSOR_SANDBOXES)
 CODEX_LIKE = ("codex", "codewith")
 #: Providers whose CLI ends its options at ``--``: a prompt on argv is passed after it.
 SEPARATOR_PROVIDERS = frozenset({"claude", "cursor", "codewith", "codex", "opencode"})
-#: What a codewith durable agent's ``extraArgs`` may not hold (0.3.60): they would turn ``agent start`` into
-#: something else.
+#: What a codewith target's ``extraArgs`` may not hold (0.3.60's list, still refused): a subcommand or a stray
+#: positional, or a flag that loopsq's ``exec --json --ephemeral`` passes itself or that would change its output.
 CODEWITH_FORBIDDEN_EXTRA_ARGS = (
     "e", "exec", "agent", "start", "--ephemeral", "--ignore-rules", "--skip-git-repo-check", "--json",
     "--output-last-message", "-o", "--output-schema", "--dangerously-bypass-approvals-and-sandbox",
@@ -48,14 +50,15 @@ STREAMING_PROVIDERS = frozenset({"codex"})
 
 
 def default_prompt_via(provider: str) -> str:
-    """How a new target of ``provider`` passes its prompt when nothing is said: on stdin (0.3.3), except codewith,
-    whose ``agent start`` takes it as an argument (0.3.60). A stored target without ``promptVia`` uses argv."""
-    return "argv" if provider == "codewith" else "stdin"
+    """How a new target of ``provider`` passes its prompt when nothing is said: on stdin (0.3.3), codewith too
+    now that it runs ``exec`` (0.3.60's ``agent start`` took it on argv). A stored target without ``promptVia``
+    uses argv."""
+    return "stdin"
 
 
 def prompt_on_argv(target: Mapping[str, Any]) -> bool:
-    """Whether the target's prompt goes on argv (always for codewith; else unless ``promptVia`` is stdin)."""
-    return target.get("provider") == "codewith" or target.get("promptVia") != "stdin"
+    """Whether the target's prompt goes on argv (unless ``promptVia`` is stdin)."""
+    return target.get("promptVia") != "stdin"
 
 
 def codex_like_sandbox(target: Mapping[str, Any]) -> str:
@@ -128,8 +131,7 @@ def option_problem(target: Mapping[str, Any], *, cli: bool = False) -> OptionPro
     if has("addDirs") and provider not in CODEX_LIKE:
         return refused("addDirs", "is currently supported only for codewith or codex")
     if has("agent") and provider in CODEX_LIKE:
-        extra = " (a durable background agent takes no agent name)" if provider == "codewith" else ""
-        return refused("agent", f"is not supported for {p}{extra}")
+        return refused("agent", f"is not supported for {p}")
     if provider == "opencode" and not str(target.get("model") or "").strip():
         return OptionProblem("model", f"is required for {p}; {OPENCODE_MODEL_HINT}", target.get("model"))
     mode = target.get("permissionMode")
@@ -150,11 +152,8 @@ def option_problem(target: Mapping[str, Any], *, cli: bool = False) -> OptionPro
     if provider == "codewith":
         bad = next((arg for arg in target.get("extraArgs") or [] if arg in CODEWITH_FORBIDDEN_EXTRA_ARGS), None)
         if bad is not None:
-            return OptionProblem("extraArgs", f"cannot include {bad} for {p}; durable agent steps use codewith "
-                                 "agent start, not exec/ephemeral flags", bad)
-        if target.get("promptVia") == "stdin":
-            return OptionProblem("promptVia", f"stdin is not supported for {p} (codewith agent start takes the "
-                                 "prompt as an argument)", "stdin")
+            return OptionProblem("extraArgs", f"cannot include {bad} for {p}; loopsq runs codewith exec --json "
+                                 "--ephemeral with its own flags", bad)
     prompt = target.get("prompt")
     if (prompt_on_argv(target) and provider not in SEPARATOR_PROVIDERS and isinstance(prompt, str)
             and prompt.startswith("-")):

@@ -53,3 +53,22 @@ def quoted(value: Any, limit: int = QUOTE_LIMIT) -> str:
     # JSON text has its quotes escaped already; only invisible characters are escaped here.
     head = "".join(_escape(ch, quotes=False) for ch in text[:limit])
     return head + "…" if cut or len(text) > limit else head
+
+
+#: Every C0 control but tab and newline, DEL and every C1 control, shown as ``\xNN``.
+_TERMINAL_ESCAPES = {code: f"\\x{code:02x}" for code in (*range(0x20), 0x7F, *range(0x80, 0xA0)) if code not in (0x09, 0x0A)}
+#: The controls ``json.dumps`` leaves as they are (it escapes C0 itself), as JSON escapes of the same value.
+_JSON_ESCAPES = {code: f"\\u{code:04x}" for code in (0x7F, *range(0x80, 0xA0))}
+
+
+def terminal_safe(text: str) -> str:
+    """``text`` (a run's output, say) as a terminal or a page may show it: ESC and every other C0 control but
+    newline and tab, DEL and the C1 controls are shown escaped (``\\x1b``), so that nothing in it can move the
+    cursor, retitle the window or write the clipboard (OSC 52: ``\\x1b]52;c;…\\x07``)."""
+    return text.translate(_TERMINAL_ESCAPES)
+
+
+def json_terminal_safe(dumped: str) -> str:
+    """JSON text (``json.dumps`` output) with DEL and the C1 controls, which ``json.dumps(ensure_ascii=False)``
+    leaves raw, as ``\\u00NN`` escapes: the same JSON value, and nothing a terminal acts on."""
+    return dumped.translate(_JSON_ESCAPES)

@@ -7,10 +7,12 @@ Each provider's headless JSON output (the flags ``executor.spec`` passes) carrie
   stream output, the last ``result`` line;
 - ``codex exec --json``: JSON lines; ``turn.completed`` events carry ``usage`` (``input_tokens``,
   ``cached_input_tokens``, ``output_tokens``), summed over the turns; no cost;
+- ``codewith exec --json``: the same events, but its ``turn.completed`` carries the thread's running total: the
+  last one counts;
 - ``opencode run --format json`` (and ``aicopilot``): JSON lines; ``step_finish`` events carry
   ``part.tokens`` (``input``, ``output``, ``reasoning``, ``cache.read``, ``cache.write``) and ``part.cost``,
   summed over the steps;
-- anything else (``cursor``, ``codewith``): the last JSON object with a ``usage`` object or a cost field.
+- anything else (``cursor``): the last JSON object with a ``usage`` object or a cost field.
 
 Cached input counts as input. Output that carries none of these gives None. No I/O.
 """
@@ -106,6 +108,13 @@ def _codex(objects: list[dict[str, Any]]) -> Usage | None:
     return Usage(sum(_int(u.get("input_tokens")) for u in turns), sum(_int(u.get("output_tokens")) for u in turns))
 
 
+def _codewith(objects: list[dict[str, Any]]) -> Usage | None:
+    turns = [o["usage"] for o in objects if o.get("type") == "turn.completed" and isinstance(o.get("usage"), dict)]
+    if not turns:
+        return None
+    return Usage(_int(turns[-1].get("input_tokens")), _int(turns[-1].get("output_tokens")))
+
+
 def _opencode(objects: list[dict[str, Any]]) -> Usage | None:
     parts = [o["part"] for o in objects if o.get("type") == "step_finish" and isinstance(o.get("part"), dict)]
     if not parts:
@@ -137,7 +146,7 @@ def _generic(objects: list[dict[str, Any]]) -> Usage | None:
     return None
 
 
-_PARSERS = {"claude": _claude, "codex": _codex, "opencode": _opencode, "aicopilot": _opencode}
+_PARSERS = {"claude": _claude, "codex": _codex, "codewith": _codewith, "opencode": _opencode, "aicopilot": _opencode}
 
 
 def parse_usage(provider: str, stdout: str) -> Usage | None:

@@ -7,6 +7,8 @@ of Redis however little it holds, and most runs are over sooner), and the key ex
 end, once a follower has had the time to read its tail. The stored run output (bounded separately) is the
 record, which ``loopsq logs`` prints for a run that has no live stream (any more); this is only the window a
 follower sees while the run goes on. A run that prints nothing, or ends within ``FIRST_FLUSH_S``, costs nothing.
+What is sent is scrubbed of the secret shapes (``domain.scrub``; the executor has already scrubbed the chunks of
+the target's own env values, line by line, as it read them).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import time
 
 import redis
 
+from loopsq.domain.scrub import SHAPES
 from loopsq.state.keys import Keys
 
 CHUNK_BYTES = 16 * 1024
@@ -70,7 +73,7 @@ class LiveWriter:
             return
         pipe = self.client.pipeline(transaction=False)
         for stream, data in self._buffer.items():
-            pipe.xadd(self.key, {"s": stream, "d": data}, maxlen=MAX_CHUNKS, approximate=True)
+            pipe.xadd(self.key, {"s": stream, "d": SHAPES.data(data)}, maxlen=MAX_CHUNKS, approximate=True)
         if end is not None:
             pipe.xadd(self.key, {"s": "eof", "d": end}, maxlen=MAX_CHUNKS, approximate=True)
         pipe.pexpire(self.key, KEEP_MS if end is not None else RUNNING_KEEP_MS)

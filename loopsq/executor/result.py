@@ -28,6 +28,8 @@ class ExecutorResult:
     started_at: str
     finished_at: str
     duration_ms: int
+    #: The reply's text where the provider's JSON names it (codewith's last agent message), else None.
+    result_text: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """Return the camelCase JSON form, without the fields that are None."""
@@ -41,5 +43,6 @@ class ExecutorResult:
             "startedAt": self.started_at,
             "finishedAt": self.finished_at,
             "durationMs": self.duration_ms,
+            "resultText": self.result_text,
         }
         return {key: value for key, value in data.items() if value is not None}

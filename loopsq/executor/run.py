@@ -17,6 +17,7 @@ from datetime import datetime
 from typing import Any
 
 from loopsq.domain.agent_output import NO_OUTPUT_ERROR, produced_no_output
+from loopsq.domain.codewith_exec import ExecEventReader, judge
 from loopsq.domain.limits import MAX_CWD_LENGTH
 from loopsq.domain.text import shown
 from loopsq.domain.timeutil import now, to_iso
@@ -136,14 +137,9 @@ def execute_target(
         return _not_started("failed", exc.message)
     if cancel is not None and cancel.is_set():
         return _not_started("cancelled", "cancelled")
-    if spec.codewith_agent and executable is not None:
-        from loopsq.executor.codewith_agent import DurableAgent
-
-        def started_agent(pid: int) -> None:
-            if on_spawn is not None:
-                _report_spawn(on_spawn, pid)
-
-        return DurableAgent(spec, executable, cancel, max_output_bytes, started_agent).run()
+    events = ExecEventReader() if spec.codewith_exec else None
+    if events is not None:
+        on_output = _reading_events(events, on_output)
     guard = watchdog()
     # Without a watchdog (it could not start), the kernel's parent-death signal at least takes the leader along.
     preexec = None if guard.ensure() else pdeathsig_preexec()
@@ -178,6 +174,16 @@ def execute_target(
             str(target.get("provider")), stdout):
         status, error = "failed", NO_OUTPUT_ERROR  # (OpenLoops 0.4.40) an exit 0 that said nothing is no success
     returncode = proc.returncode
+    result_text = None
+    if events is not None:
+        events.finish()
+        verdict = events.outcome()
+        result_text = verdict.result_text
+        if supervisor.reason is None and returncode is not None and returncode >= 0:
+            # It ended by itself: its events say whether it did the work (an exit 0 without a completed turn
+            # did nothing), and their message beats a bare exit code.
+            error = judge(returncode, verdict)
+            status = "failed" if error is not None else "succeeded"
     return ExecutorResult(
         status=status,
         exit_code=returncode if returncode is not None and returncode >= 0 else None,
@@ -188,7 +194,27 @@ def execute_target(
         started_at=to_iso(started),
         finished_at=to_iso(finished),
         duration_ms=int((time.monotonic() - started_mono) * 1000),
+        result_text=result_text,
     )
+
+
+def _reading_events(events: ExecEventReader, on_output: OnOutput | None) -> OnOutput:
+    """``on_output`` that also hands stdout to the codewith event reader. A failing ``on_output`` is dropped here
+    (as the supervisor would drop it), so that the reader keeps reading."""
+    inner = [on_output]
+
+    def read(stream: str, chunk: bytes) -> None:
+        if stream == "stdout":
+            events.feed(chunk)
+        callback = inner[0]
+        if callback is not None:
+            try:
+                callback(stream, chunk)
+            except Exception:
+                log.exception("on_output callback failed; live output disabled")
+                inner[0] = None
+
+    return read
 
 
 def _not_started(status: str, error: str, started: datetime | None = None) -> ExecutorResult:

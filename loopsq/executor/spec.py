@@ -8,9 +8,8 @@ from __future__ import annotations
 
 import json
 import os
-import secrets
 import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,6 +20,7 @@ from loopsq.domain.agent_options import (
     prompt_on_argv,
 )
 from loopsq.domain.agent_output import prompt_problem
+from loopsq.domain.scrub import secret_values
 from loopsq.errors import ExecutionError, ValidationError
 from loopsq.executor.accounts import AUTH_ENV_KEYS, account_tool_for_provider, resolve_account_env
 from loopsq.system.exec_path import normalize_execution_path, not_found_message
@@ -95,9 +95,10 @@ class CommandSpec:
     stdin_text: str | None = None
     account_profile: str | None = None
     account_tool: str | None = None
-    #: A codewith durable agent (0.3.60): ``argv`` starts it; ``loopsq.executor.codewith_agent`` polls it.
-    codewith_agent: bool = False
-    auth_profile: str | None = None
+    #: A ``codewith exec --json`` run: its JSON events decide whether it succeeded (``domain.codewith_exec``).
+    codewith_exec: bool = False
+    #: The target's own ``env`` values that its captured output is scrubbed of (``domain.scrub.secret_values``).
+    secrets: tuple[str, ...] = field(default=(), repr=False)
 
 
 def _opt(flag: str, value: Any) -> list[str]:
@@ -132,11 +133,10 @@ def _codex_args(target: Mapping[str, Any], safe: bool) -> list[str]:
             *_opt("--cd", target.get("cwd")), *_add_dirs(target), *_opt("--model", target.get("model"))]
 
 
-def _codewith_args(target: Mapping[str, Any], _safe: bool) -> list[str]:
-    """The options before ``extraArgs``; ``agent start [--cwd CWD]`` follows them (``agent_args``)."""
-    return [*_opt("--auth-profile", target.get("authProfile")), *_effort(target.get("variant")),
-            "--ask-for-approval", "never", "--sandbox", codex_like_sandbox(target), *_opt("--cd", target.get("cwd")),
-            *_add_dirs(target), *_opt("--model", target.get("model"))]
+def _codewith_args(target: Mapping[str, Any], safe: bool) -> list[str]:
+    """One ``codewith exec --json`` process (OpenLoops 0.4.9), as codex, with codewith's ``--auth-profile`` first
+    (before the subcommand, 0.3.2)."""
+    return [*_opt("--auth-profile", target.get("authProfile")), *_codex_args(target, safe)]
 
 
 def _opencode_args(target: Mapping[str, Any], safe: bool) -> list[str]:
@@ -162,12 +162,13 @@ _PROVIDER_ARGS = {
 
 
 def agent_args(target: Mapping[str, Any]) -> list[str]:
-    """Return the argv after the provider executable for an agent target: each provider's argv at 0.3.60.
+    """Return the argv after the provider executable for an agent target: each provider's argv at 0.3.60, and
+    codewith's one-shot ``exec --json`` of OpenLoops 0.4.9.
 
-    The provider's options, then ``extraArgs``; codewith then ``agent start [--cwd CWD]``. The prompt comes last
-    unless it goes through stdin (``promptVia: "stdin"``; codewith always takes it on argv): after ``--`` where the
-    provider's CLI ends its options there (``agent_options.SEPARATOR_PROVIDERS``), so a prompt is never read as
-    an option. On aicopilot, which is not known to, a prompt beginning with ``-`` is refused.
+    The provider's options, then ``extraArgs``. The prompt comes last unless it goes through stdin
+    (``promptVia: "stdin"``): after ``--`` where the provider's CLI ends its options there
+    (``agent_options.SEPARATOR_PROVIDERS``), so a prompt is never read as an option. On aicopilot, which is not
+    known to, a prompt beginning with ``-`` is refused.
 
     Args:
         target: a validated agent target.
@@ -184,8 +185,6 @@ def agent_args(target: Mapping[str, Any]) -> list[str]:
         raise ValidationError(f"unknown agent provider: {provider!r}")
     safe = (target.get("configIsolation") or "safe") == "safe"
     args = [*build(target, safe), *(str(arg) for arg in target.get("extraArgs") or [])]
-    if provider == "codewith":
-        args += ["agent", "start", *_opt("--cwd", target.get("cwd"))]
     if prompt_on_argv(target):
         prompt = str(target.get("prompt", ""))
         if provider in SEPARATOR_PROVIDERS:
@@ -215,33 +214,6 @@ def inherited_env(base: Mapping[str, str]) -> dict[str, str]:
     if base is os.environ:
         return _copy_os_environ()
     return {key: value for key, value in base.items() if not is_private_env_key(key)}
-
-
-def idempotency_key(metadata: RunMetadata) -> str:
-    """The start's idempotency key: the workflow run and step, the loop run and its attempt, the loop and slot.
-
-    The reference left the attempt out, so a retry found the failed agent of the attempt before and failed at
-    once; loopsq's key has it. A start with no run identifiers at all gets a random key.
-    """
-    parts = [
-        f"workflow-run:{metadata.workflow_run_id}" if metadata.workflow_run_id else None,
-        f"step:{metadata.workflow_step_id}" if metadata.workflow_step_id else None,
-        f"loop-run:{metadata.run_id}" if metadata.run_id else None,
-        f"attempt:{metadata.attempt}" if metadata.attempt else None,
-        f"loop:{metadata.loop_id}" if metadata.loop_id else None,
-        f"scheduled:{metadata.scheduled_for}" if metadata.scheduled_for else None,
-    ]
-    named = [part for part in parts if part]
-    return "loopsq:" + (":".join(named) if named else f"adhoc:{secrets.token_hex(16)}")
-
-
-def with_idempotency_key(args: Sequence[str], key: str) -> list[str]:
-    """``args`` (``agent_args`` of a codewith target) with ``--idempotency-key KEY`` right after ``agent start``."""
-    out = list(args)
-    for index in range(len(out) - 1):
-        if out[index] == "agent" and out[index + 1] == "start":
-            return [*out[: index + 2], "--idempotency-key", key, *out[index + 2:]]
-    raise AssertionError("a codewith agent target's argv has no 'agent start'")
 
 
 def _copy_os_environ() -> dict[str, str]:
@@ -341,8 +313,6 @@ def build_spec(
             raise ExecutionError(f"agent prompt {problem}; nothing was started")
         command = PROVIDER_EXECUTABLES[provider]
         args = tuple(agent_args(target))
-        if provider == "codewith":
-            args = tuple(with_idempotency_key(args, idempotency_key(metadata)))
         shell = False
         tool_hint = account_tool_for_provider(provider)
         if not prompt_on_argv(target):
@@ -371,8 +341,8 @@ def build_spec(
         stdin_text=stdin_text,
         account_profile=account_profile,
         account_tool=account_tool,
-        codewith_agent=kind == "agent" and target.get("provider") == "codewith",
-        auth_profile=target.get("authProfile") or None,
+        codewith_exec=kind == "agent" and target.get("provider") == "codewith",
+        secrets=secret_values(target_env),
     )
 
 

@@ -4,6 +4,10 @@ One poll(2) set watches the child's stdout and stderr pipes, its stdin (when the
 pidfd that becomes readable when the child exits, so the common case costs no helper thread. The timeout, the
 idle timeout, the SIGTERM-then-SIGKILL escalation and the cancel event are deadlines of the same loop (the
 cancel event is polled every 100 ms while the child runs).
+
+What the child writes is scrubbed of secrets as it is read (``domain.scrub``: the known secret shapes and the
+target's own env values), before it is kept or handed to ``on_output`` (the live stream): a line goes through once
+it is complete (an open PEM private-key block once its END line came), so no secret is ever cut in two.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import threading
 import time
 from collections.abc import Callable
 
+from loopsq.domain.scrub import Scrubber, StreamScrubber
 from loopsq.executor.output import BoundedOutput
 from loopsq.executor.spec import CommandSpec
 from loopsq.system.procs import kill_process_group
@@ -64,6 +69,8 @@ class Supervisor:
         self.on_output = on_output
         self.stdout = BoundedOutput(max_output_bytes)
         self.stderr = BoundedOutput(max_output_bytes)
+        scrubber = Scrubber(spec.secrets)
+        self.scrubbers = {"stdout": StreamScrubber(scrubber), "stderr": StreamScrubber(scrubber)}
         self.reason: str | None = None  # why we signalled the group: "timeout" | "idle" | "cancel"
         self.deadline = None if spec.timeout_ms is None else started_mono + spec.timeout_ms / 1000
         self.idle_s = None if not spec.idle_timeout_ms else spec.idle_timeout_ms / 1000
@@ -85,6 +92,8 @@ class Supervisor:
         try:
             self._register()
             self._loop()
+            for stream, scrubber in self.scrubbers.items():
+                self._keep(stream, scrubber.finish())
         finally:
             if proc.returncode is None:
                 # Only reached through an exception (e.g. KeyboardInterrupt): never leave the group behind.
@@ -207,6 +216,12 @@ class Supervisor:
             self.open_streams -= 1
             return
         self.last_output = t
+        self._keep(stream, self.scrubbers[stream].feed(chunk))
+
+    def _keep(self, stream: str, chunk: bytes) -> None:
+        """Keep a scrubbed chunk and hand it to ``on_output``."""
+        if not chunk:
+            return
         (self.stdout if stream == "stdout" else self.stderr).feed(chunk)
         if self.on_output is not None:
             try:

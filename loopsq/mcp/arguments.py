@@ -1,40 +1,68 @@
-"""Checking a tool call's arguments: the two mutation gates, then the tool's published JSON schema.
+"""Checking a tool call: the mutation gate, then the arguments against the tool's published JSON schema.
 
 Every refusal is a ``ValidationError`` with one line naming the argument and quoting the value, in the words
 loopsq's own validation uses (``catchUpLimit must be a positive integer, got 0``), so a field that the domain
-checks too reads the same either way. The gates come first and carry the reference's texts (§11.3), with
-loopsq's variable named.
+checks too reads the same either way. The gate comes first and carries the reference's text (§11.3), with
+loopsq's variable named. There is no ``confirm`` literal any more (OpenLoops 0.4.0: LLM clients fill in
+required literals themselves, so they confirmed nothing): the server's environment alone decides.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import Any
 
 from jsonschema import Draft202012Validator
 from jsonschema import ValidationError as SchemaError
 
 from loopsq.domain.loop_spec import show
+from loopsq.domain.text import shown
 from loopsq.errors import ValidationError
-from loopsq.mcp.context import ALLOW_MUTATIONS_ENV
+from loopsq.mcp.context import ALLOW_MUTATIONS_ENV, ALLOW_TOOLS_ENV
 
 MUTATIONS_REFUSED = f"MCP mutation tools require {ALLOW_MUTATIONS_ENV}=true"
+#: An argument that older clients send and that no longer means anything (the removed ``confirm`` literal).
+IGNORED_ARGUMENTS = ("confirm",)
+#: How much of a schema library message a refusal quotes at most (its messages embed the value).
+MAX_DETAIL = 200
 
 _TYPE_WORDS = {"string": "a string", "integer": "an integer", "number": "a number", "boolean": "a boolean",
                "object": "an object", "array": "an array", "null": "null"}
 
 
-def check_gates(arguments: Mapping[str, Any], confirm: str, allowed: bool) -> None:
-    """The reference's two gates of a mutation tool: the environment, then the exact ``confirm`` literal.
+def check_gates(tool: str, allowed: bool, allowed_tools: Collection[str] | None) -> None:
+    """The gate of a mutation tool: ``LOOPSQ_MCP_ALLOW_MUTATIONS``, then ``LOOPSQ_MCP_ALLOW_TOOLS`` when set.
 
     Raises:
         ValidationError: ``MCP mutation tools require LOOPSQ_MCP_ALLOW_MUTATIONS=true``, or
-            ``confirm must be exactly '<literal>'``.
+            ``MCP tool <name> is not in LOOPSQ_MCP_ALLOW_TOOLS (<the names it holds>)``.
     """
     if not allowed:
         raise ValidationError(MUTATIONS_REFUSED)
-    if arguments.get("confirm") != confirm:
-        raise ValidationError(f"confirm must be exactly '{confirm}'")
+    if allowed_tools is not None and tool not in allowed_tools:
+        raise ValidationError(f"MCP tool {tool} is not in {ALLOW_TOOLS_ENV} ({', '.join(sorted(allowed_tools))})")
+
+
+def parse_allowed_tools(text: str | None, mutation_tools: Sequence[str]) -> frozenset[str] | None:
+    """``LOOPSQ_MCP_ALLOW_TOOLS`` (comma-separated mutation tool names) as a set; None when unset or blank.
+
+    Raises:
+        ValidationError: ``LOOPSQ_MCP_ALLOW_TOOLS must name mutation tools (<names>), got '<name>'``.
+    """
+    names = [name.strip() for name in (text or "").split(",") if name.strip()]
+    if not names:
+        return None
+    for name in names:
+        if name not in mutation_tools:
+            value = "'" + shown(name).replace("'", "\\'") + "'"
+            raise ValidationError(f"{ALLOW_TOOLS_ENV} must name mutation tools ({', '.join(mutation_tools)}), "
+                                  f"got {value}")
+    return frozenset(names)
+
+
+def without_ignored(arguments: Mapping[str, Any]) -> dict[str, Any]:
+    """``arguments`` without ``IGNORED_ARGUMENTS`` (an older client's ``confirm`` changes nothing)."""
+    return {key: value for key, value in arguments.items() if key not in IGNORED_ARGUMENTS}
 
 
 def schema_errors(schema: Mapping[str, Any], arguments: Mapping[str, Any]) -> list[SchemaError]:
@@ -92,6 +120,12 @@ def describe(error: SchemaError) -> str:
         return f"{where} must be a non-empty string, got {show(value)}"
     if kind == "maxLength":
         return f"{where} must be at most {expected} characters, got {show(value)}"
+    if kind == "maxItems":
+        return f"{where} must have at most {expected} items, got {len(value)}"
+    if kind == "maxProperties":
+        return f"{where} must have at most {expected} entries, got {len(value)}"
+    if kind == "pattern":
+        return f"{where} must match {expected}, got {show(value)}"
     if kind == "required":
         missing = next(name for name in expected if name not in value)
         return f"{_path([*error.absolute_path, missing])} is required"
@@ -101,7 +135,7 @@ def describe(error: SchemaError) -> str:
         if not error.absolute_path:
             return f"unknown argument {show(extra)} (expected one of: {allowed})"
         return f"unknown field {show(extra)} in {where} (expected one of: {allowed})"
-    return f"{where} is invalid: {error.message}"
+    return f"{where} is invalid: {shown(error.message, MAX_DETAIL)}"
 
 
 def _matching_branch(error: SchemaError) -> SchemaError | None:

@@ -29,6 +29,8 @@ from loopsq.system import config
 ALLOW_MUTATIONS_ENV = "LOOPSQ_MCP_ALLOW_MUTATIONS"
 #: The values of ``ALLOW_MUTATIONS_ENV`` that allow them (the reference's, compared case-insensitively).
 ALLOW_VALUES = frozenset({"1", "true", "yes", "on"})
+#: The optional allowlist of mutation tools (comma-separated names), read once at start.
+ALLOW_TOOLS_ENV = "LOOPSQ_MCP_ALLOW_TOOLS"
 
 
 class McpContext:
@@ -36,12 +38,14 @@ class McpContext:
     masked), this process's data directory (its mirror is ``<data_dir>/loops.db``) and key names.
 
     ``client``: a Redis client to share (the web app's); otherwise one is opened, without a ping, so the server
-    starts while Redis is down and each call reports the outage.
+    starts while Redis is down and each call reports the outage. ``allowed_tools``: the mutation tools
+    ``LOOPSQ_MCP_ALLOW_TOOLS`` lets run (``server.allowed_tools_from_env``); None: every one.
     """
 
     def __init__(self, redis_url: str, data_dir: Path, keys: Keys | None = None,
-                 client: redis.Redis | None = None) -> None:
+                 client: redis.Redis | None = None, allowed_tools: frozenset[str] | None = None) -> None:
         self.redis_url = redis_url
+        self.allowed_tools = allowed_tools
         self.data_dir = data_dir
         self.keys = keys or Keys()
         self._owns_client = client is None

@@ -1,6 +1,7 @@
 """The mutation tools that change definitions or request runs at once: pause, resume, the three creates,
-trigger, and cancel. Each is behind both gates (``Tool.confirm``); bad input is refused before anything is
-written, with the messages of loopsq's own validation (``new_loop``, the stores), as the API gives them.
+trigger, and cancel. Each is behind the mutation gate (``Tool.mutation``: ``LOOPSQ_MCP_ALLOW_MUTATIONS``, and
+``LOOPSQ_MCP_ALLOW_TOOLS`` when set); bad input is refused before anything is written, with the messages of
+loopsq's own validation (``new_loop``, the stores), as the API gives them.
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ import time
 from dataclasses import replace
 from typing import Any
 
+from loopsq.domain import limits
 from loopsq.domain.durations import format_duration
 from loopsq.domain.loop_spec import new_loop, show
 from loopsq.domain.models import Loop
@@ -161,26 +163,29 @@ def run_cancel(call: Call) -> dict[str, Any]:
 
 # -- the tools ---------------------------------------------------------------------------------------------------
 _LOOP_FIELDS = frozenset({"name", *s.LOOP_POLICIES})
+_NAME = s.string("The loop's name (unique).", limits.MAX_NAME_LENGTH)
+_CWD = s.string("Working directory.", limits.MAX_CWD_LENGTH)
 _COMMAND = {
-    "name": s.string("The loop's name (unique)."),
-    "command": s.string("The executable (shell false) or a shell command line (shell true)."),
-    "args": {"type": "array", "items": {"type": "string"}, "description": "Arguments (shell false)."},
-    "cwd": s.string("Working directory."),
+    "name": _NAME,
+    "command": s.string("The executable (shell false) or a shell command line (shell true).",
+                        limits.MAX_COMMAND_LENGTH),
+    "args": s.strings("Arguments (shell false).", limits.MAX_ARGS, limits.MAX_ARG_LENGTH),
+    "cwd": _CWD,
     "shell": s.boolean("Run through /bin/sh -c (default false, as the reference's MCP tool)."),
-    "env": {**s.STRING_MAP, "description": "Extra environment (shown as '[redacted]')."},
+    "env": s.string_map("Extra environment (shown as '[redacted]')."),
     "timeoutMs": s.TIMEOUT_MS,
     "idleTimeoutMs": s.IDLE_TIMEOUT_MS,
     "account": s.ACCOUNT,
 }
 _AGENT = {
-    "name": s.string("The loop's name (unique)."),
+    "name": _NAME,
     "provider": {"enum": list(PROVIDERS),
                  "description": "The coding-agent CLI."},
-    "prompt": s.string("The prompt (shown as its first 80 characters)."),
-    "cwd": s.string("Working directory."),
-    "model": {"type": "string", "description": "Model name passed to the provider."},
-    "agent": {"type": "string", "description": "Agent name passed to the provider."},
-    "extraArgs": {"type": "array", "items": {"type": "string"}, "description": "Extra provider arguments."},
+    "prompt": s.string("The prompt (shown as its first 80 characters).", limits.MAX_PROMPT_LENGTH),
+    "cwd": _CWD,
+    "model": {"type": "string", "maxLength": limits.MAX_WORD_LENGTH, "description": "Model name passed to the provider."},
+    "agent": {"type": "string", "maxLength": limits.MAX_WORD_LENGTH, "description": "Agent name passed to the provider."},
+    "extraArgs": s.strings("Extra provider arguments.", limits.MAX_ARGS, limits.MAX_ARG_LENGTH),
     "timeoutMs": s.TIMEOUT_MS,
     "idleTimeoutMs": s.IDLE_TIMEOUT_MS,
     "configIsolation": {"enum": list(CONFIG_ISOLATIONS), "default": "safe", "description": "Provider config isolation."},
@@ -189,44 +194,40 @@ _AGENT = {
     "account": s.ACCOUNT,
 }
 _WORKFLOW = {
-    "name": s.string("The loop's name (unique)."),
+    "name": _NAME,
     "workflow": s.WORKFLOW_REF,
-    "workflowInput": {**s.STRING_MAP, "description": "Input handed to the workflow run."},
+    "workflowInput": s.string_map("Input handed to the workflow run."),
     "timeoutMs": s.TIMEOUT_MS,
 }
 
 
-def _create_schema(fields: dict[str, s.Schema], literal: str, *required: str) -> s.Schema:
-    return s.obj({**fields, **s.LOOP_POLICIES, "confirm": s.confirm(literal)}, ("name", *required, "schedule",
-                                                                              "confirm"))
+def _create_schema(fields: dict[str, s.Schema], *required: str) -> s.Schema:
+    return s.obj({**fields, **s.LOOP_POLICIES}, ("name", *required, "schedule"))
 
 
 TOOLS = (
     Tool("loop_pause", "Pause a loop (its next run is kept).",
-         s.obj({"idOrName": s.LOOP_REF, "confirm": s.confirm("pause-loop")}, ("idOrName", "confirm")),
-         in_thread(loop_pause), confirm="pause-loop", idempotent=True),
+         s.obj({"idOrName": s.LOOP_REF}, ("idOrName",)), in_thread(loop_pause), mutation=True, idempotent=True),
     Tool("loop_resume", "Resume a loop; a stopped one is scheduled again from now.",
-         s.obj({"idOrName": s.LOOP_REF, "confirm": s.confirm("resume-loop")}, ("idOrName", "confirm")),
-         in_thread(loop_resume), confirm="resume-loop", idempotent=True),
+         s.obj({"idOrName": s.LOOP_REF}, ("idOrName",)), in_thread(loop_resume), mutation=True, idempotent=True),
     Tool("loop_create_command", "Create a loop that runs a command on a schedule.",
-         _create_schema(_COMMAND, "create-command-loop", "command"), in_thread(loop_create_command),
-         confirm="create-command-loop", domain=_LOOP_FIELDS | frozenset(_COMMAND)),
+         _create_schema(_COMMAND, "command"), in_thread(loop_create_command), mutation=True,
+         domain=_LOOP_FIELDS | frozenset(_COMMAND)),
     Tool("loop_create_agent", "Create a loop that runs a headless coding agent on a schedule.",
-         _create_schema(_AGENT, "create-agent-loop", "provider", "prompt"), in_thread(loop_create_agent),
-         confirm="create-agent-loop", domain=_LOOP_FIELDS | frozenset(_AGENT)),
+         _create_schema(_AGENT, "provider", "prompt"), in_thread(loop_create_agent), mutation=True,
+         domain=_LOOP_FIELDS | frozenset(_AGENT)),
     Tool("loop_create_workflow", "Create a loop that runs a stored workflow on a schedule.",
-         _create_schema(_WORKFLOW, "create-workflow-loop", "workflow"), in_thread(loop_create_workflow),
-         confirm="create-workflow-loop", domain=_LOOP_FIELDS | frozenset(_WORKFLOW)),
+         _create_schema(_WORKFLOW, "workflow"), in_thread(loop_create_workflow), mutation=True,
+         domain=_LOOP_FIELDS | frozenset(_WORKFLOW)),
     Tool("loop_trigger", "Start a run of a loop on a worker now; the same idempotencyKey within 24 h returns the "
          "same run and starts nothing new.",
          s.obj({"idOrName": s.LOOP_REF,
-                "idempotencyKey": s.string("The same key within 24 h returns the same run.", maxLength=200),
-                "confirm": s.confirm("trigger-loop")}, ("idOrName", "confirm")),
-         in_thread(loop_trigger), confirm="trigger-loop"),
+                "idempotencyKey": s.string("The same key within 24 h returns the same run.",
+                                           limits.MAX_IDEMPOTENCY_KEY_LENGTH)}, ("idOrName",)),
+         in_thread(loop_trigger), mutation=True),
     Tool("run_cancel", "Cancel a running workflow run or loop run from any host: its process group is killed "
          "within a second; a loop run is recorded failed with the reason. An ended run is returned unchanged.",
          s.obj({"runId": s.RUN_ID, "reason": s.string("Recorded on the run (default 'cancelled by user').",
-                                                      maxLength=500),
-                "confirm": s.confirm("cancel-run")}, ("runId", "confirm")),
-         in_thread(run_cancel), confirm="cancel-run", destructive=True),
+                                                      limits.MAX_REASON_LENGTH)}, ("runId",)),
+         in_thread(run_cancel), mutation=True, destructive=True),
 )

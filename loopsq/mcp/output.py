@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from loopsq.domain import limits
 from loopsq.errors import NotFoundError
 from loopsq.mcp import schemas as s
 from loopsq.mcp.context import McpContext
@@ -94,7 +95,8 @@ def run_logs(call: Call) -> dict[str, Any]:
 TOOLS = (
     Tool("run_logs", "The tail of a loop run's output, or of a workflow run's steps' (one step with stepId): live "
          "while it runs, from its record once it ended. Output is shown, as `loopsq logs` shows it.",
-         s.obj({"runId": s.RUN_ID, "stepId": s.string("A workflow step's id (workflow runs only)."),
+         s.obj({"runId": s.RUN_ID, "stepId": s.string("A workflow step's id (workflow runs only).",
+                                                         limits.MAX_STEP_ID_LENGTH),
                 "maxChars": s.integer("At most this many trailing characters per stream.", 1, MAX_TAIL_CHARS,
                                       default=DEFAULT_TAIL_CHARS)}, ("runId",)),
          in_thread(run_logs)),

@@ -11,6 +11,7 @@ import json
 import sqlite3
 from typing import Any
 
+from loopsq.domain import limits
 from loopsq.domain.redaction import (
     public_event,
     public_loop,
@@ -185,14 +186,18 @@ TOOLS = (
          in_thread(workflow_read)),
     Tool("workflow_validate", "Check a workflow spec without storing it (as `loopsq workflows validate`): give "
          "it as an object (workflow) or as JSON text (workflowJson).",
-         s.obj({"workflow": {"type": "object", "description": "The spec: {name, description?, maxParallel?, "
+         s.obj({"workflow": {"type": "object", "maxProperties": 16,
+                             "properties": {"steps": {"type": "array", "maxItems": limits.MAX_STEPS}},
+                             "description": "The spec: {name, description?, maxParallel?, "
                              "steps: [{id, target, dependsOn?, continueOnFailure?, timeoutMs?}]}."},
-                "workflowJson": {"type": "string", "description": "The spec as JSON text."},
-                "name": s.string("Use this name instead of the spec's."),
+                "workflowJson": {"type": "string", "maxLength": limits.MAX_SPEC_FILE_BYTES,
+                                 "description": "The spec as JSON text."},
+                "name": s.string("Use this name instead of the spec's.", limits.MAX_NAME_LENGTH),
                 "preflight": s.boolean("Also check every step's executable and account.")}),
          in_thread(workflow_validate)),
     Tool("workflow_run_inspect", "A workflow run with its steps and events (as `loopsq workflows inspect`); step "
          "output redacted unless showOutput.",
-         s.obj({"runId": s.string("A workflow run's id."), "showOutput": s.SHOW_OUTPUT}, ("runId",)),
+         s.obj({"runId": s.string("A workflow run's id.", limits.MAX_WORD_LENGTH), "showOutput": s.SHOW_OUTPUT},
+               ("runId",)),
          in_thread(workflow_run_inspect)),
 )

@@ -12,6 +12,10 @@ import mcp_types as types
 from loopsq.mcp.arguments import check_schema
 from loopsq.mcp.context import McpContext
 
+#: What a mutation tool's description adds: how the server's operator lets it run (no argument does).
+MUTATION_NOTE = ("Mutation: runs only when the server's environment allows it (LOOPSQ_MCP_ALLOW_MUTATIONS=true, and "
+                 "this tool's name in LOOPSQ_MCP_ALLOW_TOOLS when that is set).")
+
 Progress = Callable[[float, float | None, str | None], Awaitable[None]]
 
 
@@ -46,7 +50,8 @@ class Tool:
         description: What it does, for the agent.
         schema: The exact input schema.
         handler: Runs the call; returns a JSON object.
-        confirm: For a mutation tool, the exact ``confirm`` literal (and the environment gate applies).
+        mutation: It changes something: it runs only when ``LOOPSQ_MCP_ALLOW_MUTATIONS`` allows mutations and,
+            when ``LOOPSQ_MCP_ALLOW_TOOLS`` is set, it names this tool (``arguments.check_gates``).
         domain: Arguments whose values loopsq's own validation checks first, with its messages; the handler
             calls ``Call.check_all`` once that passed.
     """
@@ -55,20 +60,20 @@ class Tool:
     description: str
     schema: dict[str, Any]
     handler: Handler
-    confirm: str | None = None
+    mutation: bool = False
     domain: frozenset[str] = field(default_factory=frozenset)
     destructive: bool = False
     idempotent: bool = False
 
     @property
     def read_only(self) -> bool:
-        return self.confirm is None
+        return not self.mutation
 
     def to_mcp(self) -> types.Tool:
-        """The tool as ``tools/list`` shows it."""
+        """The tool as ``tools/list`` shows it (a mutation tool's description says what lets it run)."""
         return types.Tool(
             name=self.name,
-            description=self.description,
+            description=f"{self.description} {MUTATION_NOTE}" if self.mutation else self.description,
             input_schema=self.schema,
             annotations=types.ToolAnnotations(read_only_hint=self.read_only, destructive_hint=self.destructive,
                                               idempotent_hint=self.idempotent or self.read_only,

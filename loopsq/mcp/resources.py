@@ -38,7 +38,8 @@ TEMPLATES = [
 def runtime(ctx: McpContext) -> dict[str, Any]:
     """What ``loopsq://runtime`` shows."""
     return {"name": "loopsq", "version": __version__, "redisUrl": mask_url(ctx.redis_url),
-            "dataDir": str(ctx.data_dir), "mutationsAllowed": ctx.mutations_allowed()}
+            "dataDir": str(ctx.data_dir), "mutationsAllowed": ctx.mutations_allowed(),
+            "allowedTools": None if ctx.allowed_tools is None else sorted(ctx.allowed_tools)}
 
 
 def read(ctx: McpContext, uri: str, tool_list: Callable[[], list[dict[str, Any]]]) -> str:

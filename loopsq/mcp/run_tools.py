@@ -160,13 +160,12 @@ TOOLS = (
     Tool("loop_run_now", "Run a loop now on a worker (its due retry, its due slot, or an ad-hoc slot), unlike the "
          "reference, which only marks it due. With wait, return the finished run, sending progress notifications "
          "(status and output tail) meanwhile. Output redacted unless showOutput.",
-         s.obj({"idOrName": s.LOOP_REF, "wait": s.WAIT, "showOutput": s.SHOW_OUTPUT, "confirm": s.confirm("run-now")},
-               ("idOrName", "confirm")),
-         loop_run_now, confirm="run-now"),
+         s.obj({"idOrName": s.LOOP_REF, "wait": s.WAIT, "showOutput": s.SHOW_OUTPUT}, ("idOrName",)),
+         loop_run_now, mutation=True),
     Tool("workflow_run", "Run a workflow on a worker (every call makes a new run). With wait, return the ended "
          "run with its steps, sending progress notifications (status, running step, output tail) meanwhile.",
          s.obj({"idOrName": s.WORKFLOW_REF, "wait": {**s.WAIT, "description": s.WAIT["description"].replace(
              "0 returns once it has started", "0 returns at once, queued")},
-                "showOutput": s.SHOW_OUTPUT, "confirm": s.confirm("run-workflow")}, ("idOrName", "confirm")),
-         workflow_run, confirm="run-workflow"),
+                "showOutput": s.SHOW_OUTPUT}, ("idOrName",)),
+         workflow_run, mutation=True),
 )

@@ -1,8 +1,8 @@
 """The MCP server: the SDK's low-level ``Server`` named ``loopsq`` with loopsq's tools and resources, and the
 stdio transport (``loopsq mcp``).
 
-A tool call goes: the two gates (mutation tools), the input schema (arguments the domain checks come later,
-with its messages), the handler. Every refusal or failure is a tool error whose text is the one-line message
+A tool call goes: the mutation gate (mutation tools: the server's environment, no argument), the input schema
+(arguments the domain checks come later, with its messages), the handler. Every refusal or failure is a tool error whose text is the one-line message
 loopsq's CLI prints after ``error: `` (Redis outages with the URL masked); nothing is written on bad input.
 """
 
@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import sqlite3
+from collections.abc import Mapping
 from typing import Any
 
 import anyio
@@ -22,11 +24,13 @@ from mcp.server.stdio import stdio_server
 from mcp.shared.exceptions import MCPError
 
 from loopsq import __version__
+from loopsq.domain.limits import MAX_BODY_BYTES
 from loopsq.errors import LoopsqError
 from loopsq.mcp import mutation_tools, output, read_tools, resources, run_tools
-from loopsq.mcp.arguments import check_gates, check_schema
-from loopsq.mcp.context import McpContext
+from loopsq.mcp.arguments import check_gates, check_schema, parse_allowed_tools, without_ignored
+from loopsq.mcp.context import ALLOW_TOOLS_ENV, McpContext
 from loopsq.mcp.registry import Call, Progress, Tool
+from loopsq.mcp.stdio import bounded_stdin
 from loopsq.state.connection import unavailable
 from loopsq.system import config
 
@@ -35,12 +39,24 @@ log = logging.getLogger(__name__)
 SERVER_NAME = "loopsq"
 INSTRUCTIONS = (
     "loopsq runs loops (recurring commands, coding agents and workflows) on Redis workers. Read tools are always "
-    "available; mutation tools need LOOPSQ_MCP_ALLOW_MUTATIONS=true in the server's environment and the exact "
-    "confirm literal each one documents."
+    "available; mutation tools run only when the server's environment allows them (LOOPSQ_MCP_ALLOW_MUTATIONS=true, "
+    "and, when LOOPSQ_MCP_ALLOW_TOOLS is set, only the tools it names): no argument can allow one."
 )
 
 TOOLS: tuple[Tool, ...] = (*read_tools.TOOLS, *output.TOOLS, *mutation_tools.TOOLS, *run_tools.TOOLS)
 TOOLS_BY_NAME = {tool.name: tool for tool in TOOLS}
+#: The names ``LOOPSQ_MCP_ALLOW_TOOLS`` may hold.
+MUTATION_TOOLS = tuple(tool.name for tool in TOOLS if tool.mutation)
+
+
+def allowed_tools_from_env(environ: Mapping[str, str] | None = None) -> frozenset[str] | None:
+    """The mutation tools ``LOOPSQ_MCP_ALLOW_TOOLS`` lets run (None when unset: every one), checked at start.
+
+    Raises:
+        ValidationError: a name that is not a mutation tool's (bad input: the process does not start).
+    """
+    env = os.environ if environ is None else environ
+    return parse_allowed_tools(env.get(ALLOW_TOOLS_ENV), MUTATION_TOOLS)
 
 
 def tool_list() -> list[dict[str, Any]]:
@@ -76,8 +92,9 @@ async def call_tool(ctx: McpContext, name: str, arguments: dict[str, Any], progr
     if tool is None:
         return error_result(f"unknown tool: {name}")
     try:
-        if tool.confirm is not None:
-            check_gates(arguments, tool.confirm, ctx.mutations_allowed())
+        if tool.mutation:
+            check_gates(name, ctx.mutations_allowed(), ctx.allowed_tools)
+            arguments = without_ignored(arguments)
         check_schema(tool.schema, arguments, skip=tool.domain)
         payload = await tool.handler(Call(ctx, arguments, tool.schema, progress))
     except Exception as exc:
@@ -127,12 +144,18 @@ def build_server(ctx: McpContext) -> Server[Any]:
                   on_list_resource_templates=on_list_templates, on_read_resource=on_read_resource)
 
 
-def serve_stdio(ctx: McpContext) -> None:
-    """Serve ``ctx``'s deployment on stdin/stdout until the client closes the connection."""
+def serve_stdio(ctx: McpContext, max_message_bytes: int = MAX_BODY_BYTES) -> None:
+    """Serve ``ctx``'s deployment on stdin/stdout until the client closes the connection.
+
+    A message (one line) longer than ``max_message_bytes`` is never held whole: it is read past and answered with
+    a JSON-RPC error (``loopsq.mcp.stdio``), as the HTTP transport answers 413 (``web.body_limit``).
+    """
     server = build_server(ctx)
 
     async def main() -> None:
-        async with stdio_server() as (read_stream, write_stream):
-            await server.run(read_stream, write_stream, server.create_initialization_options())
+        with bounded_stdin(max_message_bytes) as lines:
+            async with stdio_server(stdin=lines) as (read_stream, write_stream):  # type: ignore[arg-type]
+                lines.reply_to(write_stream)
+                await server.run(read_stream, write_stream, server.create_initialization_options())
 
     anyio.run(main)

@@ -114,7 +114,7 @@ BASE_ENV_KEYS = frozenset({"PATH", "HOME", "USER", "LOGNAME", "SHELL", "LANG", "
 #: loopsq's own variables a child may be given (each only to the children that use it), never inherited as such.
 PASSED_LOOPSQ_KEYS = {
     "all": ("LOOPSQ_HOST", "LOOPSQ_REDIS_SSL_CERT_REQS", "LOOPSQ_CLAIM_REPLICAS"),
-    "web": ("LOOPSQ_METRICS_PER_LOOP", "LOOPSQ_MCP_ALLOW_MUTATIONS"),
+    "web": ("LOOPSQ_METRICS_PER_LOOP", "LOOPSQ_MCP_ALLOW_MUTATIONS", "LOOPSQ_MCP_ALLOW_TOOLS"),
     "mirror": ("LOOPSQ_MIRROR_NAME",),
     # What maintenance reads: the history windows and how long a silent mirror group holds the stream back.
     "scheduler": ("LOOPSQ_KEEP_RUNS", "LOOPSQ_KEEP_WORKFLOW_RUNS", "LOOPSQ_MIRROR_IDLE"),
@@ -126,9 +126,9 @@ def child_env(role: str, url: str | None, data_dir: Path, environ: dict[str, str
 
     Every child gets ``BASE_ENV_KEYS`` and ``LC_*``, the Redis URL and the data dir (the embedded Redis gets neither);
     ``LOOPSQ_HOST`` and the Redis connection settings (``LOOPSQ_REDIS_SSL_CERT_REQS``, ``LOOPSQ_CLAIM_REPLICAS``);
-    the web app its token (added by the caller), ``LOOPSQ_METRICS_PER_LOOP`` and ``LOOPSQ_MCP_ALLOW_MUTATIONS``; the
-    mirror ``LOOPSQ_MIRROR_NAME``; the scheduler the retention settings (``LOOPSQ_KEEP_RUNS``,
-    ``LOOPSQ_KEEP_WORKFLOW_RUNS``, ``LOOPSQ_MIRROR_IDLE``). A worker gets the whole
+    the web app its token (added by the caller), ``LOOPSQ_METRICS_PER_LOOP``, ``LOOPSQ_MCP_ALLOW_MUTATIONS`` and
+    ``LOOPSQ_MCP_ALLOW_TOOLS``; the mirror ``LOOPSQ_MIRROR_NAME``; the scheduler the retention settings
+    (``LOOPSQ_KEEP_RUNS``, ``LOOPSQ_KEEP_WORKFLOW_RUNS``, ``LOOPSQ_MIRROR_IDLE``). A worker gets the whole
     environment instead, because the commands and agents it runs need the user's variables (API keys, an SSH
     agent), but without loopsq's own: no ``LOOPSQ_*`` but what is set here, no ``REDIS_URL``, no ``PORT`` and no
     fault injection (``LOOPSQ_FAULT``: a stray one would make every worker kill itself on every run).

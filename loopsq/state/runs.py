@@ -20,6 +20,7 @@ from loopsq.domain import run_rules as rules
 from loopsq.domain.budget import account
 from loopsq.domain.models import Loop
 from loopsq.domain.run_rules import LoopRun
+from loopsq.domain.scrub import Scrubber, secret_values
 from loopsq.domain.steering import steer
 from loopsq.domain.timeutil import gen_id, to_iso, to_ms
 from loopsq.errors import ConflictError
@@ -34,6 +35,26 @@ MAX_RETRIES = 50
 #: the row has left the history window the loop's own state does, since a loop never moves back to a slot it has
 #: passed).
 CLAIM_TTL_MS = 30 * 24 * 3600 * 1000
+
+
+def scrubbed(run: LoopRun, loop: Loop | None) -> LoopRun:
+    """``run`` with what it stores of its output scrubbed of secrets (``domain.scrub``: the secret shapes and the
+    loop's own ``env`` values): stdout, stderr, error, the control file's note and warning. Every end of a run
+    passes here, before it is written and before the loop is advanced (so a ``needs_human`` note, which becomes
+    the loop's status reason, is scrubbed too)."""
+    scrubber = Scrubber(secret_values(loop.target.get("env")) if loop is not None else ())
+    changes: dict[str, Any] = {}
+    for name in ("stdout", "stderr", "error", "control_warning"):
+        value = getattr(run, name)
+        if value:
+            clean = scrubber.text(value)
+            if clean != value:
+                changes[name] = clean
+    if run.control and isinstance(run.control.get("note"), str):
+        note = scrubber.text(run.control["note"])
+        if note != run.control["note"]:
+            changes["control"] = {**run.control, "note": note}
+    return run.with_changes(**changes) if changes else run
 
 
 def retention_member(loop_id: str) -> str:
@@ -411,15 +432,15 @@ class RunStore(LoopMoves):
             run = run_codec.decode(raw)
             if run.status != "running":
                 return None
-            final: LoopRun = build(run)
             if not (attempt == 0 and known is not None):
                 loop_raw = _s(self.client.get(self.keys.loop(run.loop_id)))
+            loop = Loop.from_json(loop_raw) if loop_raw is not None else None
+            final: LoopRun = scrubbed(build(run), loop)
             tx = Tx(change_type, to_iso(now)).expect(self.keys.lease(run_id), token if token else expect_lease)
             tx.expect(self.keys.run(run_id), raw)
             new_loop: Loop | None = None
             then = None
-            if loop_raw is not None:
-                loop = Loop.from_json(loop_raw)
+            if loop is not None and loop_raw is not None:
                 advance = account(steer(rules.after_finish(loop, final, now, rng), final, now), final, now)
                 tx.expect(self.keys.loop(run.loop_id), loop_raw)
                 if advance.loop != loop:

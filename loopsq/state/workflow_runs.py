@@ -14,6 +14,7 @@ from typing import Any
 
 import redis
 
+from loopsq.domain.scrub import SHAPES
 from loopsq.domain.text import shown
 from loopsq.domain.timeutil import gen_id, to_iso, to_ms
 from loopsq.errors import ConflictError, NotFoundError
@@ -88,7 +89,7 @@ class WorkflowRunStore(WorkflowRunControl):
                payload: Any = None, offset: int = 0) -> dict[str, Any]:
         event = drop_none({
             "id": gen_id(), "workflowRunId": state.run_id, "sequence": state.events + offset + 1,
-            "eventType": event_type, "stepId": step_id, "payload": payload, "createdAt": to_iso(now),
+            "eventType": event_type, "stepId": step_id, "payload": SHAPES.tree(payload), "createdAt": to_iso(now),
         })
         tx.rpush(self.keys.wf_events(state.run_id), dumps_compact(event)).put("workflow_events", event)
         return event
@@ -269,10 +270,13 @@ class WorkflowRunStore(WorkflowRunControl):
 
     @staticmethod
     def _ended(state: WorkflowRunState, end: StepEnd) -> dict[str, Any]:
+        # Scrubbed of the secret shapes here, where every step end is written (the executor has scrubbed the
+        # step's own env values from its output as it read it).
         stamp = to_iso(end.at)
         return drop_none({**state.steps[end.step_id], "status": end.status, "finishedAt": stamp,
-                       "exitCode": end.exit_code, "durationMs": end.duration_ms, "stdout": end.stdout,
-                       "stderr": end.stderr, "error": end.error, "pid": None, "updatedAt": stamp})
+                       "exitCode": end.exit_code, "durationMs": end.duration_ms, "stdout": SHAPES.text(end.stdout),
+                       "stderr": SHAPES.text(end.stderr), "error": SHAPES.optional(end.error), "pid": None,
+                       "updatedAt": stamp})
 
     def _end_event(self, state: WorkflowRunState, tx: Tx, end: StepEnd) -> None:
         self._event(state, tx, f"step_{end.status}", end.at, step_id=end.step_id,
@@ -284,7 +288,7 @@ class WorkflowRunStore(WorkflowRunControl):
             for _ in range(MAX_RETRIES):
                 if state.steps[step_id]["status"] not in ("pending", "running"):
                     break
-                step = drop_none({**state.steps[step_id], "status": "skipped", "error": reason, "pid": None,
+                step = drop_none({**state.steps[step_id], "status": "skipped", "error": SHAPES.text(reason), "pid": None,
                                "finishedAt": to_iso(now), "updatedAt": to_iso(now)})
                 tx = self._step_tx(state, step_id, step, "workflow_step_skipped", now, guard_run=False)
                 self._event(state, tx, "step_skipped", now, step_id=step_id, payload={"reason": reason})
@@ -307,7 +311,7 @@ class WorkflowRunStore(WorkflowRunControl):
 
                 duration = max(0, to_ms(now) - to_ms(from_iso(started)))
             run = drop_none({**state.run, "status": status, "finishedAt": to_iso(now), "durationMs": duration,
-                          "error": error, "updatedAt": to_iso(now)})
+                          "error": SHAPES.optional(error), "updatedAt": to_iso(now)})
             tx = (
                 Tx(f"workflow_run_{status}", to_iso(now))
                 .expect(self.keys.wf_run(state.run_id), state.run_raw)

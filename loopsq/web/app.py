@@ -18,6 +18,7 @@ from loopsq import __version__
 from loopsq.mcp.context import McpContext
 from loopsq.mcp.http import PATH as MCP_PATH
 from loopsq.mcp.http import HttpTransport
+from loopsq.mcp.server import allowed_tools_from_env
 from loopsq.state.connection import mask_url
 from loopsq.web import (
     actions,
@@ -154,7 +155,8 @@ def create_app(settings: WebSettings, *, client: redis.Redis | None = None) -> F
     """Build the app for ``settings`` (``client``: an existing Redis client to use instead of connecting)."""
     ctx = WebContext(settings, client)
     # The MCP server's streamable-HTTP transport, behind the same token as the API (auth.check).
-    mcp = HttpTransport(McpContext(settings.redis_url, settings.data_dir, settings.keys, client=ctx.client))
+    mcp = HttpTransport(McpContext(settings.redis_url, settings.data_dir, settings.keys, client=ctx.client,
+                                   allowed_tools=allowed_tools_from_env()))
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:

@@ -200,9 +200,6 @@ def _agent_target() -> dict[str, Any]:
              "then": {"required": ["model"], "properties": {"model": _string(limits.MAX_WORD_LENGTH, "pyNonBlank")}}},
             {"if": {"required": ["provider"], "properties": {"provider": {"enum": ["codex", "codewith"]}}},
              "then": {"properties": {"agent": {"type": "null"}}}},
-            # codewith agent start takes the prompt as an argument: no stdin.
-            {"if": {"required": ["provider"], "properties": {"provider": {"const": "codewith"}}},
-             "then": {"properties": {"promptVia": {"enum": ["argv", None]}}}},
         ],
     }
 

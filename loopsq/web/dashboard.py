@@ -2,8 +2,9 @@
 
 Pages read the caught-up mirror like the API, refresh themselves with a meta refresh while something can still
 change, and are sent with a strict Content-Security-Policy (no scripts; inline styles only). Every value is
-escaped by the templates' autoescaping. Run output is redacted as in the CLI and the API unless the viewer asks
-for it (``?showOutput=true``, the page's "Show output" link).
+escaped by the templates' autoescaping. Run output is shown (it was scrubbed of secrets before it was stored, and
+its control characters show escaped) unless the viewer hides it (``?showOutput=false``, the page's "Hide output"
+link), which redacts it as the CLI and the API do by default.
 """
 
 from __future__ import annotations

@@ -7,8 +7,9 @@ which blocks on ``XREAD`` for at most ``BLOCK_MS`` at a time, so a chunk reaches
 second of the worker's flush (the worker flushes every 0.1 s). Each event is one chunk of one source and
 stream; ``event: end`` says a source ended (its stored output is the record; the page reloads to show it).
 
-Redacted unless the viewer asked (``showOutput=true``, as on the rest of the dashboard): then events carry only
-how many characters each stream has grown by, never the text.
+The pages ask for the text (``showOutput=true``; control characters in it escaped, ``domain.text.terminal_safe``)
+unless the viewer hid the output; without it, events carry only how many characters each stream has grown by,
+never the text.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ import redis
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import Response, StreamingResponse
 
-from loopsq.domain.text import shown
+from loopsq.domain.text import shown, terminal_safe
 from loopsq.errors import NotFoundError, ValidationError
 from loopsq.state.keys import Keys
 from loopsq.state.runs import RunStore
@@ -100,7 +101,7 @@ def events(raw: redis.Redis, sources: list[Source], show_output: bool, *,
             chunks, ended = read_chunks(source, entries)
             positions = {s.name: s.last for s in sources}
             for stream, text in chunks:
-                body = {"text": text} if show_output else {"chars": len(text)}
+                body = {"text": terminal_safe(text)} if show_output else {"chars": len(text)}
                 yield _event("chunk", {"source": source.name, "stream": stream, **body}, positions)
             if ended:
                 done.append(source)
@@ -110,7 +111,7 @@ def events(raw: redis.Redis, sources: list[Source], show_output: bool, *,
                 tail = list(raw.xrange(source.key, "-" if source.last == "0-0" else f"({source.last}", "+") or [])
                 chunks, _ended = read_chunks(source, tail)
                 for stream, text in chunks:
-                    body = {"text": text} if show_output else {"chars": len(text)}
+                    body = {"text": terminal_safe(text)} if show_output else {"chars": len(text)}
                     yield _event("chunk", {"source": source.name, "stream": stream, **body},
                                  {s.name: s.last for s in sources})
                 done.append(source)

@@ -1,9 +1,11 @@
 """Dashboard pages of one run: a loop run (its output, stored or live, and its earlier attempts) and a workflow
 run (its DAG, each step's output, stored or live, and its event timeline), with their actions.
 
-Output is redacted as in the CLI and the API unless the viewer asks (``?showOutput=true``, the page's "Show
-output" link). While a run or step goes on, its output comes from its live stream (``web/live.py``): the page
-shows what the stream holds and ``/static/live.js`` appends what comes next.
+Output is shown by default: it was scrubbed of secrets before it was stored (``domain.scrub``), and control
+characters in it are shown escaped (``\x1b``: ``domain.text.terminal_safe``). The viewer may hide it
+(``?showOutput=false``, the page's "Hide output" link: redacted then, as the CLI and the API redact it). While a run
+or step goes on, its output comes from its live stream (``web/live.py``): the page shows what the stream holds and
+``/static/live.js`` appends what comes next.
 """
 
 from __future__ import annotations
@@ -15,7 +17,8 @@ from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse
 
 from loopsq.domain.redaction import public_event, public_run, public_step_run, redact
-from loopsq.domain.text import shown
+from loopsq.domain.scrub import SHAPES
+from loopsq.domain.text import shown, terminal_safe
 from loopsq.errors import NotFoundError
 from loopsq.mirror import queries
 from loopsq.state.workflow_run_state import TERMINAL_RUN
@@ -29,7 +32,18 @@ LIVE_STEP_STATUSES = ("pending", "running")
 
 
 def _shown_text(text: str, show_output: bool) -> str:
-    return text if show_output else redact(text)
+    return terminal_safe(SHAPES.text(text)) if show_output else redact(text)
+
+
+def _safe(record: dict[str, Any]) -> dict[str, Any]:
+    """A public run or step with its output, error and earlier attempts' output shown escaped, and scrubbed of the
+    secret shapes once more: a run stored before loopsq scrubbed at write is shown by default too."""
+    for key in ("stdout", "stderr", "error"):
+        if isinstance(record.get(key), str):
+            record[key] = terminal_safe(SHAPES.text(record[key]))
+    if isinstance(record.get("previousAttempts"), list):
+        record["previousAttempts"] = [_safe(dict(a)) if isinstance(a, dict) else a for a in record["previousAttempts"]]
+    return record
 
 
 def _live_query(show_output: bool) -> str:
@@ -37,14 +51,14 @@ def _live_query(show_output: bool) -> str:
 
 
 @router.get("/runs/{run_id}")
-def run_page(request: Request, ctx: Ctx, run_id: str, show_output: ShowOutput = False) -> HTMLResponse:
-    """One loop run: its output (live while it runs) and its earlier attempts, redacted unless asked."""
+def run_page(request: Request, ctx: Ctx, run_id: str, show_output: ShowOutput = True) -> HTMLResponse:
+    """One loop run: its output (live while it runs; redacted when hidden) and its earlier attempts."""
     with ctx.mirror() as conn:
         run = queries.get_run(conn, run_id)
         workflow_runs = queries.list_workflow_runs(conn, loop_run_id=run_id, limit=20) if run else []
     if run is None:
         raise NotFoundError(f"run not found: {shown(run_id)}")
-    public = public_run(run, show_output)
+    public = _safe(public_run(run, show_output))
     context: dict[str, Any] = {"run": public, "show_output": show_output, "live": None,
                                "workflow_runs": workflow_runs}
     if run.get("status") == "running":
@@ -58,7 +72,7 @@ def run_page(request: Request, ctx: Ctx, run_id: str, show_output: ShowOutput = 
 
 
 @router.get("/workflow-runs/{run_id}")
-def workflow_run_page(request: Request, ctx: Ctx, run_id: str, show_output: ShowOutput = False) -> HTMLResponse:
+def workflow_run_page(request: Request, ctx: Ctx, run_id: str, show_output: ShowOutput = True) -> HTMLResponse:
     """A workflow run: its DAG (steps coloured by status), each step's output (live while it runs) and its
     event timeline."""
     with ctx.mirror() as conn:
@@ -79,7 +93,7 @@ def workflow_run_page(request: Request, ctx: Ctx, run_id: str, show_output: Show
     raw = ctx.raw() if sources else None
     for step in steps:
         step_id = str(step["stepId"])
-        public = public_step_run(step, show_output)
+        public = _safe(public_step_run(step, show_output))
         source = sources.get(step_id)
         chars = {"stdout": 0, "stderr": 0}
         if source is not None and raw is not None:

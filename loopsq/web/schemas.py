@@ -309,7 +309,7 @@ AGENT_OPTION_SCHEMAS: dict[str, Any] = {
     "agent": {"type": "string"},
     "extraArgs": {"type": "array", "items": {"type": "string"}},
     "configIsolation": {"enum": ["safe", "none"]},
-    "promptVia": {"enum": ["argv", "stdin"], "description": "Default for a new target: stdin (codewith: argv)."},
+    "promptVia": {"enum": ["argv", "stdin"], "description": "Default for a new target: stdin."},
     "promptSource": {"type": "object", "required": ["type", "path"],
                      "properties": {"type": {"enum": ["file"]}, "path": {"type": "string", "minLength": 1}}},
     "variant": {"type": "string", "minLength": 1, "description": "Reasoning effort."},

@@ -1,11 +1,14 @@
 """The MCP server's mutation tools, over stdio and streamable HTTP with the SDK's own client, against a real Redis
-and a worker process: both gates refusing with the reference's texts, each mutation working once they pass,
-``loop_run_now``/``workflow_run`` waiting with progress notifications, cancels reaching a running process, and
-bad input refused with the CLI's (or the API's) one line while nothing is written (issue 17, points 4-6)."""
+and a worker process: the environment gate refusing with the reference's text, each mutation working once it
+passes with no confirm literal (OpenLoops 0.4.0), the LOOPSQ_MCP_ALLOW_TOOLS allowlist, ``loop_run_now``/
+``workflow_run`` waiting with progress notifications, cancels reaching a running process, bad input refused with
+the CLI's (or the API's) one line while nothing is written (issue 17, points 4-6), and an oversized argument
+refused before it is read whole, the server's memory staying bounded."""
 
 from __future__ import annotations
 
 import json
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -15,6 +18,7 @@ import httpx
 import psutil
 import pytest
 from mcp import Client
+from mcp.shared.exceptions import MCPError
 
 from loopsq.domain import timeutil
 from loopsq.mcp.arguments import MUTATIONS_REFUSED
@@ -39,10 +43,8 @@ PIPELINE: dict[str, Any] = {"name": "pipeline", "steps": [
 ]}
 SLOW: dict[str, Any] = {"name": "slow", "steps": [
     {"id": "hold", "target": {"type": "command", "command": "echo holding; sleep 60", "shell": True}}]}
-LITERALS = {"loop_pause": "pause-loop", "loop_resume": "resume-loop", "loop_create_command": "create-command-loop",
-            "loop_create_agent": "create-agent-loop", "loop_create_workflow": "create-workflow-loop",
-            "loop_trigger": "trigger-loop", "run_cancel": "cancel-run", "loop_run_now": "run-now",
-            "workflow_run": "run-workflow"}
+MUTATIONS = ("loop_pause", "loop_resume", "loop_create_command", "loop_create_agent", "loop_create_workflow",
+             "loop_trigger", "run_cancel", "loop_run_now", "workflow_run")
 
 
 def setup(cluster: Cluster) -> None:
@@ -65,7 +67,7 @@ def deployment(redis_server: RedisServer, tmp_path_factory: pytest.TempPathFacto
 
 
 def valid_calls(transport: str) -> dict[str, dict[str, Any]]:
-    """A call of each mutation tool that would succeed (without its ``confirm``)."""
+    """A call of each mutation tool that would succeed."""
     return {
         "loop_pause": {"idOrName": f"steady-{transport}"},
         "loop_resume": {"idOrName": f"steady-{transport}"},
@@ -86,11 +88,15 @@ def test_every_mutation_tool_is_refused_unless_the_environment_allows_mutations(
     before = deployment.state()
 
     async def scenario(client: Client) -> dict[str, str]:
-        return {tool: error(await client.call_tool(tool, {**args, "confirm": LITERALS[tool]}))
-                for tool, args in valid_calls(transport).items()}
+        out = {tool: error(await client.call_tool(tool, args)) for tool, args in valid_calls(transport).items()}
+        # an older client's confirm literal opens nothing
+        out["with confirm"] = error(await client.call_tool("loop_pause", {"idOrName": f"steady-{transport}",
+                                                                          "confirm": "pause-loop"}))
+        return out
 
     assert MUTATIONS_REFUSED == "MCP mutation tools require LOOPSQ_MCP_ALLOW_MUTATIONS=true"
-    assert deployment.run(transport, scenario, allow=False) == dict.fromkeys(LITERALS, MUTATIONS_REFUSED)
+    assert deployment.run(transport, scenario, allow=False) == dict.fromkeys([*MUTATIONS, "with confirm"],
+                                                                             MUTATIONS_REFUSED)
     if transport == "stdio":  # a value outside 1|true|yes|on refuses too
         for value in ("false",):
             params = deployment.stdio_params(allow=False, env={"LOOPSQ_MCP_ALLOW_MUTATIONS": value})
@@ -98,32 +104,46 @@ def test_every_mutation_tool_is_refused_unless_the_environment_allows_mutations(
     assert deployment.state() == before
 
 
-@pytest.mark.parametrize("transport", TRANSPORTS)
-def test_every_mutation_tool_needs_its_exact_confirm_literal(deployment: Deployment, transport: str) -> None:
+def test_the_allowlist_lets_only_the_tools_it_names_run(deployment: Deployment) -> None:
+    params = deployment.stdio_params(env={"LOOPSQ_MCP_ALLOW_TOOLS": "loop_pause,loop_resume"})
+    calls = valid_calls("stdio")
+    others = [tool for tool in MUTATIONS if tool not in ("loop_pause", "loop_resume")]
+
+    async def refusals(client: Client) -> tuple[dict[str, Any], dict[str, str]]:
+        runtime = json.loads((await client.read_resource("loopsq://runtime")).contents[0].text)  # type: ignore[union-attr]
+        return runtime, {tool: error(await client.call_tool(tool, calls[tool])) for tool in others}
+
+    async def allowed(client: Client) -> list[str]:
+        return [ok(await client.call_tool(tool, calls[tool]))["status"] for tool in ("loop_pause", "loop_resume")]
+
     before = deployment.state()
-
-    async def scenario(client: Client) -> list[tuple[str, str]]:
-        out = []
-        for tool, args in valid_calls(transport).items():
-            other = "pause-loop" if tool != "loop_pause" else "resume-loop"
-            for confirm in (None, "", "yes", LITERALS[tool].upper(), f" {LITERALS[tool]}", other):
-                call = args if confirm is None else {**args, "confirm": confirm}
-                out.append((tool, error(await client.call_tool(tool, call))))
-        return out
-
-    for tool, message in deployment.run(transport, scenario):
-        assert message == f"confirm must be exactly '{LITERALS[tool]}'"
+    runtime, refused = deployment.run("stdio", refusals, params=params)
     assert deployment.state() == before
+    assert (runtime["mutationsAllowed"], runtime["allowedTools"]) == (True, ["loop_pause", "loop_resume"])
+    assert refused == {tool: f"MCP tool {tool} is not in LOOPSQ_MCP_ALLOW_TOOLS (loop_pause, loop_resume)"
+                       for tool in others}
+    assert deployment.run("stdio", allowed, params=params) == ["paused", "active"]
+
+
+def test_a_bad_allowlist_stops_loopsq_mcp_before_it_serves_exit_2(deployment: Deployment) -> None:
+    params = deployment.stdio_params(env={"LOOPSQ_MCP_ALLOW_TOOLS": "create_loop,pause_loop"})
+    done = subprocess.run([params.command, *params.args], env=params.env, cwd=params.cwd, capture_output=True,
+                          text=True, timeout=60, stdin=subprocess.DEVNULL)
+    assert (done.returncode, done.stdout) == (2, "")
+    assert done.stderr == ("error: LOOPSQ_MCP_ALLOW_TOOLS must name mutation tools (loop_pause, loop_resume, "
+                           "loop_create_command, loop_create_agent, loop_create_workflow, loop_trigger, run_cancel, "
+                           "loop_run_now, workflow_run), got 'create_loop'\n")
 
 
 @pytest.mark.parametrize("transport", TRANSPORTS)
-def test_lifecycle_creates_and_trigger_work_once_both_gates_pass(deployment: Deployment, transport: str) -> None:
+def test_lifecycle_creates_and_trigger_work_without_any_confirm_once_mutations_are_allowed(deployment: Deployment,
+                                                                                            transport: str) -> None:
     t = transport
     pipeline = WorkflowStore(deployment.client).require("pipeline")
 
     async def scenario(client: Client) -> dict[str, Any]:
         async def call(tool: str, **args: Any) -> dict[str, Any]:
-            return ok(await client.call_tool(tool, {**args, "confirm": LITERALS[tool]}))
+            return ok(await client.call_tool(tool, args))
 
         return {
             "paused": await call("loop_pause", idOrName=f"steady-{t}"),
@@ -140,6 +160,8 @@ def test_lifecycle_creates_and_trigger_work_once_both_gates_pass(deployment: Dep
             "dynamic": await call("loop_create_command", name=f"dyn-{t}", command="true",
                                   schedule={"type": "dynamic"}),
             "trigger": await call("loop_trigger", idOrName=f"triggered-{t}", idempotencyKey="order-42"),
+            # an older client still sending a confirm literal: ignored, whatever it says
+            "old client": await call("loop_pause", idOrName=f"dyn-{t}", confirm="anything"),
             "again": await call("loop_trigger", idOrName=f"triggered-{t}", idempotencyKey="order-42"),
         }
 
@@ -168,6 +190,7 @@ def test_lifecycle_creates_and_trigger_work_once_both_gates_pass(deployment: Dep
     assert workflow.next_run_at == "2099-01-01T00:00:00.000Z"
     assert "How: workflow pipeline on cadence once at 2099-01-01T00:00:00Z." in str(workflow.description)
     assert loops.require(f"dyn-{t}").schedule.min_interval_ms == 60_000
+    assert out["old client"]["status"] == "paused"
 
     assert out["trigger"]["created"] is True
     assert out["again"] == {"runId": out["trigger"]["runId"], "created": False}
@@ -188,7 +211,7 @@ def test_loop_run_now_with_wait_returns_the_finished_run_after_progress_notifica
         async def progress(value: float, total: float | None, message: str | None) -> None:
             seen.append((value, total, message))
 
-        args = {"idOrName": f"progress-{transport}", "wait": 60, "confirm": "run-now"}
+        args = {"idOrName": f"progress-{transport}", "wait": 60}
         waited = ok(await client.call_tool("loop_run_now", args, progress_callback=progress))
         shown = ok(await client.call_tool("loop_run_now", {**args, "showOutput": True}))
         return waited, seen, shown
@@ -217,7 +240,7 @@ def test_workflow_run_with_wait_returns_the_ended_run_and_without_it_hands_the_r
         async def progress(_value: float, _total: float | None, message: str | None) -> None:
             messages.append(str(message))
 
-        args = {"idOrName": "pipeline", "confirm": "run-workflow"}
+        args = {"idOrName": "pipeline"}
         waited = ok(await client.call_tool("workflow_run", {**args, "wait": 60, "showOutput": True},
                                            progress_callback=progress))
         return waited, messages, ok(await client.call_tool("workflow_run", args))
@@ -241,23 +264,20 @@ def test_run_cancel_stops_a_running_loop_run_and_a_running_workflow_run(deployme
 
     async def scenario(client: Client) -> dict[str, Any]:
         out: dict[str, Any] = {}
-        out["started"] = ok(await client.call_tool("loop_run_now", {"idOrName": f"sleeper-{transport}",
-                                                                    "confirm": "run-now"}))
+        out["started"] = ok(await client.call_tool("loop_run_now", {"idOrName": f"sleeper-{transport}"}))
         run_id = out["started"]["id"]
         out["pid"] = (await anyio_wait(lambda: (r := RunStore(deployment.client).get(run_id)) and r.pid))
         with anyio.fail_after(10):  # the live window, while it runs
             while not (live := ok(await client.call_tool("run_logs", {"runId": run_id})))["stdout"]:
                 await anyio.sleep(0.1)
         out["live"] = live
-        out["cancelled"] = ok(await client.call_tool("run_cancel", {"runId": run_id, "reason": "stop it",
-                                                                    "confirm": "cancel-run"}))
-        out["again"] = ok(await client.call_tool("run_cancel", {"runId": run_id, "confirm": "cancel-run"}))
-        queued = ok(await client.call_tool("workflow_run", {"idOrName": "slow", "confirm": "run-workflow"}))
+        out["cancelled"] = ok(await client.call_tool("run_cancel", {"runId": run_id, "reason": "stop it"}))
+        out["again"] = ok(await client.call_tool("run_cancel", {"runId": run_id}))
+        queued = ok(await client.call_tool("workflow_run", {"idOrName": "slow"}))
         out["step_pid"] = await anyio_wait(lambda: (s := store.load(queued["runId"])) is not None
                                            and s.steps["hold"].get("pid"))
-        out["wf_cancelled"] = ok(await client.call_tool("run_cancel", {"runId": queued["runId"],
-                                                                       "confirm": "cancel-run"}))
-        out["missing"] = error(await client.call_tool("run_cancel", {"runId": "nope", "confirm": "cancel-run"}))
+        out["wf_cancelled"] = ok(await client.call_tool("run_cancel", {"runId": queued["runId"]}))
+        out["missing"] = error(await client.call_tool("run_cancel", {"runId": "nope"}))
         return out
 
     out = deployment.run(transport, scenario)
@@ -347,17 +367,24 @@ SCHEMA_CASES: list[tuple[str, dict[str, Any], str]] = [
      'status must be one of running, succeeded, failed, timed_out, abandoned, skipped, missed, got "done"'),
     ("workflows_list", {"offset": -1}, "offset must be an integer from 0 to 100000, got -1"),
     ("run_logs", {"runId": "x", "maxChars": 0}, "maxChars must be an integer from 1 to 262144, got 0"),
-    ("loop_run_now", {"idOrName": "steady-stdio", "wait": 601, "confirm": "run-now"},
+    ("loop_run_now", {"idOrName": "steady-stdio", "wait": 601},
      "wait must be a number from 0 to 600, got 601"),
-    ("loop_trigger", {"idOrName": "steady-stdio", "idempotencyKey": "", "confirm": "trigger-loop"},
+    ("loop_trigger", {"idOrName": "steady-stdio", "idempotencyKey": ""},
      'idempotencyKey must be a non-empty string, got ""'),
     ("loop_create_command", {"name": "x", "command": "true", "schedule": {"type": "interval", "everyMs": 1000,
-                                                                          "every": 5}, "confirm":
-                             "create-command-loop"},
+                                                                          "every": 5}},
      'unknown field "every" in schedule (expected one of: type, everyMs, anchor)'),
-    ("loop_create_command", {"name": "x", "command": "true", "schedule": HOURLY, "catchUpLimit": None,
-                             "confirm": "create-command-loop"}, "catchUpLimit must be an integer, got null"),
-    ("run_cancel", {"runId": "x", "reason": "", "confirm": "cancel-run"}, 'reason must be a non-empty string, got ""'),
+    ("loop_create_command", {"name": "x", "command": "true", "schedule": HOURLY, "catchUpLimit": None},
+     "catchUpLimit must be an integer, got null"),
+    ("run_cancel", {"runId": "x", "reason": ""}, 'reason must be a non-empty string, got ""'),
+    ("loop_create_command", {"name": "x" * 201, "command": "true", "schedule": HOURLY},
+     'name must be at most 200 characters, got "' + "x" * 64 + '… (137 more characters)"'),
+    # a domain field: the domain's message (the schema's bound is the same)
+    ("loop_create_command", {"name": "x", "command": "true", "schedule": HOURLY, "args": ["a"] * 257},
+     'target.args must be an array of at most 256 strings, got ["a", "a", "a", "a", "a", "a", "a", "a", "a", "a", '
+     '"a", "a", "a"…'),
+    ("workflows_list", {"status": "active", "limit": 1, "offset": 0, "x" * 5000: 1},
+     f'unknown argument "{"x" * 64}… (4936 more characters)" (expected one of: status, limit, offset)'),
 ]
 
 
@@ -380,8 +407,6 @@ def test_bad_input_is_one_line_with_the_clis_or_the_apis_message_and_writes_noth
 
     async def scenario(client: Client) -> tuple[list[str], list[str], list[str]]:
         async def refused(tool: str, args: dict[str, Any]) -> str:
-            if tool in LITERALS and "confirm" not in args:
-                args = {**args, "confirm": LITERALS[tool]}
             return error(await client.call_tool(tool, args))
 
         return ([await refused(tool, args) for tool, args, _ in cases],
@@ -393,3 +418,53 @@ def test_bad_input_is_one_line_with_the_clis_or_the_apis_message_and_writes_noth
     assert from_api == expected_api
     assert from_schema == [message for _tool, _args, message in SCHEMA_CASES]
     assert deployment.state() == before
+
+
+HUGE = 50 * 1_048_576
+#: What the stdio server may reach, at its peak, having been sent a 50 MB argument (it starts at about 80 MB; the
+#: SDK's own reader, which holds and parses the whole line, reached several times the argument's size).
+MAX_PEAK_RSS_MB = 200
+
+
+def _stdio_server() -> psutil.Process:
+    found = [p for p in psutil.Process().children(recursive=True) if p.cmdline()[-1:] == ["mcp"]]
+    assert len(found) == 1, found
+    return found[0]
+
+
+def _peak_rss_mb(proc: psutil.Process) -> float:
+    with open(f"/proc/{proc.pid}/status") as status:
+        return next(int(line.split()[1]) for line in status if line.startswith("VmHWM:")) / 1024
+
+
+def test_an_oversized_argument_is_refused_unread_and_the_stdio_servers_memory_stays_bounded(
+        deployment: Deployment) -> None:
+    before = deployment.state()
+
+    async def scenario(client: Client) -> tuple[str, float, float, dict[str, Any]]:
+        server = _stdio_server()
+        at_start = _peak_rss_mb(server)
+        with pytest.raises(MCPError) as refused:
+            await client.call_tool("loop_create_command", {"name": "huge", "command": "x" * HUGE,
+                                                           "schedule": HOURLY})
+        peak = _peak_rss_mb(server)
+        listed = ok(await client.call_tool("loops_list", {"limit": 1}))  # the session goes on
+        return refused.value.error.message, at_start, peak, listed
+
+    message, at_start, peak, listed = deployment.run("stdio", scenario)
+    print(f"stdio server peak RSS: {at_start:.0f} MB at start, {peak:.0f} MB after a {HUGE >> 20} MB argument")
+    prefix = "MCP message must be at most 1048576 bytes, got "
+    assert message.startswith(prefix) and int(message.removeprefix(prefix)) > HUGE, message
+    assert peak < MAX_PEAK_RSS_MB, (at_start, peak)
+    assert len(listed["items"]) == 1
+    assert deployment.state() == before
+
+
+def test_an_oversized_request_to_the_http_transport_is_answered_413_unread(deployment: Deployment) -> None:
+    body = b'{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"loops_list","arguments":{"x":"' + \
+        b"y" * 2_097_152 + b'"}}}'
+    response = httpx.post(f"{deployment.web}/mcp", content=body, timeout=30,
+                          headers={"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json",
+                                   "Accept": "application/json, text/event-stream"})
+    assert response.status_code == 413
+    assert response.json()["error"]["message"] == f"request body must be at most 1048576 bytes, got {len(body)}"

@@ -17,6 +17,7 @@ from mcp.shared.exceptions import MCPError
 
 from loopsq import __version__
 from loopsq.domain import timeutil
+from loopsq.mcp.registry import MUTATION_NOTE
 from loopsq.sdk import LoopsClient
 from loopsq.state.workflows import WorkflowStore
 from loopsq.web.auth import COOKIE_NAME
@@ -28,10 +29,8 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
 READ_TOOLS = ["loops_list", "loops_show", "loop_runs", "loops_doctor", "workflows_list", "workflow_read",
               "workflow_validate", "workflow_run_inspect", "run_logs"]
-MUTATION_TOOLS = {"loop_pause": "pause-loop", "loop_resume": "resume-loop",
-                  "loop_create_command": "create-command-loop", "loop_create_agent": "create-agent-loop",
-                  "loop_create_workflow": "create-workflow-loop", "loop_trigger": "trigger-loop",
-                  "run_cancel": "cancel-run", "loop_run_now": "run-now", "workflow_run": "run-workflow"}
+MUTATION_TOOLS = ["loop_pause", "loop_resume", "loop_create_command", "loop_create_agent", "loop_create_workflow",
+                  "loop_trigger", "run_cancel", "loop_run_now", "workflow_run"]
 PROMPT = ("Review every open pull request, list the failing checks of each one, and propose a fix for every "
           "failure you find.")
 SECRET = "s3cret-value-42"
@@ -91,11 +90,10 @@ def test_the_tools_and_resources_are_listed_with_exact_schemas(deployment: Deplo
     for tool in seen["tools"]:
         schema = tool["inputSchema"]
         assert (schema["type"], schema["additionalProperties"]) == ("object", False), tool["name"]
-        literal = MUTATION_TOOLS.get(tool["name"])
-        assert tool["annotations"]["readOnlyHint"] is (literal is None)
-        if literal is not None:
-            assert schema["properties"]["confirm"]["const"] == literal
-            assert "confirm" in schema["required"]
+        mutation = tool["name"] in MUTATION_TOOLS
+        assert tool["annotations"]["readOnlyHint"] is not mutation
+        assert "confirm" not in schema["properties"] and "confirm" not in schema.get("required", [])
+        assert tool["description"].endswith(MUTATION_NOTE) is mutation
     create = next(t for t in seen["tools"] if t["name"] == "loop_create_command")
     branches = create["inputSchema"]["properties"]["schedule"]["oneOf"]  # a tagged union on "type"
     assert [b["properties"]["type"]["const"] for b in branches] == ["once", "interval", "cron", "dynamic"]
@@ -103,7 +101,7 @@ def test_the_tools_and_resources_are_listed_with_exact_schemas(deployment: Deplo
     assert seen["templates"] == ["loopsq://loops/{idOrName}"]
     runtime = seen["contents"]["loopsq://runtime"]
     assert runtime["version"] == __version__ and runtime["redisUrl"] == deployment.cluster.url
-    assert runtime["mutationsAllowed"] is True
+    assert (runtime["mutationsAllowed"], runtime["allowedTools"]) == (True, None)
     assert runtime["dataDir"].endswith("mcp-data" if transport == "stdio" else "web-data")
     assert seen["contents"]["loopsq://loops/echo-loop"] == seen["shown"]
     assert seen["missing"] == "loop not found: nope"

@@ -152,7 +152,7 @@ def test_a_running_runs_page_shows_a_line_printed_after_it_loaded_within_3s(stac
     triggered = stack.cluster.cli("trigger", "tail").stdout.split()[0]
     stack.cluster.wait_until(lambda: (r := stack.cluster.run(triggered)) is not None and r.status == "running", 20,
                              "the triggered run to start")
-    page.goto(f"{stack.url}/runs/{triggered}?showOutput=true")
+    page.goto(f"{stack.url}/runs/{triggered}")  # output is shown by default (scrubbed when stored)
     page.wait_for_selector("#live[data-state='open']", state="attached")
     expect(page.locator('#stdout')).to_contain_text('started', timeout=5000)
     assert "printed-later" not in (page.text_content("#stdout") or "")
@@ -161,8 +161,8 @@ def test_a_running_runs_page_shows_a_line_printed_after_it_loaded_within_3s(stac
     expect(page.locator('#stdout')).to_contain_text('printed-later', timeout=3000)
     assert time.monotonic() - printed < 3.0
     stack.screenshot(page, "run-live")
-    # Redacted unless asked: the same page without showOutput shows only the size, live too.
-    page.goto(f"{stack.url}/runs/{triggered}")
+    # Hidden when asked: the same page with showOutput=false shows only the size, live too.
+    page.goto(f"{stack.url}/runs/{triggered}?showOutput=false")
     assert page.text_content("#stdout") == "[redacted 22 chars]"
     # Cancel: refused without the token (the run goes on), then done with the page's button.
     assert refused_without_token(page, f"/runs/{triggered}/cancel") == 403
@@ -199,7 +199,7 @@ def test_a_workflow_runs_page_shows_each_steps_output_live_then_stored(stack: St
         return state is not None and state.steps.get("wait", {}).get("status") == "running"
 
     stack.cluster.wait_until(wait_running, 20, "the wait step to run")
-    page.goto(f"{stack.url}/workflow-runs/{run_id}?showOutput=true")
+    page.goto(f"{stack.url}/workflow-runs/{run_id}")
     page.wait_for_selector("#live[data-state='open']", state="attached")
     live = "section[data-step=wait] pre.stdout"
     expect(page.locator(live)).to_contain_text('waiting', timeout=5000)
@@ -210,7 +210,7 @@ def test_a_workflow_runs_page_shows_each_steps_output_live_then_stored(stack: St
     assert page.text_content(live) == "waiting\nreleased\n"
     assert page.locator("#live").count() == 0
     stack.screenshot(page, "workflow-stored")
-    page.goto(f"{stack.url}/workflow-runs/{run_id}")
+    page.goto(f"{stack.url}/workflow-runs/{run_id}?showOutput=false")
     assert page.text_content(live) == "[redacted 17 chars]"
 
 

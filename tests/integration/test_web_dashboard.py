@@ -99,16 +99,35 @@ def test_a_run_page_shows_its_output_escaped_and_refreshes_only_while_running(
     assert '<meta http-equiv="refresh" content="5">' in client.get("/runs/r2").text
 
 
-def test_a_run_page_redacts_its_output_as_the_cli_does_unless_the_viewer_asks(
+def test_a_run_page_shows_its_scrubbed_output_by_default_and_redacts_it_when_the_viewer_hides_it(
         client: TestClient, real_redis: redis.Redis) -> None:
-    put_run(real_redis, "r1", "l1", "2026-01-01T00:00:00.000Z", stdout="secret token 1234\n", stderr="", error="boom")
+    put_run(real_redis, "r1", "l1", "2026-01-01T00:00:00.000Z", stdout="built 3 targets\n", stderr="", error="boom")
     page = client.get("/runs/r1").text
-    assert '<pre id="stdout">[redacted 18 chars]</pre>' in page and "secret token" not in page
-    assert '<pre id="stderr"></pre>' in page and "boom" in page  # errors stay visible, as in the CLI
-    assert '<a id="output-toggle" href="/runs/r1?showOutput=true">Show output</a>' in page
-    shown_page = client.get("/runs/r1?showOutput=true").text
-    assert '<pre id="stdout">secret token 1234\n</pre>' in shown_page
-    assert '<a id="output-toggle" href="/runs/r1">Hide output</a>' in shown_page
+    assert '<pre id="stdout">built 3 targets\n</pre>' in page
+    assert '<a id="output-toggle" href="/runs/r1?showOutput=false">Hide output</a>' in page
+    assert "Output is scrubbed of secrets before it is stored" in page
+    hidden = client.get("/runs/r1?showOutput=false").text
+    assert '<pre id="stdout">[redacted 16 chars]</pre>' in hidden and "built 3" not in hidden
+    assert '<pre id="stderr"></pre>' in hidden and "boom" in hidden  # errors stay visible, as in the CLI
+    assert '<a id="output-toggle" href="/runs/r1">Show output</a>' in hidden
+
+
+def test_a_run_stored_before_scrubbing_is_shown_scrubbed_of_the_secret_shapes(
+        client: TestClient, real_redis: redis.Redis) -> None:
+    key = "sk-proj-" + "xY9zQ2wE4rT6" * 4
+    put_run(real_redis, "r1", "l1", "2026-01-01T00:00:00.000Z", stdout=f"key={key}\n", error=f"bad {key}",
+            previousAttempts=[{"attempt": 1, "status": "failed", "stdout": f"old {key}\n"}], attempt=2)
+    page = client.get("/runs/r1").text
+    assert key not in page and '<pre id="stdout">key=[SCRUBBED]\n</pre>' in page and "bad [SCRUBBED]" in page
+
+
+def test_a_run_pages_output_shows_terminal_escapes_escaped(client: TestClient, real_redis: redis.Redis) -> None:
+    put_run(real_redis, "r1", "l1", "2026-01-01T00:00:00.000Z", stdout="copy\x1b]52;c;ZXZpbA==\x07 done\r\n",
+            stderr="\x9b31m red", error="exit \x1b[2J")
+    page = client.get("/runs/r1").text
+    assert '<pre id="stdout">copy\\x1b]52;c;ZXZpbA==\\x07 done\\x0d\n</pre>' in page
+    assert '<pre id="stderr">\\x9b31m red</pre>' in page and "exit \\x1b[2J" in page
+    assert "\x1b" not in page and "\x9b" not in page and "\x07" not in page
 
 
 @pytest.mark.parametrize("path", ["/", "/runs", "/workflow-runs", "/fleet"])

@@ -225,18 +225,18 @@ def test_rq_dashboard_opens_on_loopsqs_queue_and_links_back(settings: WebSetting
 
 
 # -- stored and live output -----------------------------------------------------------------------------------
-def test_a_finished_runs_page_shows_its_earlier_attempts_with_their_reasons_redacted_unless_asked(
+def test_a_finished_runs_page_shows_its_earlier_attempts_with_their_reasons_redacted_when_hidden(
         client: TestClient, real_redis: redis.Redis) -> None:
     attempts = [{"attempt": 1, "status": "failed", "exitCode": 2, "finishedAt": "2026-01-01T00:00:05.000Z",
                  "error": "process exited with code 2", "stdout": "first try\n"}]
     put_run(real_redis, "r1", "l1", "2026-01-01T00:00:00.000Z", attempt=2, status="failed",
             error="Executable not found in PATH: claude", previousAttempts=attempts)
-    page = client.get("/runs/r1").text
+    page = client.get("/runs/r1?showOutput=false").text
     assert '<dd class="error" id="reason">Executable not found in PATH: claude</dd>' in page
     row = re.search(r'<tr data-attempt="1" data-status="failed">(.*?)</tr>', page, re.S)
     assert row is not None and "process exited with code 2" in row.group(1) and "<td>2</td>" in row.group(1)
     assert '<pre class="attempt-stdout">[redacted 10 chars]</pre>' in page and "first try" not in page
-    assert '<pre class="attempt-stdout">first try\n</pre>' in client.get("/runs/r1?showOutput=true").text
+    assert '<pre class="attempt-stdout">first try\n</pre>' in client.get("/runs/r1").text
 
 
 def sse(client: TestClient, path: str) -> list[tuple[str, dict[str, object]]]:
@@ -252,7 +252,7 @@ def sse(client: TestClient, path: str) -> list[tuple[str, dict[str, object]]]:
     return found
 
 
-def test_the_live_stream_of_a_running_run_is_sent_as_events_redacted_unless_asked(
+def test_the_live_stream_of_a_running_run_is_sent_as_events_with_escapes_shown_or_redacted_when_hidden(
         client: TestClient, real_redis: redis.Redis) -> None:
     put_run(real_redis, "r1", "l1", "2026-01-01T00:00:00.000Z", status="running")
     key = Keys().live("r1")
@@ -261,17 +261,17 @@ def test_the_live_stream_of_a_running_run_is_sent_as_events_redacted_unless_aske
     assert '<pre id="stdout" data-source="" data-stream="stdout" data-chars="6">hello\n</pre>' in page
     after = html.unescape(re.search(r'data-after="([^"]+)"', page).group(1))  # type: ignore[union-attr]
     real_redis.xadd(key, {"s": "stderr", "d": "later \xe2\x9c".encode("latin-1")})
-    real_redis.xadd(key, {"s": "stderr", "d": "\x93 done\n".encode("latin-1")})
+    real_redis.xadd(key, {"s": "stderr", "d": "\x93 done\x1b]52;c;ZXZpbA==\x07\n".encode("latin-1")})
     real_redis.xadd(key, {"s": "eof", "d": "succeeded"})
     shown_events = sse(client, f"/runs/r1/live?showOutput=true&after={after}")
     assert shown_events == [("chunk", {"source": "", "stream": "stderr", "text": "later "}),
-                            ("chunk", {"source": "", "stream": "stderr", "text": "\u2713 done\n"}),
+                            ("chunk", {"source": "", "stream": "stderr", "text": "\u2713 done\\x1b]52;c;ZXZpbA==\\x07\n"}),
                             ("end", {"source": ""}), ("done", {})]
     redacted_events = sse(client, "/runs/r1/live")
     assert [e for e in redacted_events if e[0] == "chunk"] == [
         ("chunk", {"source": "", "stream": "stdout", "chars": 6}),
         ("chunk", {"source": "", "stream": "stderr", "chars": 6}),
-        ("chunk", {"source": "", "stream": "stderr", "chars": 7})]
+        ("chunk", {"source": "", "stream": "stderr", "chars": 23})]
     assert "hello" not in json.dumps(redacted_events)
     bad = client.get("/runs/r1/live?after=nope", headers={"Accept": "application/json"})
     assert bad.status_code == 400

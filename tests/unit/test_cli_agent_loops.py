@@ -200,7 +200,7 @@ def test_the_agent_option_flags_are_stored_on_the_target(cli: Cli) -> None:
     loop = cli.json(*AGENT, "codewith", "--prompt", "p", "--variant", "high", "--permission-mode", "bypass",
                     "--sandbox", "read-only", "--add-dir", "/a", "--add-dir", "/b", "--auth-profile", "work")
     assert loop["target"] == {
-        "type": "agent", "provider": "codewith", "prompt": "p", "configIsolation": "safe", "promptVia": "argv",
+        "type": "agent", "provider": "codewith", "prompt": "p", "configIsolation": "safe", "promptVia": "stdin",
         "variant": "high", "permissionMode": "bypass", "sandbox": "read-only", "addDirs": ["/a", "/b"],
         "authProfile": "work", "timeoutMs": None, "idleTimeoutMs": 14_400_000,
     }
@@ -228,10 +228,8 @@ BAD_AGENT_FLAGS: list[tuple[tuple[str, ...], str]] = [
     (("opencode",), "--model is required for --provider opencode; pass a provider/model id such as "
      "openrouter/google/gemini-2.5-flash, got nothing"),
     (("codex", "--agent", "reviewer"), "--agent is not supported for --provider codex, got --provider codex"),
-    (("codewith", "--extra-arg", "exec"), "--extra-arg cannot include exec for --provider codewith; durable agent "
-     "steps use codewith agent start, not exec/ephemeral flags, got 'exec'"),
-    (("codewith", "--prompt-via", "stdin"), "--prompt-via stdin is not supported for --provider codewith (codewith "
-     "agent start takes the prompt as an argument), got 'stdin'"),
+    (("codewith", "--extra-arg", "exec"), "--extra-arg cannot include exec for --provider codewith; loopsq runs "
+     "codewith exec --json --ephemeral with its own flags, got 'exec'"),
     (("aicopilot", "--prompt-via", "argv", "--prompt", "--dangerously-skip-permissions"),
      '--prompt must not begin with "-" when passed on argv to --provider aicopilot (its CLI takes no end-of-options '
      "separator); use --prompt-via stdin, got '--dangerously-skip-permissions'"),

@@ -1,6 +1,7 @@
 """Agent targets run against fake provider executables that record argv, cwd, env and stdin: every provider x
 option combination of 0.3.60 (§11.2) with its exact argv and stdin, the options a provider refuses with their
-messages, the end-of-options separator before a prompt on argv (issue 15), and codewith's durable agent."""
+messages, the end-of-options separator before a prompt on argv (issue 15), and codewith's one-shot ``exec --json``
+(OpenLoops 0.4.9): its events decide the run's outcome and usage, a durable-mode target stored before runs that way."""
 
 from __future__ import annotations
 
@@ -24,11 +25,9 @@ SAFE = ["--safe-mode", "--setting-sources", "local", "--no-session-persistence"]
 CLAUDE = ["-p", "--output-format", "json"]
 CODEX = ["--ask-for-approval", "never", "exec", "--json", "--ephemeral"]
 CODEX_TAIL = ["--skip-git-repo-check", "--ignore-rules"]
-CW = ["--ask-for-approval", "never", "--sandbox"]
 RUN = ["run", "--format", "json"]
 WORKDIR = "<workdir>"  # replaced by the test's directory
 META = RunMetadata(loop_id="l1", run_id="r1", attempt=1)
-KEY = "loopsq:loop-run:r1:attempt:1:loop:l1"  # codewith's idempotency key for META
 
 
 def install_fake(bin_dir: Path, name: str, script: str) -> Path:
@@ -49,8 +48,7 @@ def fake_env(tmp_path: Path) -> dict[str, str]:
     install_fake(bin_dir, "accounts", "fake_accounts.py")
     record_dir = tmp_path / "rec"
     record_dir.mkdir()
-    return {"PATH": f"{bin_dir}:/usr/bin:/bin", "FAKE_RECORD_DIR": str(record_dir), "HOME": str(tmp_path),
-            "LOOPS_CODEWITH_AGENT_POLL_MS": "100"}
+    return {"PATH": f"{bin_dir}:/usr/bin:/bin", "FAKE_RECORD_DIR": str(record_dir), "HOME": str(tmp_path)}
 
 
 def run_agent(env: dict[str, str], provider: str, **fields: Any) -> dict[str, Any]:
@@ -164,33 +162,31 @@ def _rows(provider: str) -> dict[str, tuple[list[str], str] | str]:
             "dash-prompt-stdin": (codex(), DASH),
         }
     if provider == "codewith":
-        def cw(sandbox: str = "workspace-write", *, head: tuple[str, ...] = (), mid: tuple[str, ...] = (),
-               prompt: str = P) -> list[str]:
-            return [*head, *CW, sandbox, *mid, "agent", "start", "--idempotency-key", KEY, "--", prompt]
-        stdin_refused = refused("codewith", "promptVia", "stdin is not supported for provider codewith (codewith "
-                                "agent start takes the prompt as an argument)", '"stdin"')
+        # codex's exec --json argv, with codewith's --auth-profile before the subcommand.
+        def cw(sandbox: str = "workspace-write", *, head: tuple[str, ...] = (), tail: tuple[str, ...] = ()
+               ) -> list[str]:
+            return [*head, *CODEX, "--sandbox", sandbox, *CODEX_TAIL, *tail]
         return {
-            "minimal": (cw(), ""),
-            "stdin": stdin_refused,
-            "full-none": ([*CW, "workspace-write", "--cd", WORKDIR, "--model", "m-1", "--verbose", "two words",
-                           "agent", "start", "--idempotency-key", KEY, "--cwd", WORKDIR, "--", P], ""),
-            "agent": refused("codewith", "agent", "is not supported for provider codewith (a durable background "
-                             "agent takes no agent name)"),
-            "variant": (cw(head=("-c", 'model_reasoning_effort="high"')), ""),
-            "permission-default": (cw(), ""),
+            "minimal": ([*cw(), "--", P], ""),
+            "stdin": (cw(), P),
+            "full-none": ([*CODEX, "--sandbox", "workspace-write", "--skip-git-repo-check", "--cd", WORKDIR,
+                           "--model", "m-1", "--verbose", "two words", "--", P], ""),
+            "agent": refused("codewith", "agent", "is not supported for provider codewith"),
+            "variant": ([*cw(head=("-c", 'model_reasoning_effort="high"')), "--", P], ""),
+            "permission-default": ([*cw(), "--", P], ""),
             "permission-plan": refused("codewith", "permissionMode", "supports only default or bypass for provider "
                                        "codewith", '"plan"'),
             "permission-auto": refused("codewith", "permissionMode", "supports only default or bypass for provider "
                                        "codewith", '"auto"'),
-            "permission-bypass": (cw("danger-full-access"), ""),
-            **{f"sandbox-{s}": (cw(s), "") for s in ("read-only", "workspace-write", "danger-full-access")},
+            "permission-bypass": ([*cw("danger-full-access"), "--", P], ""),
+            **{f"sandbox-{s}": ([*cw(s), "--", P], "") for s in ("read-only", "workspace-write", "danger-full-access")},
             **{f"sandbox-{s}": refused("codewith", "sandbox", "must be read-only, workspace-write, or "
                                        "danger-full-access for provider codewith", json.dumps(s))
                for s in ("enabled", "disabled")},
-            "add-dirs": (cw(mid=("--add-dir", "/a", "--add-dir", "/b c")), ""),
-            "auth-profile": (cw(head=("--auth-profile", "work")), ""),
-            "dash-prompt": (cw(prompt=DASH), ""),
-            "dash-prompt-stdin": stdin_refused,
+            "add-dirs": ([*cw(tail=("--add-dir", "/a", "--add-dir", "/b c")), "--", P], ""),
+            "auth-profile": ([*cw(head=("--auth-profile", "work")), "--", P], ""),
+            "dash-prompt": ([*cw(), "--", DASH], ""),
+            "dash-prompt-stdin": (cw(), DASH),
         }
     # opencode (which needs a model: every case carries one) and aicopilot (no separator).
     sep = ["--"] if provider == "opencode" else []
@@ -293,53 +289,11 @@ def test_opencode_requires_a_model() -> None:
 
 
 @pytest.mark.parametrize("bad", ["exec", "--ephemeral", "-o", "--dangerously-bypass-approvals-and-sandbox"])
-def test_codewith_extra_args_cannot_turn_agent_start_into_something_else(bad: str) -> None:
+def test_codewith_extra_args_cannot_repeat_or_change_the_exec_flags_loopsq_passes(bad: str) -> None:
     with pytest.raises(ValidationError) as info:
         validate_target({"type": "agent", "provider": "codewith", "prompt": P, "extraArgs": ["--x", bad]})
-    assert info.value.message == (f"target.extraArgs cannot include {bad} for provider codewith; durable agent steps "
-                                  f"use codewith agent start, not exec/ephemeral flags, got {json.dumps(bad)}")
-
-
-def test_codewith_starts_a_durable_agent_and_polls_it_until_it_completes(fake_env: dict[str, str]) -> None:
-    fake_env["FAKE_CODEWITH_STATUSES"] = "running,running,completed"
-    target = {"type": "agent", "provider": "codewith", "prompt": P, "authProfile": "work"}
-    result = execute_target(target, META, env=fake_env)
-    assert (result.status, result.exit_code, result.error) == ("succeeded", 0, None)
-    commands = [c["argv"] for c in calls(fake_env, "codewith")]
-    assert commands[0] == ["--auth-profile", "work", *CW, "workspace-write", "agent", "start", "--idempotency-key",
-                           KEY, "--", P]
-    assert commands[1:] == [
-        ["--auth-profile", "work", "agent", "read", "agent-1"],
-        ["--auth-profile", "work", "agent", "read", "agent-1"],
-        ["--auth-profile", "work", "agent", "read", "agent-1"],
-        ["--auth-profile", "work", "agent", "logs", "--limit", "20", "agent-1"],
-    ]
-    summary = json.loads(result.stdout)
-    assert summary["codewithAgent"] == {"agentId": "agent-1", "status": "completed"}
-    assert summary["events"] == [{"seq": 1, "eventType": "turn_completed", "createdAt": 1}]
-
-
-def test_a_failed_durable_agent_fails_the_run_with_its_reason(fake_env: dict[str, str]) -> None:
-    fake_env |= {"FAKE_CODEWITH_STATUSES": "failed", "FAKE_CODEWITH_REASON": "context_length_exceeded"}
-    result = execute_target({"type": "agent", "provider": "codewith", "prompt": P}, META, env=fake_env)
-    assert (result.status, result.exit_code, result.error) == ("failed", 1, "context_length_exceeded")
-
-
-def test_a_durable_agent_past_its_timeout_is_stopped_and_timed_out(fake_env: dict[str, str]) -> None:
-    fake_env["FAKE_CODEWITH_STATUSES"] = "running"
-    target = {"type": "agent", "provider": "codewith", "prompt": P, "timeoutMs": 300}
-    result = execute_target(target, META, env=fake_env)
-    assert (result.status, result.error) == ("timed_out", "timed out after 300ms")
-    assert calls(fake_env, "codewith")[-1]["argv"] == ["agent", "stop", "agent-1"]
-
-
-def test_the_idempotency_key_differs_per_attempt_so_a_retry_starts_a_new_agent(fake_env: dict[str, str]) -> None:
-    target = {"type": "agent", "provider": "codewith", "prompt": P}
-    for attempt in (1, 2):
-        execute_target(target, RunMetadata(loop_id="l1", run_id="r1", attempt=attempt), env=fake_env)
-    keys = [c["argv"][c["argv"].index("--idempotency-key") + 1] for c in calls(fake_env, "codewith")
-            if "start" in c["argv"]]
-    assert keys == ["loopsq:loop-run:r1:attempt:1:loop:l1", "loopsq:loop-run:r1:attempt:2:loop:l1"]
+    assert info.value.message == (f"target.extraArgs cannot include {bad} for provider codewith; loopsq runs "
+                                  f"codewith exec --json --ephemeral with its own flags, got {json.dumps(bad)}")
 
 
 def test_large_prompt_via_stdin_is_written_whole_while_output_is_read(fake_env: dict[str, str]) -> None:

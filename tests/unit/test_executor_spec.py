@@ -26,7 +26,6 @@ HOME_DIRS = "/home/x/.local/bin:/home/x/.bun/bin:/home/x/.cargo/bin:/home/x/.npm
 CLAUDE_SAFE = ["--safe-mode", "--setting-sources", "local", "--no-session-persistence"]
 CODEX = ["--ask-for-approval", "never", "exec", "--json", "--ephemeral", "--sandbox", "workspace-write",
          "--skip-git-repo-check"]
-CODEWITH = ["--ask-for-approval", "never", "--sandbox", "workspace-write"]
 
 
 def agent(provider: str, **fields: Any) -> dict[str, Any]:
@@ -47,10 +46,10 @@ AGENT_ARGV_TABLE: list[tuple[str, dict[str, Any], list[str]]] = [
     ("cursor", {}, ["-p", "--sandbox", "enabled", "--", "do it"]),
     ("cursor", {"configIsolation": "none", **FULL}, ["-p", "--model", "m1", "--agent", "a1", "--x", "y z", "--",
                                                      "do it"]),
-    ("codewith", {}, [*CODEWITH, "agent", "start", "--", "do it"]),
-    ("codewith", {"configIsolation": "none"}, [*CODEWITH, "agent", "start", "--", "do it"]),
-    ("codewith", NO_AGENT, [*CODEWITH, "--cd", "/w", "--model", "m1", "--x", "y z", "agent", "start", "--cwd", "/w",
-                            "--", "do it"]),
+    ("codewith", {}, [*CODEX, "--ignore-rules", "--", "do it"]),
+    ("codewith", {"configIsolation": "none"}, [*CODEX, "--", "do it"]),
+    ("codewith", {"authProfile": "p", **NO_AGENT}, ["--auth-profile", "p", *CODEX, "--ignore-rules", "--cd", "/w",
+                                                    "--model", "m1", "--x", "y z", "--", "do it"]),
     ("codex", {}, [*CODEX, "--ignore-rules", "--", "do it"]),
     ("codex", {"configIsolation": "none"}, [*CODEX, "--", "do it"]),
     ("codex", NO_AGENT, [*CODEX, "--ignore-rules", "--cd", "/w", "--model", "m1", "--x", "y z", "--", "do it"]),
@@ -73,7 +72,7 @@ def test_agent_args_follow_the_0360_argv_with_the_prompt_last(
     assert agent_args(agent(provider, **fields)) == expected
 
 
-@pytest.mark.parametrize("provider", ["claude", "cursor", "aicopilot", "opencode", "codex"])
+@pytest.mark.parametrize("provider", ["claude", "cursor", "aicopilot", "opencode", "codex", "codewith"])
 def test_prompt_via_stdin_leaves_the_prompt_and_the_separator_out_of_argv_and_puts_it_on_stdin(provider: str) -> None:
     target = agent(provider, promptVia="stdin", model="m")
     argv_target = agent(provider, promptVia="argv", model="m")
@@ -85,11 +84,12 @@ def test_prompt_via_stdin_leaves_the_prompt_and_the_separator_out_of_argv_and_pu
     assert build_spec(argv_target, RunMetadata(), env=BASE_ENV).stdin_text is None
 
 
-def test_codewith_takes_its_prompt_on_argv_whatever_prompt_via_says() -> None:
+def test_codewith_is_one_exec_process_judged_by_its_events() -> None:
     spec = build_spec(agent("codewith", promptVia="stdin"), RunMetadata(run_id="r", attempt=2), env=BASE_ENV)
-    assert spec.stdin_text is None
-    assert spec.argv[-6:] == ("agent", "start", "--idempotency-key", "loopsq:loop-run:r:attempt:2", "--", "do it")
-    assert spec.codewith_agent
+    assert spec.stdin_text == "do it"
+    assert spec.argv == ("codewith", *CODEX, "--ignore-rules")
+    assert spec.codewith_exec
+    assert not build_spec(agent("codex"), RunMetadata(), env=BASE_ENV).codewith_exec
 
 
 def test_empty_model_and_agent_are_omitted_as_the_reference_does() -> None:

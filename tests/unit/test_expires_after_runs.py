@@ -147,7 +147,7 @@ def test_the_mcp_create_tools_take_expires_after_runs_a_zero_breaker_and_a_null_
     for tool, fields in (("loop_create_agent", {"provider": "codex", "prompt": "p"}),
                          ("loop_create_command", {"command": "true"})):
         schema = server.TOOLS_BY_NAME[tool].schema
-        arguments = {"name": "x", "schedule": EVERY_MIN, "confirm": server.TOOLS_BY_NAME[tool].confirm, **fields,
+        arguments = {"name": "x", "schedule": EVERY_MIN, **fields,
                      **extra}
         if message is None:
             check_schema(schema, arguments)

@@ -341,7 +341,7 @@ def test_the_mcp_create_tools_take_requires_and_pool_and_refuse_an_unknown_pool(
     monkeypatch.setenv("LOOPSQ_MCP_ALLOW_MUTATIONS", "true")
     client = fakeredis.FakeRedis(decode_responses=True)
     ctx = McpContext("redis://fake.invalid:6379/0", tmp_path, client=client)
-    args = {"name": "hello", "command": "true", "schedule": HOURLY, "confirm": "create-command-loop"}
+    args = {"name": "hello", "command": "true", "schedule": HOURLY}
     for tool in ("loop_create_command", "loop_create_agent", "loop_create_workflow"):
         properties = server.TOOLS_BY_NAME[tool].schema["properties"]
         assert properties["requires"]["items"]["pattern"] == f"^{PATTERN}$"

@@ -30,6 +30,13 @@ OPENCODE = "\n".join(json.dumps(e) for e in [
 ])
 
 
+CODEWITH = "\n".join(json.dumps(e) for e in [
+    {"type": "thread.started", "thread_id": "t"},
+    {"type": "turn.completed", "usage": {"input_tokens": 500, "cached_input_tokens": 400, "output_tokens": 20}},
+    {"type": "turn.completed", "usage": {"input_tokens": 900, "cached_input_tokens": 700, "output_tokens": 40}},
+])
+
+
 @pytest.mark.parametrize(("provider", "stdout", "usage"), [
     ("claude", CLAUDE, Usage(1212, 345, 0.0421)),
     ("claude", "not json at all\n", None),
@@ -38,6 +45,8 @@ OPENCODE = "\n".join(json.dumps(e) for e in [
     ("aicopilot", OPENCODE, Usage(360, 65, 0.03)),
     ("cursor", json.dumps({"type": "result", "usage": {"inputTokens": 7, "outputTokens": 3}}), Usage(7, 3, None)),
     ("codewith", '{"agent": {"agentId": "a"}}', None),
+    # codewith's turn.completed carries the thread's running total: the last one counts, not their sum
+    ("codewith", CODEWITH, Usage(900, 40, None)),
 ])
 def test_usage_is_parsed_per_provider(provider: str, stdout: str, usage: Usage | None) -> None:
     found = parse_usage(provider, stdout)
