@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 import redis
+from fastapi.testclient import TestClient
+from prometheus_client.parser import text_string_to_metric_families
 
 from loopsq.domain import missed, timeutil
 from loopsq.domain.loop_spec import new_loop
@@ -19,7 +21,9 @@ from loopsq.domain.timeutil import from_iso
 from loopsq.engine import maintenance, stalls, timers
 from loopsq.engine.runtime import Runtime
 from loopsq.state.keys import Keys
+from loopsq.web import WebSettings, create_app
 from tests.integration.processes import Cluster, open_cluster
+from tests.integration.test_web_api import AUTH, TOKEN
 from tests.redis_server import RedisServer
 
 pytestmark = pytest.mark.integration
@@ -174,3 +178,21 @@ def test_a_refused_slot_is_given_up_only_past_five_refusals_and_never_while_a_ru
     moved = rt.loops.get(loop.id)
     assert moved is not None and from_iso(str(moved.next_run_at)) > slot
     assert rt.client.hgetall(rt.keys.repaired_counts) == {"hot_loop": "1"}
+
+
+def test_a_scheduler_refuses_a_grace_floor_that_is_no_duration(cluster: Cluster) -> None:
+    proc = cluster.start("scheduler", env={"LOOPSQ_STALL_GRACE_MIN": "soon"}, wait=False)
+    assert proc.popen.wait(timeout=30) == 2
+    assert "error: LOOPSQ_STALL_GRACE_MIN must be a duration greater than zero such as 30s, got 'soon'" in proc.text()
+
+
+def test_metrics_show_the_loops_repaired_by_cause(redis_server: RedisServer, real_redis: redis.Redis,
+                                                  tmp_path: Path) -> None:
+    real_redis.hset(KEYS.repaired_counts, mapping={"hot_loop": 2})
+    settings = WebSettings(redis_url=redis_server.url, data_dir=tmp_path / "data", token=TOKEN, follow_mirror=False,
+                           rq_dashboard=False)
+    with TestClient(create_app(settings), headers=AUTH) as web:
+        families = text_string_to_metric_families(web.get("/metrics").text)
+    got = {dict(s.labels)["cause"]: s.value for f in families for s in f.samples
+           if s.name == "loopsq_loops_repaired_total"}
+    assert got == {"hot_loop": 2, "lost_fire_job": 0}
