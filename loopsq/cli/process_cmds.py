@@ -24,11 +24,12 @@ def _logging(name: str) -> None:
 @click.option("--poll-ms", default=20, show_default=True, metavar="MS", help="How often due timers are checked.")
 def scheduler(poll_ms: int) -> None:
     """Run a scheduler: move due timers to the queue and run maintenance (any number may run)."""
+    from loopsq.domain.stalls import grace_min_ms as stall_grace_min_ms
     from loopsq.engine.scheduler_process import run_scheduler
     from loopsq.system import limits
 
     # Bad retention settings are bad input (exit 2) at start, not an error on every maintenance pass.
-    limits.keep_runs(), limits.keep_workflow_runs(), limits.mirror_idle_ms()
+    limits.keep_runs(), limits.keep_workflow_runs(), limits.mirror_idle_ms(), stall_grace_min_ms()
     app = get_app()  # no fail-fast ping: an unreachable Redis is waited for; a configuration error ends it (3)
     url = app.redis_url  # before any log line
     _logging("scheduler")

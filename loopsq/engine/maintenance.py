@@ -12,12 +12,13 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from loopsq.domain import run_rules as rules
+from loopsq.domain import stalls as stall_rules
 from loopsq.domain import timeutil
 from loopsq.domain.models import Loop
 from loopsq.domain.run_rules import LoopRun
 from loopsq.domain.schedules import initial_next_run
 from loopsq.domain.timeutil import from_iso, to_iso, to_ms
-from loopsq.engine import timers
+from loopsq.engine import stalls, timers
 from loopsq.engine.faults import crash_point
 from loopsq.engine.recovery import live_worker_hosts, recover_runs, recover_workflow_runs, recovery_paused
 from loopsq.engine.routing import enqueue_for_loop, loop_queue
@@ -47,6 +48,8 @@ class Report:
     workflows_failed: int = 0
     #: Recovery waited: Redis was away moments ago (``recovery.recovery_paused``).
     recovery_paused: bool = False
+    #: Stalled loops repaired (``engine.stalls``: a fire job in no queue).
+    stalls_repaired: int = 0
     #: What left Redis's history windows in this pass.
     trimmed: TrimReport = field(default_factory=TrimReport)
 
@@ -186,7 +189,10 @@ def check_loops(rt: Runtime, loop_ids: list[str], now: datetime, report: Report,
             continue
         in_flight = score is None and status in ("queued", "started", "deferred", "scheduled")
         on_time = score is not None and abs(score * 1000 - to_ms(want)) < 1
-        if in_flight:
+        if in_flight and status == "queued" and loop.id not in active_loops and stall_rules.overdue(
+                loop, want, now, stall_rules.grace_min_ms()) and stalls.repair_lost_fire(rt, loop, want, now):
+            report.stalls_repaired += 1  # (its arm moved its watch entry)
+        elif in_flight:
             index.zadd(rt.keys.loop_watch, {loop.id: now_ms + RECHECK_MS})
         elif on_time:
             index.zadd(rt.keys.loop_watch, {loop.id: max(armed_score_ms(to_ms(want), now_ms), now_ms + RECHECK_MS)})

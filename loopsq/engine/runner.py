@@ -24,7 +24,7 @@ from loopsq.domain.lifecycle import ensure_not_archived
 from loopsq.domain.models import Loop
 from loopsq.domain.run_rules import LoopRun
 from loopsq.domain.timeutil import from_iso, gen_id, to_iso
-from loopsq.engine import missed_slots, pool_slots, timers
+from loopsq.engine import missed_slots, pool_slots, stalls, timers
 from loopsq.engine.faults import crash_point
 from loopsq.engine.live import LiveWriter
 from loopsq.engine.pool_slots import PoolHold, give_back, loop_pool
@@ -341,6 +341,8 @@ def fire(rt: Runtime, loop_id: str, *, taken: timers.Taken | None = None) -> Fir
             reread = True
             if claim.reason in ("done", "exhausted"):
                 rt.runs.advance_past(loop_id, slot, now)
+                settle_dropped(now)
+            elif stalls.refused(rt, current, slot, claim.reason, now):  # a hot loop: moved past the slot
                 settle_dropped(now)
             continue
         out.claimed += 1

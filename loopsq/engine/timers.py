@@ -279,6 +279,26 @@ def armed_state(raw: redis.Redis, keys: Keys, loop_ids: list[str]) -> dict[str, 
     }
 
 
+def queued_in_place(raw: redis.Redis, job_id: str) -> bool | None:
+    """Whether a fire job whose hash says ``queued`` really waits in the queue its ``origin`` names (or in RQ's
+    intermediate list of that queue, where a dequeue moves it for a moment). None when its hash says anything
+    else or is gone: nothing to judge. False: the job is stranded, no worker will ever take it (lost in a failover,
+    say) while its loop counts it in flight."""
+    status, origin = raw.hmget(Job.key_for(job_id), ["status", "origin"])
+    if status is None or _text(status) != JobStatus.QUEUED.value:
+        return None
+    q = queue(raw, _text(origin) if origin else QUEUE_NAME)
+    pipe = raw.pipeline(transaction=False)
+    pipe.lpos(q.key, job_id)
+    pipe.lpos(q.intermediate_queue_key, job_id)
+    return any(found is not None for found in pipe.execute())
+
+
+def drop_stranded(raw: redis.Redis, job_id: str) -> None:
+    """Delete the hash of a fire job ``queued_in_place`` found in no queue."""
+    raw.delete(Job.key_for(job_id))
+
+
 # Move due timers onto their queues: what rq-scheduler's ``enqueue_jobs`` does (the job marked queued with its
 # enqueue time, its id pushed onto its queue, the one its ``origin`` names, the entry removed), for a batch in one
 # round trip and atomically

@@ -1,6 +1,7 @@
 """``loopsq doctor``: checks that fit loopsq (reference §4.5, adapted): Redis (its memory and eviction policy
 too), the data dir, the mirror and the mirror groups, live schedulers and workers (with what each can run), every
-active loop judged against the live workers, and the fleet's backlog: each queue (runs no live worker can take
+active loop judged against the live workers, loops the progress watchdog found stalled (``engine.stalls``: not
+repaired fails, repaired within the hour warns), and the fleet's backlog: each queue (runs no live worker can take
 fail; a run waiting past ``LOOPSQ_QUEUE_AGE_WARN`` warns) and the timers overdue.
 
 What runs a loop is a worker, whose ``PATH`` may differ from the caller's: each active loop is judged against what
@@ -15,12 +16,16 @@ import subprocess
 import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import redis
 
 from loopsq.domain.durations import format_duration, parse_duration
+from loopsq.domain.stalls import Stall
+from loopsq.domain.timeutil import now
+from loopsq.engine import stalls
 from loopsq.engine.fleet import FleetQueue, FleetSnapshot, age_text, read_fleet
 from loopsq.errors import LoopsqError, ValidationError
 from loopsq.executor import PROVIDER_EXECUTABLES
@@ -155,7 +160,9 @@ def _redis_checks(client: redis.Redis, keys: Keys, data_dir: Path, age_warn_ms: 
             return WorkflowStore(client, keys)
 
     needed: dict[str, list[str]] = {}
-    for loop in LoopStore(client, keys).all():
+    loops = LoopStore(client, keys).all()
+    checks.extend(stall_checks(stalls.records(client, keys), {loop.id: loop.name for loop in loops}, now()))
+    for loop in loops:
         if loop.status != "active":
             continue
         needed.setdefault(loop_queue(loop), []).append(loop.name)
@@ -170,6 +177,24 @@ def _redis_checks(client: redis.Redis, keys: Keys, data_dir: Path, age_warn_ms: 
                                 exc.message.removeprefix("preflight failed: ")))
     checks.extend(fleet_checks(read_fleet(client, keys), needed, age_warn_ms))
     return checks
+
+
+def stall_checks(records: Mapping[str, Stall], names: Mapping[str, str], at: datetime) -> list[Check]:
+    """The progress watchdog's records (``engine.stalls``): a loop found stalled and not repaired **fails**; one
+    repaired within the last hour **warns**; none of either is one ``ok`` line."""
+    checks: list[Check] = []
+    for loop_id, stall in sorted(records.items()):
+        name = names.get(loop_id)
+        if name is None:
+            continue  # deleted since
+        check_id = f"loop:{loop_id}:stall"
+        if not stall.repaired:
+            checks.append(Check(check_id, "fail", f"loop is stalled and was not repaired: {name}",
+                                f"{stall.text()}; found at {stall.at}"))
+        elif stall.is_recent(at):
+            checks.append(Check(check_id, "warn", f"loop was stalled and has been repaired: {name}",
+                                f"{stall.text()}; repaired at {stall.at}"))
+    return checks or [Check("stalls", "ok", "no loop stalled within the last hour")]
 
 
 #: Memory use (of ``maxmemory``) from which doctor warns.

@@ -7,7 +7,9 @@ Everything is computed from the (caught-up) mirror and Redis when scraped, so no
   ``loopsq_recoveries_total{reason}`` (runs abandoned: ``worker_died``, ``lease_expired``, ``worker_shutdown``,
   ``other``); ``loopsq_slots_missed_total{reason}`` (slots that did not run, by kind: ``catch_up``,
   ``no_free_worker``, ``no_worker_labels``, ``no_scheduler``; counted in Redis, ``keys.missed_counts``, as each
-  missed streak is recorded, so every process reports the same totals);
+  missed streak is recorded, so every process reports the same totals); ``loopsq_loops_repaired_total{cause}``
+  (stalled loops the progress watchdog repaired: ``lost_fire_job``, ``hot_loop``; ``engine.stalls``, counted in
+  Redis, ``keys.repaired_counts``);
 - ``loopsq_runs_current{status}``: recorded runs by their current status (a retried slot's row counts once);
 - ``loopsq_loops{status}``: loops per status;
 - ``loopsq_scheduling_lag_seconds``: histogram of the start delay of first attempts, measured from when the slot
@@ -42,8 +44,10 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.registry import Collector
 
 from loopsq.domain import missed
+from loopsq.domain import stalls as stall_rules
 from loopsq.domain.models import LOOP_STATUSES
 from loopsq.domain.run_rules import MISSED, RUN_STATUSES, TERMINAL
+from loopsq.engine import stalls
 from loopsq.engine.fleet import FleetSnapshot, read_fleet
 from loopsq.errors import ValidationError
 from loopsq.mirror import counters
@@ -112,6 +116,15 @@ def _missed_counter(counts: Mapping[str, int]) -> CounterMetricFamily:
     return family
 
 
+def _repaired_counter(counts: Mapping[str, int]) -> CounterMetricFamily:
+    """``loopsq_loops_repaired_total{cause}`` from Redis's counts per cause; every cause shown, at 0 before any."""
+    family = CounterMetricFamily("loopsq_loops_repaired", "Stalled loops the watchdog repaired, by cause.",
+                                 labels=["cause"])
+    for cause in sorted({*stall_rules.CAUSES, *counts}):
+        family.add_metric([cause], counts.get(cause, 0))
+    return family
+
+
 class StateCollector(Collector):
     """Reads loopsq's state on every scrape."""
 
@@ -155,6 +168,7 @@ class StateCollector(Collector):
             duration.add_metric([], *histogram(conn, "duration_ms", _DURATION_FROM, DURATION_BUCKETS_S))
         yield from (*families, runs, loops, lag, duration)
         yield _missed_counter(missed_state.counts(self.ctx.client, self.ctx.keys))
+        yield _repaired_counter(stalls.repaired_counts(self.ctx.client, self.ctx.keys))
         yield GaugeMetricFamily("loopsq_workers_alive", "Workers with a fresh liveness key.",
                                 value=len(live_processes(self.ctx.client, self.ctx.keys, "worker")))
         yield GaugeMetricFamily("loopsq_schedulers_alive", "Schedulers with a fresh liveness key.",
