@@ -13,6 +13,10 @@ enqueueing are not timed, on either side). Three sides:
 - ``loopsq-1job``: every fire is its own RQ job (``fire_queued`` takes nothing): the cost of a fire that
   arrives alone on an idle worker (RQ dequeues it; loopsq's worker runs it without RQ's per-job bookkeeping,
   ``rq_worker._Worker.execute_job``).
+- ``slots`` and ``slots-1job``: the same two regimes on the worker as ``loopsq worker`` runs it, with slots
+  (``--concurrency``, 4 by default): the main thread hands each job to a slot's thread, and takes the timer jobs
+  waiting behind a dequeued one in one script each (``rq_worker._Worker._take_queued_fire``); ``slots-1job`` takes
+  nothing that way either (every fire a dequeue of its own). The burst is timed until every slot is done.
 - ``bare``: the baseline.
 - ``loopsq-wait`` (with ``--claim-wait``): as ``loopsq``, with a replica attached to the server and every claim
   followed by ``WAIT 1`` on its connection, as on a Sentinel deployment (``loopsq.state.durability``).
@@ -47,7 +51,9 @@ from redis.connection import AbstractConnection
 #: a fire that arrives alone (one RQ job per fire).
 GOAL_RATIO = 0.7
 GOAL_LONE = 1.2
-SIDES = ("loopsq", "loopsq-1job", "bare")
+SIDES = ("loopsq", "loopsq-1job", "slots", "slots-1job", "bare")
+#: The slots of the ``slots`` sides (``loopsq worker``'s default).
+SLOTS = 4
 
 # -- round-trip counting (a wrapper on the one method every request goes through) ---------------------------------
 _trips: Counter[str] = Counter()
@@ -118,10 +124,22 @@ class Bench:
         for _ in range(k):
             self.bare_queue.enqueue(subprocess.run, ["true"], job_timeout=-1, result_ttl=60, failure_ttl=7 * 86400)
 
-    def burst(self, queue_name: str) -> float:
+    def burst(self, queue_name: str, slots: int = 0, take: bool = True) -> float:
         from rq import Queue
 
+        from loopsq.engine.slots import Slots
+
         self.serial += 1
+        if slots:
+            pool = Slots(slots)
+            worker = self.rq_worker.make_worker(self.rt.raw, f"bench-{self.serial}", slots=pool,
+                                                queue_names=lambda: [queue_name])
+            if not take:
+                worker._take_queued_fire = lambda: False  # type: ignore[attr-defined, method-assign]
+            start = time.perf_counter()
+            worker.work(burst=True, logging_level="WARNING", with_scheduler=False)
+            pool.drain()
+            return time.perf_counter() - start
         worker = self.rq_worker._Worker([Queue(queue_name, connection=self.rt.raw, default_timeout=-1)],
                                         connection=self.rt.raw, name=f"bench-{self.serial}")
         start = time.perf_counter()
@@ -134,14 +152,15 @@ class Bench:
 
         (self.prepare_bare if side == "bare" else self.prepare_loopsq)(k)
         original_fire_queued = fire_queue.fire_queued
-        if side == "loopsq-1job":
+        if side in ("loopsq-1job", "slots-1job"):
             fire_queue.fire_queued = _take_nothing(original_fire_queued)  # type: ignore[assignment]
         self.rt.runs.claim_replicas = 1 if side == "loopsq-wait" else 0
         before_cmds = commandstats(self.stats_conn)
         cpu0 = cpu_seconds(self.stats_conn)
         before = Counter(_trips)
         try:
-            elapsed = self.burst("bare" if side == "bare" else self.timers.QUEUE_NAME)
+            elapsed = self.burst("bare" if side == "bare" else self.timers.QUEUE_NAME,
+                                 slots=SLOTS if side.startswith("slots") else 0, take=side != "slots-1job")
         finally:
             fire_queue.fire_queued = original_fire_queued  # type: ignore[assignment]
             self.rt.runs.claim_replicas = 0
@@ -298,6 +317,7 @@ def main() -> None:
     q, r = statistics.median(per["loopsq"]), statistics.median(per["bare"])
     print(f"\nper-run time, median of {reps} bursts (min..max):")
     labels = [("loopsq", "loopsq fire(true)"), ("loopsq-1job", "loopsq, one RQ job per fire"),
+              ("slots", f"loopsq, {SLOTS} slots"), ("slots-1job", f"loopsq, {SLOTS} slots, one job per fire"),
               ("bare", "bare RQ subprocess.run(['true'])")]
     if args.claim_wait:
         labels.append(("loopsq-wait", "loopsq, claims WAIT for a replica"))
@@ -334,6 +354,12 @@ def main() -> None:
           f"{'ok' if ratio <= GOAL_RATIO else 'NOT MET'}")
     print(f"one RQ job per fire (a fire alone on an idle worker) loopsq-1job/bare = {one_job:.2f}x (goal <= "
           f"{GOAL_LONE:.1f}x): {'ok' if one_job <= GOAL_LONE else 'NOT MET'}")
+    slotted = statistics.median(a / c for a, c in zip(per["slots"], per["bare"], strict=True))
+    slotted_one = statistics.median(a / c for a, c in zip(per["slots-1job"], per["bare"], strict=True))
+    print(f"with {SLOTS} slots (the worker as deployed): batched slots/bare = {slotted:.2f}x (goal <= "
+          f"{GOAL_RATIO:.1f}x): {'ok' if slotted <= GOAL_RATIO else 'NOT MET'}; one job per fire "
+          f"slots-1job/bare = {slotted_one:.2f}x (goal <= {GOAL_LONE:.1f}x): "
+          f"{'ok' if slotted_one <= GOAL_LONE else 'NOT MET'}")
     if args.claim_wait:
         waited = statistics.median(a / c for a, c in zip(per["loopsq-wait"], per["bare"], strict=True))
         cost = statistics.median(a / c for a, c in zip(per["loopsq-wait"], per["loopsq"], strict=True))
