@@ -84,10 +84,11 @@ def claim_backfill(store: RunStore, loop_id: str, slot: datetime, owner: Owner, 
             created = to_ms(now)
             tx.zadd(store.keys.runs, created, run.id).zadd(store.keys.loop_runs(loop_id), created, run.id)
         replicas = store.claim_replicas
-        result = store.committer.commit(tx, replicas=replicas, wait_ms=durability.WAIT_MS)
+        waited = durability.replicas_to_wait(store.client, replicas)
+        result = store.committer.commit(tx, replicas=waited, wait_ms=durability.WAIT_MS, locate=replicas > 0)
         if result.ok:
-            if (result.replicated or 0) < replicas and not durability.confirm(
-                    store.client, result.server or (None, None), claim_key, token, CLAIM_TTL_MS, replicas):
+            if not durability.settle(store.client, result.server or (None, None), replicas, waited,
+                                     result.replicated or 0, claim=claim_key):
                 return Refusal("claimed", None)
             return Claim(run, loop, token)
         if result.failed_guard == 0:

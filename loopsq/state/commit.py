@@ -270,14 +270,15 @@ class Committer:
         self._script = client.register_script(_SCRIPT)
 
     def commit(self, tx: Tx, *, replicas: int = 0, wait_ms: int = 0,
-               then: Callable[[Pipeline], object] | None = None) -> CommitResult:
+               then: Callable[[Pipeline], object] | None = None, locate: bool = False) -> CommitResult:
         """Run ``tx`` atomically. Returns ``CommitResult(ok=False, failed_guard=i)`` when guard ``i`` failed.
 
         With ``replicas``, the script is followed on the same connection (one pipeline, no extra round trip) by
         ``WAIT replicas wait_ms``, whose answer is ``replicated``. ``then`` queues further commands behind it in
         the same round trip (their replies in ``after``). They run whether the transition applied or not, and
         other clients' commands may come in between, so each must carry its own guard (``timers.arm_after``:
-        only while the loop is the one the transition wrote).
+        only while the loop is the one the transition wrote). ``locate`` reports ``server`` (and ``replicated``
+        0) without a ``WAIT`` too (a write meant to be replicated while no replica is attached).
         """
         key_index: dict[str, int] = {self.keys.changes: 1}
         keys: list[str] = [self.keys.changes]
@@ -296,7 +297,7 @@ class Committer:
         replicated: int | None = None
         server: tuple[Any, Any] | None = None
         after: list[Any] = []
-        if replicas > 0:
+        if replicas > 0 or locate:
             (ok, value), replicated, server, after = self._commit_and_wait(keys, args, replicas, wait_ms, then)
         elif then is not None:
             (ok, value), after = self._commit_then(keys, args, then)
@@ -325,12 +326,14 @@ class Committer:
                          then: Callable[[Pipeline], object] | None) -> tuple[Any, int, tuple[Any, Any], list[Any]]:
         def build(pipe: Pipeline) -> None:
             pipe.evalsha(self._script.sha, len(keys), *keys, *args)
-            pipe.wait(replicas, wait_ms)
+            if replicas > 0:
+                pipe.wait(replicas, wait_ms)
             if then is not None:
                 then(pipe)
 
         for attempt in range(2):
-            server, (reply, acked, *after) = pipelined(self.client, build, raise_on_error=False)
+            server, replies = pipelined(self.client, build, raise_on_error=False)
+            reply, acked, after = (replies[0], replies[1], replies[2:]) if replicas > 0 else (replies[0], 0, replies[1:])
             if isinstance(reply, redis.exceptions.NoScriptError) and not attempt:
                 self.client.script_load(_SCRIPT)  # a restarted or new master: load it, then once more
                 continue

@@ -3,19 +3,25 @@
 Redis replicates asynchronously. When Sentinel promotes the replica, the old master goes on accepting writes until
 Sentinel turns it into a replica of the new one (about 11 s on loopback, ``bench/failover_loss.py``), and every
 write it acknowledged meanwhile is then discarded. A claim written there is lost: the slot is free again on the
-new master and would run twice. So the claim transition is followed, on the same connection, by ``WAIT
-<replicas> <ms>``; a claim no replica acknowledged is confirmed (``confirm``) before its run starts:
+new master and would run twice. So the claim transition is followed, on the same connection and in the same round
+trip, by ``WAIT <n> WAIT_MS``, where ``n`` is what is wanted capped by the replicas the master reports attached and
+online (``ReplicaWatch``: ``INFO replication``, re-read at most every ``REFRESH_S`` per process and connection
+pool, and after a ``WAIT`` that came back short). ``WAIT n t`` blocks the full ``t`` when fewer than ``n``
+replicas are attached, so none is waited for that the master does not have; with none attached, no ``WAIT``.
 
-- the claim key is gone or holds another token: lost, the run does not start;
-- the sentinels name another master than the one our connections went to: a failover is under way and the
-  claim will be lost, the run does not start;
-- a replica acknowledges it (a write on the same connection, then ``WAIT``): the run starts;
-- still neither after ``CONFIRM_S``: the replica is down or lagging while the master stays; the run starts
-  (availability over durability), with a warning.
+A claim fewer replicas acknowledged than wanted is settled (``settle``) before its run starts:
 
-A finalize is followed by the same ``WAIT``: when no replica acknowledged it and the sentinels name a new master,
-it is recorded again there (the run is still running under our lease on the new master), so a run that finished
-during a failover keeps its result instead of being recovered and run again.
+- the sentinels name another master than the one the claim went to: a failover is under way and the claim will
+  be lost, the run does not start;
+- the master reports fewer replicas than wanted since less than ``CONFIRM_S`` (an episode begins; it is logged
+  once): the replica may just have been promoted, before the sentinels name it. The run waits, asking the
+  sentinels, until ``CONFIRM_S`` after the episode began (once per episode, not per claim);
+- otherwise (the episode is older, or a replica is attached but did not acknowledge within ``WAIT_MS``): the run
+  starts (availability over durability). Its claim is as durable as the master alone.
+
+A finalize is settled the same way: when the sentinels name a new master, it is recorded again there (the run is
+still running under our lease on the new master), so a run that finished during a failover keeps its result
+instead of being recovered and run again.
 
 Replicas waited for: ``LOOPSQ_CLAIM_REPLICAS`` (0 turns it off), else 1 on a Sentinel connection and 0 otherwise.
 """
@@ -24,7 +30,9 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 import time
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -37,10 +45,16 @@ from loopsq.errors import ValidationError
 log = logging.getLogger(__name__)
 
 REPLICAS_ENV = "LOOPSQ_CLAIM_REPLICAS"
-#: How long one ``WAIT`` waits for a replica's acknowledgement (on loopback it comes within a millisecond).
-WAIT_MS = 1000
-#: How long an unacknowledged claim is confirmed before it runs anyway on a master the sentinels still name.
+#: How long one ``WAIT`` waits for an attached replica's acknowledgement. It comes within ~1 ms on loopback and a
+#: few ms over a LAN, so 200 ms is ample for a healthy replica, yet bounds what a slow one costs each claim.
+WAIT_MS = 200
+#: How long after the master first reports fewer replicas than wanted claims wait for the sentinels to name another
+#: master (a promotion drops the replica at once; the sentinels name it a second or two later).
 CONFIRM_S = 5.0
+#: How often, at most, a process re-reads ``INFO replication`` (and a ``WAIT`` that came back short).
+REFRESH_S = 1.0
+#: How often a claim held in an episode's first ``CONFIRM_S`` asks the sentinels again.
+POLL_S = 0.1
 
 
 def claim_replicas(client: redis.Redis) -> int:
@@ -97,57 +111,112 @@ def failed_over(client: redis.Redis, server: Server) -> bool:
     return moved
 
 
-def replicated(client: redis.Redis, server: Server, probe_key: str, replicas: int, *,
-               budget_s: float | None = None) -> bool:
-    """After a write no replica acknowledged (a finalize): True once a replica acknowledges a later write to the
-    same master (``probe_key``, then ``WAIT``: replication is one ordered stream), or when ``budget_s`` runs out
-    on a master the sentinels still name; False when they name another master (``failed_over``), where the
-    write is to be made again."""
-    budget_s = CONFIRM_S if budget_s is None else budget_s
-    deadline = time.monotonic() + budget_s
+
+
+def online_replicas(info: dict[str, Any]) -> int:
+    """The replicas an ``INFO replication`` reply lists as attached and ``state=online`` (one in a full sync is
+    not: it has not received the data set yet)."""
+    count = 0
+    for name, value in info.items():
+        if not (name.startswith("slave") and name[5:].isdigit()):
+            continue
+        if isinstance(value, dict):
+            state = value.get("state")
+        else:
+            state = dict(p.split("=", 1) for p in str(value).split(",") if "=" in p).get("state")
+        count += state == "online"
+    return count
+
+
+class ReplicaWatch:
+    """The replicas a master reports attached, as one process sees them through one connection pool: re-read at
+    most every ``REFRESH_S`` (one ``INFO replication`` round trip a second, not one a claim), and at once after a
+    ``WAIT`` that came back short. An episode (fewer attached than wanted) is logged when it begins and when it
+    ends, never per claim."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self.clock = clock
+        #: Attached, online replicas at the last read (None: not read yet).
+        self.attached: int | None = None
+        self.read_at = float("-inf")
+        #: When (``clock``) the current episode began; None while enough replicas are attached.
+        self.since: float | None = None
+        self._lock = threading.Lock()
+
+    def attached_now(self, client: redis.Redis, wanted: int) -> int:
+        """Attached, online replicas, re-read when the last read is older than ``REFRESH_S`` (or was dropped)."""
+        with self._lock:
+            now = self.clock()
+            if self.attached is None or now - self.read_at >= REFRESH_S:
+                self.attached = online_replicas(client.info("replication"))
+                self.read_at = now
+                self._note(wanted, now)
+            return self.attached
+
+    def to_wait(self, client: redis.Redis, wanted: int) -> int:
+        """How many replicas a ``WAIT`` after a claim asks for: ``min(wanted, attached)`` (0: no ``WAIT``)."""
+        return min(wanted, self.attached_now(client, wanted)) if wanted > 0 else 0
+
+    def short(self) -> None:
+        """A ``WAIT`` came back with fewer acknowledgements than asked: re-read on the next call."""
+        with self._lock:
+            self.read_at = float("-inf")
+
+    def holding_s(self) -> float:
+        """Seconds left of the current episode's first ``CONFIRM_S`` (0 when there is no episode or it is older)."""
+        with self._lock:
+            if self.since is None:
+                return 0.0
+            return max(0.0, self.since + CONFIRM_S - self.clock())
+
+    def _note(self, wanted: int, now: float) -> None:
+        attached = self.attached or 0
+        if attached < wanted and self.since is None:
+            self.since = now
+            log.warning("claims are not replicated: the master reports %d of %d wanted replica(s) attached; runs go "
+                        "on unreplicated %.0fs from now unless the sentinels name another master (a failover can "
+                        "then lose their claims, and a slot may run twice)", attached, wanted, CONFIRM_S)
+        elif attached >= wanted and self.since is not None:
+            self.since = None
+            log.warning("claims are replicated again: the master reports %d of %d wanted replica(s) attached",
+                        attached, wanted)
+
+
+_watches: weakref.WeakKeyDictionary[Any, ReplicaWatch] = weakref.WeakKeyDictionary()
+_watches_lock = threading.Lock()
+
+
+def watch_for(client: redis.Redis) -> ReplicaWatch:
+    """The process's ``ReplicaWatch`` of ``client``'s connection pool."""
+    with _watches_lock:
+        watch = _watches.get(client.connection_pool)
+        if watch is None:
+            watch = _watches[client.connection_pool] = ReplicaWatch()
+        return watch
+
+
+def replicas_to_wait(client: redis.Redis, wanted: int) -> int:
+    """How many replicas to ``WAIT`` for after a claim or finalize: ``min(wanted, attached)`` (``ReplicaWatch``)."""
+    return watch_for(client).to_wait(client, wanted) if wanted > 0 else 0
+
+
+def settle(client: redis.Redis, server: Server, wanted: int, waited: int, acked: int, *,
+           claim: str | None = None) -> bool:
+    """Whether a write (a claim at key ``claim``, a finalize) that ``acked`` of ``wanted`` replicas acknowledged
+    (``waited`` were asked for) counts as made: False when the sentinels name another master than ``server`` (the
+    write will be discarded), after holding it through an episode's first ``CONFIRM_S`` (see the module)."""
+    if wanted <= 0 or acked >= wanted:
+        return True
+    watch = watch_for(client)
+    if acked < waited:
+        watch.short()
     while True:
         if failed_over(client, server):
+            if claim is not None:
+                log.warning("claim %s not replicated and the sentinels name a new master: not running it", claim)
             return False
-        def probe(pipe: Pipeline) -> None:
-            pipe.set(probe_key, "1", px=60_000)
-            pipe.wait(replicas, WAIT_MS)
-
-        answered, (_ok, acked) = pipelined(client, probe)
-        if answered != server:
-            return False  # another server answered: the write is to be made again where we now are
-        if int(acked) >= replicas:
+        watch.attached_now(client, wanted)
+        left = watch.holding_s()
+        if left <= 0:
             return True
-        if time.monotonic() >= deadline:
-            log.warning("a write not acknowledged by %d replica(s) within %.0fs, on a master the sentinels still "
-                        "name: going on (a replica is down or lagging)", replicas, budget_s)
-            return True
-
-
-def confirm(client: redis.Redis, server: Server, key: str, token: str, ttl_ms: int, replicas: int, *,
-            budget_s: float | None = None) -> bool:
-    """Confirm the write of ``token`` at ``key`` (a claim) that no replica has acknowledged yet (see the module).
-
-    Returns True when its run may start, False when the claim is lost or about to be.
-    """
-    budget_s = CONFIRM_S if budget_s is None else budget_s
-    deadline = time.monotonic() + budget_s
-    while True:
-        if failed_over(client, server):
-            log.warning("claim %s not replicated and the sentinels name a new master: not running it", key)
-            return False
-        # A write (the PEXPIRE), so that the WAIT after it covers the claim too: replication is one ordered stream.
-        def recheck(pipe: Pipeline) -> None:
-            pipe.get(key)
-            pipe.pexpire(key, ttl_ms)
-            pipe.wait(replicas, WAIT_MS)
-
-        server, (current, _renewed, acked) = pipelined(client, recheck)
-        if current is None or (current.decode() if isinstance(current, bytes) else current) != token:
-            log.warning("claim %s was lost (a failover discarded it): not running it", key)
-            return False
-        if int(acked) >= replicas:
-            return True
-        if time.monotonic() >= deadline:
-            log.warning("claim %s not acknowledged by %d replica(s) within %.0fs, on a master the sentinels still "
-                        "name: running it (a replica is down or lagging)", key, replicas, budget_s)
-            return True
+        time.sleep(min(POLL_S, left))

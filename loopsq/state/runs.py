@@ -272,10 +272,12 @@ class RunStore(LoopMoves):
                 then = _then(after, new_loop, new_json)
             # Across a failover an unreplicated claim is lost, and its slot would run again (``durability``).
             replicas = self.claim_replicas
-            result = self.committer.commit(tx, replicas=replicas, wait_ms=durability.WAIT_MS, then=then)
+            waited = durability.replicas_to_wait(self.client, replicas)
+            result = self.committer.commit(tx, replicas=waited, wait_ms=durability.WAIT_MS, then=then,
+                                           locate=replicas > 0)
             if result.ok:
-                if (result.replicated or 0) < replicas and not durability.confirm(
-                        self.client, result.server or (None, None), claim_key, token, CLAIM_TTL_MS, replicas):
+                if not durability.settle(self.client, result.server or (None, None), replicas, waited,
+                                         result.replicated or 0, claim=claim_key):
                     return Refusal("claimed", None)
                 return Claim(run, new_loop, token, after=result.after)
             if result.failed_guard == 0:  # another claimer won this attempt: name its run
@@ -466,9 +468,11 @@ class RunStore(LoopMoves):
             # A finalize (``token``) waits for a replica as the claim did; one a failover will discard is recorded
             # again on the new master (``durability``).
             replicas = self.claim_replicas if token else 0
-            result = self.committer.commit(tx, replicas=replicas, wait_ms=durability.WAIT_MS, then=then)
-            if result.ok and (result.replicated or 0) < replicas and not durability.replicated(
-                    self.client, result.server or (None, None), self.keys.probe, replicas):
+            waited = durability.replicas_to_wait(self.client, replicas)
+            result = self.committer.commit(tx, replicas=waited, wait_ms=durability.WAIT_MS, then=then,
+                                           locate=replicas > 0)
+            if result.ok and not durability.settle(self.client, result.server or (None, None), replicas, waited,
+                                                   result.replicated or 0):
                 continue
             if result.ok:
                 if replies is not None:

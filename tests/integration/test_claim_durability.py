@@ -5,6 +5,7 @@ replaced, a claim still runs after the confirmation budget (availability), and a
 from __future__ import annotations
 
 import logging
+import weakref
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -56,23 +57,27 @@ def test_a_commit_reports_the_replicas_that_acknowledged_it_and_the_server(redis
         replica.cleanup()
 
 
-def test_without_a_replica_a_claim_runs_after_the_budget_and_its_finalize_is_recorded_once(
+def test_without_a_replica_a_claim_waits_for_none_runs_after_the_episodes_hold_and_its_finalize_is_recorded_once(
         real_redis: redis.Redis, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
     monkeypatch.setattr(durability, "CONFIRM_S", 0.3)
-    monkeypatch.setattr(durability, "WAIT_MS", 50)
+    monkeypatch.setattr(durability, "_watches", weakref.WeakKeyDictionary())  # no state from an earlier test
     loops = LoopStore(real_redis, KEYS)
     runs = RunStore(real_redis, KEYS)
-    runs.claim_replicas = 1  # no replica is attached: WAIT answers 0
+    runs.claim_replicas = 1  # no replica is attached
     loop = loops.create(new_loop({"name": "lonely", "schedule": {"type": "interval", "everyMs": 3_600_000},
                                   "target": {"type": "command", "command": "true"}}, NOW - timedelta(hours=1)))
+    real_redis.config_resetstat()
     with caplog.at_level(logging.WARNING, logger="loopsq.state.durability"):
         claim = runs.claim(loop.id, NOW, Owner("w1", "h", 1), NOW)
-    assert isinstance(claim, Claim)
-    assert any("not acknowledged by 1 replica(s) within 0s, on a master the sentinels still name: running it"
-               in r.getMessage() for r in caplog.records), [r.getMessage() for r in caplog.records]
-    finished = runs.finalize(claim.run.id, claim.token, NOW + timedelta(seconds=1), status="succeeded", exit_code=0,
-                             duration_ms=5, stdout="", stderr="", error=None, pid=None)
+        assert isinstance(claim, Claim)
+        finished = runs.finalize(claim.run.id, claim.token, NOW + timedelta(seconds=1), status="succeeded",
+                                 exit_code=0, duration_ms=5, stdout="", stderr="", error=None, pid=None)
     assert finished is not None
+    assert "cmdstat_wait" not in real_redis.info("commandstats")  # 0 attached: no WAIT at all
+    messages = [r.getMessage() for r in caplog.records]
+    assert messages == ["claims are not replicated: the master reports 0 of 1 wanted replica(s) attached; runs go on "
+                        "unreplicated 0s from now unless the sentinels name another master (a failover can then "
+                        "lose their claims, and a slot may run twice)"], messages
     assert runs.get(claim.run.id).status == "succeeded"  # type: ignore[union-attr]
     changes = [f["type"] for _, f in real_redis.xrange(KEYS.changes)]
     assert changes.count("run_succeeded") == 1, changes
