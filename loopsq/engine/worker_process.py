@@ -123,10 +123,12 @@ def _restart(rt: Runtime, worker: object, stop: threading.Event) -> bool:
         return False
     try:
         rt.ride(lambda: rq_worker.restart(worker))
-    except redis.RedisError as exc:  # not an outage (those are ridden): a bug or corrupted data
-        if is_configuration_error(exc) or stop.is_set():
+    except redis.RedisError as exc:
+        if is_configuration_error(exc):
             raise
-        errors.report("the restart of RQ's work loop", exc)
+        if stop.is_set():  # asked to stop while Redis is away or refuses writes: not an error to exit with
+            return False
+        errors.report("the restart of RQ's work loop", exc)  # not an outage (those are ridden): a bug, bad data
     return True
 
 

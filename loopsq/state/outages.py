@@ -33,7 +33,11 @@ log = logging.getLogger("loopsq.redis")
 
 #: Replies that mean the server is there but not serving yet (restarting from AOF, a replica until failover
 #: completes, a busy script): wait.
-TRANSIENT_REPLIES = ("LOADING", "READONLY", "MASTERDOWN", "TRYAGAIN", "BUSY", "MISCONF", "NOREPLICAS")
+TRANSIENT_REPLIES = ("LOADING", "READONLY", "MASTERDOWN", "TRYAGAIN", "BUSY", "MISCONF", "NOREPLICAS",
+                     "UNBLOCKED")
+#: A blocking read that Redis ended because its role changed (a master made a replica): tried again at once,
+#: not an episode of its own (the next try meets what there is: ``READONLY``, or nothing).
+UNLOGGED_REPLIES = ("UNBLOCKED",)
 #: Of those (and ``OOM``), the ones where the server answers but refuses: logged as "Redis refuses writes" (or
 #: commands), not as Redis being unreachable. ``LOADING`` and ``MASTERDOWN`` are a restart or a failover under way.
 REFUSAL_REPLIES = {"OOM": "writes", "READONLY": "writes", "MISCONF": "writes", "NOREPLICAS": "writes",
@@ -70,8 +74,15 @@ def is_transient(exc: BaseException) -> bool:
 
 def _code(exc: BaseException) -> str:
     """The reply's error code (``OOM``, ``MASTERDOWN``): redis-py keeps it in ``status_code`` and drops it from the
-    message for the errors it has a class for; for the others it is the message's first word."""
-    return str(getattr(exc, "status_code", None) or str(exc).split(" ", 1)[0])
+    message for the errors it has a class for; for the others it is the message's first word (after the failing
+    command that redis-py puts in front of a pipeline's error)."""
+    return str(getattr(exc, "status_code", None) or _server_text(exc).split(" ", 1)[0])
+
+
+def _server_text(exc: BaseException) -> str:
+    """The server's reply in ``exc``, without what redis-py wraps around it (the failing command of a pipeline,
+    the sha and line of a script)."""
+    return _SCRIPT_SUFFIX.sub("", _PIPELINE_PREFIX.sub("", str(exc))).strip()
 
 
 def refusal(exc: BaseException) -> str | None:
@@ -108,8 +119,7 @@ def describe_refusal(exc: BaseException) -> str:
         "OOM" if isinstance(exc, redis.exceptions.OutOfMemoryError) else _code(exc))
     if code in _SERVER_WORDS:
         return _SERVER_WORDS[code]
-    # (redis-py wraps a pipeline's error in the failing command, and a script's in its sha and line)
-    text = _SCRIPT_SUFFIX.sub("", _PIPELINE_PREFIX.sub("", str(exc))).strip()
+    text = _server_text(exc)
     return text if text.startswith(code) else f"{code} {text}"
 
 
@@ -166,6 +176,8 @@ class OutageLog:
 
     def failed(self, exc: BaseException) -> None:
         """A transient failure: logged when it starts an outage."""
+        if _code(exc) in UNLOGGED_REPLIES:
+            return
         refused = refusal(exc)
         with self._lock:
             if self._since is not None:

@@ -125,3 +125,128 @@ def test_a_run_that_ends_while_redis_is_out_of_memory_is_recorded_once_when_it_t
         assert UNREACHABLE not in text and "cannot reach Redis" not in text, f"{proc.name}:\n{text}"
         assert "unhandled exception" not in text and "Traceback" not in text, f"{proc.name}:\n{text}"
         assert len(text.splitlines()) < 40, f"{proc.name} logged too much:\n{text}"
+
+
+def ledger_grows(cluster: Cluster, name: str, by: int, timeout: float = 20) -> None:
+    start = len(cluster.ledger(name))
+    cluster.wait_until(lambda: len(cluster.ledger(name)) >= start + by, timeout, f"{name} to run {by} more times")
+
+
+def assert_one_episode(cluster: Cluster, procs: list[Proc], first: str, back: str) -> None:
+    """Every process is alive; any that met the refusal logged it once (``first``, the server's own words) and
+    its end once, never as Redis being unreachable, and no traceback."""
+    for proc in procs:
+        assert proc.alive(), f"{proc.name} exited with {proc.popen.returncode}\n{cluster.logs()}"
+        text = proc.text()
+        assert text.count(first) <= 1 and text.count(back) == text.count(first), f"{proc.name}:\n{text}"
+        assert "cannot reach Redis" not in text and "Traceback" not in text, f"{proc.name}:\n{text}"
+
+
+@pytest.mark.timeout(120)
+def test_processes_pointed_at_a_read_only_replica_wait_with_one_line_and_resume_when_it_is_promoted(
+    cluster: Cluster, server: RedisServer
+) -> None:
+    cluster.create_fast("ro", cluster.ledger_cmd(), 1000)
+    procs = cluster.start_all(schedulers=1, workers=1)
+    ledger_grows(cluster, "ro", 2)
+    # A failover seen from the processes' side: their server becomes a replica of another (which holds the same
+    # data: it replicated this one first), so it answers every write with READONLY.
+    other = RedisServer(replica_of=server.port).start()
+    try:
+        cluster.wait_until(lambda: other.client().info("replication")["master_link_status"] == "up", 20,
+                           "the other server to replicate")
+        other.client().replicaof("NO", "ONE")
+        cluster.client.replicaof("127.0.0.1", str(other.port))
+        time.sleep(4)
+        line = "Redis refuses writes: READONLY You can't write against a read only replica."
+        for proc in procs:
+            cluster.wait_until(lambda p=proc: line in p.text(), 10, f"{proc.name} to log READONLY")
+        doctor = cluster.cli("doctor", check=False)
+        assert doctor.returncode == 1 and f"writes refused: {line[len('Redis refuses writes: '):]}" in doctor.stdout
+        cluster.client.replicaof("NO", "ONE")
+        ledger_grows(cluster, "ro", 2)
+        for proc in procs:
+            cluster.wait_until(lambda p=proc: WRITES_BACK in p.text(), 10, f"{proc.name} to log writes back")
+        assert_one_episode(cluster, procs, line, WRITES_BACK)
+    finally:
+        other.cleanup()
+
+
+@pytest.mark.timeout(120)
+def test_a_long_script_that_makes_redis_answer_busy_is_waited_out_with_one_line(
+    cluster: Cluster, server: RedisServer
+) -> None:
+    cluster.create_fast("busy", cluster.ledger_cmd(), 1000)
+    procs = cluster.start_all(schedulers=1, workers=1)
+    ledger_grows(cluster, "busy", 2)
+    cluster.client.config_set("busy-reply-threshold", 100)
+    blocker = server.client(socket_timeout=30)
+    failed: list[BaseException] = []
+
+    def run_forever() -> None:
+        try:
+            blocker.eval("while true do end", 0)
+        except redis.RedisError as exc:  # killed: "ERR Error running script ... Script killed by user"
+            failed.append(exc)
+
+    thread = threading.Thread(target=run_forever)
+    thread.start()
+    time.sleep(3)
+    killer = server.client()
+    killer.script_kill()
+    thread.join(10)
+    assert failed, "the script was not killed"
+    ledger_grows(cluster, "busy", 2)
+    line = "Redis refuses commands: BUSY Redis is busy running a script."
+    back = "Redis accepts commands again after "
+    for proc in procs:
+        cluster.wait_until(lambda p=proc: line in p.text() and back in p.text(), 10, f"{proc.name} to log BUSY")
+    assert_one_episode(cluster, procs, line, back)
+
+
+@pytest.mark.timeout(120)
+def test_a_script_flush_under_running_processes_costs_nothing(cluster: Cluster, server: RedisServer) -> None:
+    cluster.create_fast("flush", cluster.ledger_cmd(), 1000)
+    procs = cluster.start_all(schedulers=1, workers=1)
+    ledger_grows(cluster, "flush", 2)
+    for _ in range(5):
+        cluster.client.script_flush()
+        time.sleep(0.5)
+    ledger_grows(cluster, "flush", 3)
+    for proc in procs:
+        assert proc.alive(), f"{proc.name} exited with {proc.popen.returncode}\n{cluster.logs()}"
+        text = proc.text()
+        assert "NOSCRIPT" not in text and "Traceback" not in text and "redis error" not in text, \
+            f"{proc.name}:\n{text}"
+
+
+@pytest.mark.timeout(120)
+def test_data_of_the_wrong_type_is_logged_once_with_its_traceback_and_the_processes_go_on(
+    cluster: Cluster, server: RedisServer
+) -> None:
+    from loopsq.engine import timers
+
+    cluster.create_fast("wrongtype", cluster.ledger_cmd(), 1000)
+    scheduler, worker = procs = cluster.start_all(schedulers=1, workers=1)
+    ledger_grows(cluster, "wrongtype", 2)
+    queue = timers.queue_key(timers.QUEUE_NAME)
+    # rq-scheduler's timers and RQ's queue become strings: every pass of the scheduler and every dequeue of the
+    # worker meets WRONGTYPE.
+    saved = cluster.client.zrange(timers.scheduled_key(), 0, -1, withscores=True)
+    cluster.client.delete(timers.scheduled_key(), queue)
+    cluster.client.set(timers.scheduled_key(), "corrupted")
+    cluster.client.set(queue, "corrupted")
+    time.sleep(4)
+    for proc in procs:
+        assert proc.alive(), f"{proc.name} exited with {proc.popen.returncode}\n{cluster.logs()}"
+    assert scheduler.text().count("redis error in the scheduler loop") == 1, scheduler.text()
+    assert worker.text().count("redis error in RQ's work loop") == 1, worker.text()
+    for proc in procs:
+        assert "WRONGTYPE" in proc.text() and "Traceback" in proc.text(), proc.text()
+        assert "cannot reach Redis" not in proc.text(), proc.text()
+    cluster.client.delete(timers.scheduled_key(), queue)
+    if saved:
+        cluster.client.zadd(timers.scheduled_key(), dict(saved))
+    ledger_grows(cluster, "wrongtype", 2, timeout=30)
+    for proc in procs:
+        assert proc.alive(), f"{proc.name} exited with {proc.popen.returncode}\n{cluster.logs()}"
