@@ -53,7 +53,7 @@ from loopsq.engine import fire_queue, runner, timers
 from loopsq.engine.runtime import current_runtime
 from loopsq.engine.slots import Slots
 from loopsq.engine.timers import queue
-from loopsq.state.outages import OutageLog, is_transient, ride
+from loopsq.state.outages import OutageLog, errors, is_configuration_error, is_transient, ride
 
 log = logging.getLogger("loopsq.timers")
 
@@ -104,7 +104,7 @@ class _JobBeat:
                     if outage is not None and is_transient(exc):
                         outage.failed(exc)  # logged once per outage
                     else:
-                        log.warning("could not renew RQ's heartbeat of job %s: %s", self._job.id, exc)
+                        errors.report("the renewal of RQ's heartbeat of a job", exc)
 
     def stop(self) -> None:
         """No heartbeat after this returns (RQ is about to record the job's end)."""
@@ -418,9 +418,11 @@ class _Worker(SimpleWorker):
         try:
             fn()
         except redis.RedisError as exc:
-            if not is_transient(exc):
+            if is_configuration_error(exc):
                 raise
-            if self.outage is not None:
+            if not is_transient(exc):
+                errors.report("RQ's worker bookkeeping", exc)
+            elif self.outage is not None:
                 self.outage.failed(exc)
 
     def heartbeat(self, timeout: int | None = None, pipeline: Any = None) -> None:
@@ -474,8 +476,13 @@ class _OutageFilter(logging.Filter):
             exc = next((a for a in record.args or () if isinstance(a, BaseException)), None)
             self.outage.failed(exc or redis.ConnectionError(msg % record.args if record.args else msg))
             return False
-        if msg.startswith(self.QUIT) and record.exc_info and is_transient(record.exc_info[1] or Exception()):
-            self.outage.failed(record.exc_info[1] or Exception())
+        exc = record.exc_info[1] if msg.startswith(self.QUIT) and record.exc_info else None
+        if exc is not None and is_transient(exc):
+            self.outage.failed(exc)
+            return False
+        if isinstance(exc, redis.RedisError) and not is_configuration_error(exc):
+            # (loopsq starts RQ's loop again: a WRONGTYPE there is logged once per kind, not once per restart)
+            errors.report("RQ's work loop", exc)
             return False
         return True
 
@@ -516,16 +523,19 @@ def make_worker(raw: redis.Redis, name: str, exception_handler: Callable[..., An
 
 def work(worker: SimpleWorker, *, burst: bool = False) -> bool:
     """Run RQ's work loop: True when it ended as asked (a stop request, or ``burst`` and the queue empty), False
-    when it quit on a failure (Redis going away); then wait for Redis and call ``restart`` and ``work`` again."""
+    when it quit on a failure (Redis going away or refusing writes, or any Redis error but a configuration
+    error); then wait for Redis and call ``restart`` and ``work`` again."""
     try:
         worker.work(burst=burst, logging_level="WARNING", with_scheduler=False)
     except StopRequested:
         return True
-    except redis.RedisError as exc:  # raised by RQ's teardown after its loop quit
-        if not is_transient(exc):
+    except redis.RedisError as exc:  # raised by RQ's start or teardown, or after its loop quit
+        if is_configuration_error(exc):
             raise
         outage = getattr(worker, "outage", None)
-        if outage is not None:
+        if not is_transient(exc):
+            errors.report("RQ's work loop", exc)  # a bug or corrupted data: the same worker starts again
+        elif outage is not None:
             outage.failed(exc)
         return bool(getattr(worker, "stop_requested", False))
     return burst or bool(getattr(worker, "stop_requested", False))

@@ -35,7 +35,7 @@ from loopsq.state.commit import Committer
 from loopsq.state.connection import connect
 from loopsq.state.keys import Keys
 from loopsq.state.loops import LoopStore
-from loopsq.state.outages import OutageLog, is_transient, note_seen, parse_seen, ride, riding
+from loopsq.state.outages import OutageLog, errors, is_transient, note_seen, parse_seen, ride, riding
 from loopsq.state.runs import Owner, RunStore
 from loopsq.state.workflows import WorkflowStore
 from loopsq.system.procs import hostname
@@ -365,7 +365,7 @@ class Runtime:
                 delay = BEAT_S
             except redis.RedisError as exc:
                 if not is_transient(exc):
-                    log.exception("beat failed; continuing")
+                    errors.report("the beat", exc)
                     delay = BEAT_BACKOFF_MAX_S
                     continue
                 self.outage.failed(exc)

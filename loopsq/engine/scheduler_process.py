@@ -21,7 +21,7 @@ from loopsq.engine import timers
 from loopsq.engine.maintenance import maintain
 from loopsq.engine.runtime import Runtime
 from loopsq.state.connection import sibling, unavailable
-from loopsq.state.outages import is_transient, wait_for_redis
+from loopsq.state.outages import errors, is_configuration_error, is_transient, wait_for_redis
 
 log = logging.getLogger("loopsq.scheduler")
 
@@ -90,9 +90,12 @@ def run_scheduler(url: str, stop: threading.Event, *, poll_s: float = POLL_S, ma
             except redis.RedisError as exc:
                 if stop.is_set() and is_transient(exc):
                     break
-                if not is_transient(exc):
+                if is_configuration_error(exc):
                     raise unavailable(url, exc) from exc
-                rt.outage.failed(exc)
+                if is_transient(exc):
+                    rt.outage.failed(exc)
+                else:  # WRONGTYPE, a script's error: a bug or corrupted data, not a reason to stop scheduling
+                    errors.report("the scheduler loop", exc)
                 stop.wait(1.0)
             except Exception:
                 log.exception("scheduler iteration failed; continuing")
@@ -134,8 +137,10 @@ class _Maintainer(threading.Thread):
             except redis.RedisError as exc:
                 if is_transient(exc):
                     self.rt.outage.failed(exc)
-                else:
+                elif is_configuration_error(exc):
                     log.warning("maintenance: %s", unavailable(self.rt.outage.url, exc).message)
+                else:
+                    errors.report("maintenance", exc)
                 delay = min(max(delay * 2, self.every_s), 5.0)
                 continue
             except Exception:

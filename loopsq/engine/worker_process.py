@@ -19,7 +19,7 @@ from loopsq.engine.routing import QueueWatch, worker_labels
 from loopsq.engine.runtime import Runtime, current_runtime, set_current_runtime
 from loopsq.engine.slots import DEFAULT_CONCURRENCY, Slots
 from loopsq.executor.capabilities import published
-from loopsq.state.outages import is_transient, wait_for_redis
+from loopsq.state.outages import errors, is_configuration_error, is_transient, wait_for_redis
 
 log = logging.getLogger("loopsq.worker")
 
@@ -75,7 +75,12 @@ def run_worker(url: str, *, burst: bool = False, stop: threading.Event | None = 
             if announce:  # once connected: a configuration error ends the worker with its one line alone
                 log.info("%s", announce)
                 announce = None
-            kill_orphans(rt)
+            try:
+                kill_orphans(rt)
+            except redis.RedisError as exc:  # a bug or corrupted data (WRONGTYPE): the worker starts anyway
+                if is_configuration_error(exc) or is_transient(exc):
+                    raise
+                errors.report("the orphan kill at start", exc)
         except redis.RedisError as exc:
             if stop.is_set() and is_transient(exc):
                 return
@@ -116,7 +121,14 @@ def _restart(rt: Runtime, worker: object, stop: threading.Event) -> bool:
     stop.wait(0.5)  # (RQ quitting at once again and again must not spin)
     if not wait_for_redis(rt.direct, rt.outage, stop):
         return False
-    rt.ride(lambda: rq_worker.restart(worker))
+    try:
+        rt.ride(lambda: rq_worker.restart(worker))
+    except redis.RedisError as exc:
+        if is_configuration_error(exc):
+            raise
+        if stop.is_set():  # asked to stop while Redis is away or refuses writes: not an error to exit with
+            return False
+        errors.report("the restart of RQ's work loop", exc)  # not an outage (those are ridden): a bug, bad data
     return True
 
 

@@ -34,6 +34,7 @@ from loopsq.mirror.apply import (
 from loopsq.mirror.merge import merge_all
 from loopsq.mirror.schema import transaction
 from loopsq.state.keys import Keys
+from loopsq.state.outages import errors, is_configuration_error, is_transient
 from loopsq.state.snapshot import snapshot_tables
 from loopsq.system.procs import hostname
 
@@ -158,7 +159,24 @@ def follow(
     ``apply_changes``. After a read that waited ``block_ms`` for nothing, the group's pending entries are read
     (none, normally): on Redis 7.0 only that refreshes the consumer's idle time, which tells the stream trim that
     this mirror still reads (``LOOPSQ_MIRROR_IDLE``). A group removed meanwhile (``XGROUP DESTROY``) is made again.
+
+    A Redis error that is neither an outage, a refusal (``OOM``: the caller waits those out) nor a configuration
+    error (``WRONGTYPE``, a script's error: a bug or corrupted data) is logged once per kind and the follow starts
+    over a second later: it never ends the mirror.
     """
+    while not stop.is_set():
+        try:
+            _follow(client, keys, conn, group, stop, block_ms=block_ms, on_applied=on_applied)
+            return
+        except redis.RedisError as exc:
+            if is_transient(exc) or is_configuration_error(exc):
+                raise
+            errors.report("the mirror follower", exc)
+            stop.wait(1.0)
+
+
+def _follow(client: redis.Redis, keys: Keys, conn: sqlite3.Connection, group: str, stop: threading.Event, *,
+            block_ms: int, on_applied: Any) -> None:
     consumer = hostname()
     catch_up(client, keys, conn)
     _ensure_group(client, keys, group, last_applied_id(conn) or "0-0")

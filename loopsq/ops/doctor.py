@@ -30,8 +30,10 @@ from loopsq.engine.fleet import FleetQueue, FleetSnapshot, age_text, read_fleet
 from loopsq.errors import LoopsqError, ValidationError
 from loopsq.executor import PROVIDER_EXECUTABLES
 from loopsq.ops.fit import WorkflowSource, describe_worker, executable_targets, fit
+from loopsq.ops.health import writes_refused
 from loopsq.state.connection import connect, server_version
 from loopsq.state.keys import Keys
+from loopsq.state.outages import describe_refusal, refusal
 from loopsq.system import config
 from loopsq.system.exec_path import normalize_execution_path
 
@@ -103,6 +105,13 @@ def run_doctor(url: str, data_dir: Path, keys: Keys | None = None) -> tuple[bool
     except LoopsqError as exc:
         checks.append(Check("redis", "fail", exc.message))
         client = None
+    if client is not None:
+        try:
+            refused = writes_refused(client)
+        except redis.RedisError as exc:
+            refused = describe_refusal(exc) if refusal(exc) is not None else None
+        if refused is not None:  # reachable, but runs cannot be recorded until it takes writes again
+            checks.append(Check("redis", "fail", f"writes refused: {refused}"))
     checks.append(check_data_dir(data_dir))
     if client is not None:
         try:

@@ -1,4 +1,5 @@
-"""Who is alive and how far behind things are: live schedulers and workers, queue depth, mirror lag, counts,
+"""Who is alive and how far behind things are: whether Redis takes writes, live schedulers and workers, queue
+depth, mirror lag, counts,
 what Redis's memory holds (used and max memory, eviction policy, bytes per loop and per run in the window), and
 the fleet (``engine.fleet``: slots, each queue's backlog, timers overdue).
 
@@ -17,10 +18,39 @@ from loopsq.engine import timers
 from loopsq.mirror.follow import mirror_lag
 from loopsq.state import run_codec
 from loopsq.state.keys import Keys
+from loopsq.state.outages import WRITE_PROBE, describe_refusal, refusal
 
 
 def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def writes_refused(client: redis.Redis) -> str | None:
+    """Why Redis refuses writes now, in its own words (``OOM command not allowed when used memory >
+    'maxmemory'.``), or None when it takes them. A server without script flags (Redis < 7) is judged from
+    ``INFO``: used memory over ``maxmemory`` under ``noeviction``, or a read-only replica; one that refuses
+    both is taken as taking writes.
+
+    Raises:
+        redis.RedisError: Redis cannot be reached (or another error than a refusal).
+    """
+    try:
+        client.eval(WRITE_PROBE, 0)
+        return None
+    except redis.ResponseError as exc:
+        if refusal(exc) is not None:
+            return describe_refusal(exc)
+        # (Redis < 7 reads the shebang as Lua and fails to compile it; a server may refuse EVAL altogether)
+    try:
+        info = client.info()
+    except redis.ResponseError:  # INFO refused too (a managed Redis that renames it, a test double): no figures
+        return None
+    maximum = int(info.get("maxmemory", 0) or 0)
+    if maximum and int(info.get("used_memory", 0)) > maximum and info.get("maxmemory_policy") == "noeviction":
+        return "OOM command not allowed when used memory > 'maxmemory'."
+    if info.get("role") == "slave" and int(info.get("slave_read_only", 1) or 0):
+        return "READONLY You can't write against a read only replica."
+    return None
 
 
 #: Run keys whose MEMORY USAGE is sampled for the bytes per run in the window (the newest ones).

@@ -22,6 +22,7 @@ from loopsq.errors import LoopsqError, NotFoundError, RedisUnavailableError, Val
 from loopsq.executor.digest import command_fields
 from loopsq.mirror import pages, queries
 from loopsq.mirror.follow import mirror_lag
+from loopsq.ops.health import writes_refused
 from loopsq.state.loops import LoopStore
 from loopsq.state.workflows import WorkflowStore
 from loopsq.web import filters, schemas
@@ -43,18 +44,25 @@ MAX_KEY_LENGTH = limits.MAX_IDEMPOTENCY_KEY_LENGTH
 @router.get("/health", tags=["health"], summary="Liveness: Redis ping and mirror lag (no token needed)",
             responses=responses(200, schemas.Health), openapi_extra={"security": []})
 def health(ctx: Ctx) -> JSONResponse:
-    """Ping Redis and report how far this process's mirror is behind. 503 when Redis does not answer.
+    """Ping Redis and report how far this process's mirror is behind. 503 when Redis does not answer;
+    ``degraded`` (200) with Redis's reason while it answers but refuses writes (``OOM`` at ``maxmemory``, a
+    read-only replica, a long script: ``BUSY``), when runs cannot be recorded until it takes them again.
 
     Public by design (a probe for supervisors and load balancers): it names no entity and no URL.
     """
     try:
-        ctx.client.ping()
-        with ctx.mirror(fresh=False) as conn:
-            lag = mirror_lag(ctx.client, ctx.keys, conn)
+        refused = writes_refused(ctx.client)
+        lag: int | None = None
+        if refused is None or not refused.startswith("BUSY"):  # (a long script: Redis answers nothing else)
+            with ctx.mirror(fresh=False) as conn:
+                lag = mirror_lag(ctx.client, ctx.keys, conn)
     except redis.RedisError as exc:
         raise RedisUnavailableError("redis is unreachable") from exc
     except LoopsqError as exc:
         raise LoopsqError("the mirror database cannot be read") from exc
+    if refused is not None:
+        return JSONResponse({"status": "degraded", "redis": "degraded", "reason": f"writes refused: {refused}",
+                             "mirrorLag": lag})
     return JSONResponse({"status": "ok", "redis": "ok", "mirrorLag": lag})
 
 

@@ -288,11 +288,13 @@ class Recovered(BaseModel):
 
 
 class Health(BaseModel):
-    """Liveness: Redis answers; how many changes this process's mirror has not applied yet."""
+    """Liveness: Redis answers (``degraded``: but refuses writes, for ``reason``); how many changes this process's
+    mirror has not applied yet (null while Redis runs a long script and answers nothing else)."""
 
-    status: Literal["ok"]
-    redis: Literal["ok"]
-    mirrorLag: int
+    status: Literal["ok", "degraded"]
+    redis: Literal["ok", "degraded"]
+    reason: str | None = None
+    mirrorLag: int | None
 
 
 class ReasonIn(BaseModel):
