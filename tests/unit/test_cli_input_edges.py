@@ -1,0 +1,73 @@
+"""Input a newcomer or a script can give by accident: bytes that are not UTF-8, a FIFO for a file, a password in
+a bad Redis URL, dates and durations without their format. Each gets one ``error:`` line and exit 2, never a
+traceback or a hang."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.unit.cli_helpers import Cli, make_cli
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def cli(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Cli:
+    return make_cli(tmp_path, monkeypatch)
+
+
+# What Python makes of the byte 0xff in sys.argv (surrogateescape): a lone surrogate.
+BAD = b"caf\xe9".decode("utf-8", "surrogateescape")
+
+UTF8_CASES = [
+    (("create", "command", BAD, "--every", "1m", "--cmd", "true"), "argument 'caf\\xe9' is not valid UTF-8"),
+    (("create", "command", "x", "--every", "1m", f"--cmd={BAD}"), "--cmd value 'caf\\xe9' is not valid UTF-8"),
+    (("create", "command", "x", "--every", "1m", "--cmd", BAD), "argument 'caf\\xe9' (after --cmd) is not valid UTF-8"),
+    (("show", BAD), "argument 'caf\\xe9' is not valid UTF-8"),
+    (("pause", BAD), "argument 'caf\\xe9' is not valid UTF-8"),
+    (("resume", BAD), "argument 'caf\\xe9' is not valid UTF-8"),
+    (("stop", BAD), "argument 'caf\\xe9' is not valid UTF-8"),
+    (("remove", BAD), "argument 'caf\\xe9' is not valid UTF-8"),
+    (("archive", BAD), "argument 'caf\\xe9' is not valid UTF-8"),
+    (("rename", "a", BAD), "argument 'caf\\xe9' is not valid UTF-8"),
+    (("run-now", BAD), "argument 'caf\\xe9' is not valid UTF-8"),
+    (("runs", BAD), "argument 'caf\\xe9' is not valid UTF-8"),
+    (("logs", BAD), "argument 'caf\\xe9' is not valid UTF-8"),
+    (("list", "--name", BAD), "argument 'caf\\xe9' (after --name) is not valid UTF-8"),
+    (("workflows", "validate", BAD), "argument 'caf\\xe9' is not valid UTF-8"),
+    (("workflows", "run", BAD), "argument 'caf\\xe9' is not valid UTF-8"),
+    (("next", BAD), "argument 'caf\\xe9' is not valid UTF-8"),
+    (("pool", "set", BAD, "2"), "argument 'caf\\xe9' is not valid UTF-8"),
+    ((f"--redis-url=redis://{BAD}",), "--redis-url value 'redis://caf\\xe9' is not valid UTF-8"),
+    ((BAD,), "argument 'caf\\xe9' is not valid UTF-8"),
+]
+
+
+@pytest.mark.parametrize(("args", "message"), UTF8_CASES, ids=[str(i) for i in range(len(UTF8_CASES))])
+def test_an_argument_that_is_not_utf8_gets_one_error_line_and_exit_2(
+        cli: Cli, args: tuple[str, ...], message: str) -> None:
+    before = cli.state()
+    result = cli.run(*args)
+    assert (result.exit_code, result.stdout, result.stderr) == (2, "", f"error: {message}; pass UTF-8 text\n")
+    assert cli.state() == before
+
+
+def test_an_argument_that_is_not_utf8_is_a_json_error_with_json(cli: Cli) -> None:
+    result = cli.run("--json", "show", BAD)
+    assert result.exit_code == 2
+    assert json.loads(result.stderr) == {"error": {
+        "code": "bad_input", "exitCode": 2, "message": "argument 'caf\\xe9' is not valid UTF-8; pass UTF-8 text"}}
+
+
+def test_real_argv_bytes_that_are_not_utf8_get_the_error_line_not_a_traceback(tmp_path: Path) -> None:
+    done = subprocess.run([sys.executable, "-m", "loopsq", b"create", b"command", b"caf\xe9", b"--cmd", b"true",
+                           b"--every", b"1m"], capture_output=True, timeout=60, cwd=tmp_path,
+                          env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin", "LC_ALL": "C.UTF-8",
+                               "LOOPSQ_DATA_DIR": str(tmp_path), "LOOPSQ_REDIS_URL": "redis://127.0.0.1:1/0"})
+    assert (done.returncode, done.stdout, done.stderr) == (
+        2, b"", b"error: argument 'caf\\xe9' is not valid UTF-8; pass UTF-8 text\n")
