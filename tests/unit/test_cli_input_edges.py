@@ -5,6 +5,7 @@ traceback or a hang."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -71,3 +72,39 @@ def test_real_argv_bytes_that_are_not_utf8_get_the_error_line_not_a_traceback(tm
                                "LOOPSQ_DATA_DIR": str(tmp_path), "LOOPSQ_REDIS_URL": "redis://127.0.0.1:1/0"})
     assert (done.returncode, done.stdout, done.stderr) == (
         2, b"", b"error: argument 'caf\\xe9' is not valid UTF-8; pass UTF-8 text\n")
+
+
+# -- a FIFO for a file -----------------------------------------------------------------------------------------
+@pytest.mark.timeout(20)
+def test_a_fifo_given_as_a_workflow_spec_file_is_refused_at_once(cli: Cli, tmp_path: Path) -> None:
+    fifo = tmp_path / "spec.json"
+    os.mkfifo(fifo)  # nothing ever writes it: a plain open() would block for good
+    before = cli.state()
+    for command in ("validate", "create"):
+        result = cli.run("workflows", command, str(fifo))
+        assert (result.exit_code, result.stdout, result.stderr) == (
+            2, "", f"error: workflow file is not a regular file: {fifo} (a FIFO)\n")
+    assert cli.state() == before
+
+
+@pytest.mark.timeout(20)
+def test_a_fifo_given_as_a_prompt_file_is_refused_at_once(cli: Cli, tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    os.mkfifo(tmp_path / "prompt.md")
+    before = cli.state()
+    result = cli.run("create", "agent", "bot", "--provider", "claude", "--prompt-file", "prompt.md", "--every", "1h")
+    assert (result.exit_code, result.stdout, result.stderr) == (
+        2, "", "error: --prompt-file: cannot read 'prompt.md': not a regular file (a FIFO)\n")
+    assert cli.state() == before
+
+
+@pytest.mark.timeout(20)
+def test_a_fifo_given_as_a_step_s_prompt_file_is_refused_at_once(cli: Cli, tmp_path: Path) -> None:
+    os.mkfifo(tmp_path / "step.md")
+    spec = tmp_path / "w.json"
+    spec.write_text(json.dumps({"name": "w", "steps": [
+        {"id": "a", "target": {"type": "agent", "provider": "claude", "promptFile": "step.md"}}]}))
+    result = cli.run("workflows", "validate", str(spec))
+    assert (result.exit_code, result.stderr) == (
+        2, "error: workflow.steps[0].target.promptFile: cannot read 'step.md': not a regular file (a FIFO)\n")
