@@ -62,7 +62,8 @@ CASES = [
      "codex)"),
     # documented minimums
     (("create", "command", "x", "--cmd", "true", "--every", "1ms"), "--every must be at least 1s, got '1ms'"),
-    (("create", "command", "x", "--cmd", "true", "--every", "10"), "--every must be at least 1s, got '10'"),
+    (("create", "command", "x", "--cmd", "true", "--every", "10"),
+     "--every must be at least 1s, got '10' (a number without a unit is milliseconds: write 10s or 10m)"),
     (("create", "command", "x", "--cmd", "true", "--every", "999ms"), "--every must be at least 1s, got '999ms'"),
     ((*BASE, "--lease", "1ms"), "--lease must be at least 5s, got '1ms'"),
     ((*BASE, "--lease", "4.9s"), "--lease must be at least 5s, got '4.9s'"),

@@ -108,3 +108,25 @@ def test_a_fifo_given_as_a_step_s_prompt_file_is_refused_at_once(cli: Cli, tmp_p
     result = cli.run("workflows", "validate", str(spec))
     assert (result.exit_code, result.stderr) == (
         2, "error: workflow.steps[0].target.promptFile: cannot read 'step.md': not a regular file (a FIFO)\n")
+
+
+# -- a once loop before 1970 -----------------------------------------------------------------------------------
+@pytest.mark.parametrize(("at", "timezone"), [("1969-12-31T23:59:59.999Z", "UTC"), ("1969-12-31T23:30:00", "UTC"),
+                                              ("1970-01-01T00:30:00", "Europe/Paris"), ("0001-01-01", "UTC")])
+def test_an_api_once_loop_before_1970_is_refused_as_bad_input(at: str, timezone: str) -> None:
+    from datetime import UTC, datetime
+
+    from loopsq.domain.loop_spec import new_loop
+    from loopsq.errors import ValidationError
+
+    body = {"name": "x", "schedule": {"type": "once", "at": at}, "timezone": timezone,
+            "target": {"type": "command", "command": "true"}}
+    with pytest.raises(ValidationError) as info:
+        new_loop(body, datetime(2026, 1, 1, tzinfo=UTC))
+    assert info.value.message == f'schedule.at must be 1970-01-01T00:00:00Z or later, got "{at}"'
+    assert info.value.exit_code == 2
+
+
+def test_a_once_loop_at_the_epoch_itself_is_accepted(cli: Cli) -> None:
+    assert cli.ok("create", "command", "x", "--cmd", "true", "--at", "1970-01-01T00:00:00Z").startswith(
+        "created loop ")
