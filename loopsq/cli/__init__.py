@@ -86,6 +86,9 @@ class RootGroup(workflows_cmds.AliasGroup):
             wanted = app.json if app is not None and kind != "UsageError" else _wants_json(argv)
             (_json_failure if wanted else _line_failure)(kind, message, exit_code)
 
+        not_utf8 = _not_utf8(argv)
+        if not_utf8 is not None:
+            fail("UsageError", not_utf8, EXIT_BAD_INPUT)
         try:
             rv = super().main(args=argv, prog_name=prog_name or "loopsq", complete_var=complete_var,
                               standalone_mode=False, **extra)
@@ -149,6 +152,39 @@ def _wants_json(argv: Sequence[str]) -> bool:
         if token in ("-j", "--json"):
             return True
     return False
+
+
+def _not_utf8(argv: Sequence[str]) -> str | None:
+    """The error for the first argument that is not valid UTF-8, or None.
+
+    Python decodes ``sys.argv`` with ``surrogateescape``, so an undecodable byte arrives as a lone surrogate;
+    left alone it fails deep inside a command (a traceback on printing, encoding or storing it). The message shows
+    the bytes escaped (``'caf\\xe9'``) and, for a value, the option it follows.
+    """
+    for index, token in enumerate(argv):
+        if not _has_surrogate(token):
+            continue
+        name, eq, value = token.partition("=")
+        if token.startswith("--") and eq and not _has_surrogate(name):
+            return f"{name} value {_escaped(value)} is not valid UTF-8; pass UTF-8 text"
+        before = argv[index - 1] if index else ""
+        if before.startswith("-") and before != "--" and "=" not in before and not token.startswith("-"):
+            return f"argument {_escaped(token)} (after {before}) is not valid UTF-8; pass UTF-8 text"
+        return f"argument {_escaped(token)} is not valid UTF-8; pass UTF-8 text"
+    return None
+
+
+def _has_surrogate(text: str) -> bool:
+    return any("\ud800" <= ch <= "\udfff" for ch in text)
+
+
+def _escaped(text: str) -> str:
+    """``text`` quoted, its undecodable bytes as ``\\xNN``."""
+    try:
+        raw = text.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError:  # a surrogate that no byte became (from an API caller, not an OS argv)
+        raw = text.encode("utf-8", "surrogatepass")
+    return "'" + raw.decode("utf-8", "backslashreplace").replace("'", "\\'") + "'"
 
 
 def _line_failure(kind: str, message: str, exit_code: int) -> None:

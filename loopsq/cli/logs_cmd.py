@@ -2,7 +2,8 @@
 
 While a run or step runs, its output comes from the bounded live stream its worker writes (``engine/live.py``);
 once it has ended, from its stored output (the record). A workflow run, or a workflow loop's run, prints every
-step's output in step order, each line prefixed with the step's id; ``-f`` follows them all until the run ends.
+step's output in step order, each line prefixed with the step's id; ``-f`` follows them all until the run ends,
+and then exits as ``run-now`` does: 1 unless what it followed succeeded.
 With ``--json`` every line is a JSON object ``{"runId", "stepId"?, "stream", "line"}``.
 
 Output reaches the terminal neutralised: ESC and the other C0 controls but newline and tab, DEL and the C1 controls
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import codecs
 import json
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -20,6 +22,7 @@ from typing import Any
 import click
 
 from loopsq.cli.app import App, get_app, json_flag
+from loopsq.domain.run_rules import TERMINAL
 from loopsq.domain.text import json_terminal_safe, terminal_safe
 from loopsq.engine import timers
 from loopsq.errors import NotFoundError
@@ -30,6 +33,8 @@ from loopsq.state.workflow_runs import WorkflowRunStore
 
 #: How long one blocking read of the live streams waits (ms) before ``-f`` checks whether anything ended.
 FOLLOW_BLOCK_MS = 1000
+#: How long ``-f`` waits, once the output ended, for the run's final status (its exit code depends on it).
+SETTLE_S = 10.0
 
 
 @dataclass
@@ -234,4 +239,45 @@ def logs(run_id: str, step_id: str | None, follow: bool) -> None:
     app = get_app()
     sources = resolve_sources(app, run_id, step_id)
     print_logs(app, sources, follow, prefixed=step_id is None and sources[0].step_id is not None)
+    if follow and followed_status(app, run_id, step_id) not in (None, "succeeded"):
+        raise click.exceptions.Exit(1)  # as run-now: a script following a run learns how it ended
+
+
+def followed_status(app: App, run_id: str, step_id: str | None) -> str | None:
+    """How what ``logs -f`` followed ended: the step's status with ``step_id``, else the run's (a workflow run's,
+    or a loop run's); None when it cannot be told (the record is gone, or it did not settle within
+    ``SETTLE_S`` of its output ending: the run is finalised just after its last output)."""
+    store = WorkflowRunStore(app.client(), app.keys)
+    deadline = time.monotonic() + SETTLE_S
+    while True:
+        state = store.load(run_id)
+        loop_run = None if state is not None else run_codec.load(app.client(), app.keys.run(run_id))
+        if state is None and loop_run is not None and step_id is not None:
+            state = _workflow_of_loop_run(store, run_id)
+        if state is not None and step_id is not None:
+            status = state.steps.get(step_id, {}).get("status")
+            settled = status not in ("pending", "running")
+        elif state is not None:
+            status, settled = state.run.get("status"), state.terminal
+        elif loop_run is not None:
+            status, settled = loop_run.status, loop_run.status in TERMINAL
+        else:
+            return _archived_status(app, run_id, step_id)
+        if settled:
+            return str(status) if status is not None else None
+        if time.monotonic() > deadline:
+            return None
+        time.sleep(0.05)
+
+
+def _archived_status(app: App, run_id: str, step_id: str | None) -> str | None:
+    """The status of a run (or step) only the mirror still has."""
+    conn = app.mirror()
+    row = queries.get_workflow_run(conn, run_id)
+    if row is not None and step_id is not None:
+        row = next((s for s in queries.list_step_runs(conn, run_id) if s["stepId"] == step_id), None)
+    elif row is None:
+        row = queries.get_run(conn, run_id)
+    status = row.get("status") if row is not None else None
+    return str(status) if status else None
 

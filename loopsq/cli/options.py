@@ -6,7 +6,9 @@ Redis, so bad input changes nothing.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
+from datetime import datetime
 from typing import Any
 
 import click
@@ -16,7 +18,7 @@ from loopsq.domain.checks import check_length, check_text
 from loopsq.domain.cron import host_timezone_name, validate_cron, validate_timezone
 from loopsq.domain.durations import format_duration, parse_duration
 from loopsq.domain.models import OVERLAP_POLICIES, RETRY_BACKOFFS
-from loopsq.domain.schedules import CATCH_UP_POLICIES, parse_time
+from loopsq.domain.schedules import CATCH_UP_POLICIES, EPOCH, parse_time
 from loopsq.domain.targets import ENV_KEY_PATTERN, is_env_key
 from loopsq.domain.text import shown
 from loopsq.domain.timeutil import to_iso
@@ -49,10 +51,35 @@ def limit_flag(flag: str, value: int, maximum: int) -> int:
 
 
 def at_least(flag: str, text: str, ms: int, minimum: int) -> int:
-    """``ms`` (parsed from ``text``) when it is at least ``minimum``: ``<flag> must be at least <min>``."""
+    """``ms`` (parsed from ``text``) when it is at least ``minimum``: ``<flag> must be at least <min>``; for a
+    bare number (milliseconds, as in the reference) the message says so, since ``--every 5`` means 5 ms."""
     if ms < minimum:
-        raise ValidationError(f"{flag} must be at least {format_duration(minimum)}, got {_q(text)}")
+        unit_hint = (f" (a number without a unit is milliseconds: write {text.strip()}s or {text.strip()}m)"
+                     if _BARE_NUMBER.fullmatch(text.strip()) else "")
+        raise ValidationError(f"{flag} must be at least {format_duration(minimum)}, got {_q(text)}{unit_hint}")
     return ms
+
+
+#: A duration without a unit: milliseconds (``parse_duration``).
+_BARE_NUMBER = re.compile(r"\d+(\.\d*)?|\.\d+")
+#: Said after ``invalid <flag>: <text>`` for a time that is not ISO-8601.
+TIME_FORMAT_HINT = ("use an ISO-8601 time such as 2026-01-31T09:00, 2026-01-31T09:00:00Z or 2026-01-31 (without "
+                    "an offset: in --timezone)")
+
+
+def cli_time(text: str, timezone: str, flag: str, field: str) -> datetime:
+    """``parse_time`` for ``--at`` and ``--expires-at``: its error names the accepted format, and a time before
+    1970-01-01T00:00:00Z is refused (the scheduler never fires a slot before the epoch)."""
+    check_length(text, flag, limits.MAX_TIME_LENGTH, _q)
+    try:
+        moment = parse_time(text, timezone, field)
+    except ValidationError as exc:
+        if exc.message.startswith(f"invalid {field}: "):
+            raise ValidationError(f"{exc.message}: {TIME_FORMAT_HINT}") from exc
+        raise
+    if moment < EPOCH:
+        raise ValidationError(f"{flag} must be 1970-01-01T00:00:00Z or later, got {_q(text)}")
+    return moment
 
 
 def prefixed(flag: str, fn: Callable[[], Any]) -> Any:
@@ -114,7 +141,8 @@ def schedule_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     """The schedule and policy option group."""
     opts = [
         click.option("--at", "at", metavar="TIME", help="Run once at TIME (ISO-8601; no offset = --timezone)."),
-        click.option("--every", metavar="DURATION", help="Run every DURATION (fixed rate), e.g. 10s, 5m."),
+        click.option("--every", metavar="DURATION",
+                     help="Run every DURATION (fixed rate), e.g. 10s, 5m; a bare number is milliseconds."),
         click.option("--cron", metavar="EXPR", help="Run on a 5-field cron expression (or @daily etc.)."),
         click.option("--dynamic", is_flag=True, help="Dynamic schedule (min interval 60s)."),
         click.option("--timezone", metavar="ZONE", help="IANA zone for --cron and bare times [host zone]."),
@@ -168,7 +196,7 @@ def schedule_body(opts: dict[str, Any], timezone: str) -> dict[str, Any]:
     if len(chosen) != 1:
         raise ValidationError("choose exactly one schedule: --at, --every, --cron, or --dynamic")
     if opts.get("at") is not None:
-        at = parse_time(check_length(opts["at"], "--at", limits.MAX_TIME_LENGTH, _q), timezone, "schedule.at")
+        at = cli_time(opts["at"], timezone, "--at", "schedule.at")
         return {"type": "once", "at": to_iso(at)}
     if opts.get("every") is not None:
         text = opts["every"]
@@ -212,8 +240,7 @@ def policy_body(opts: dict[str, Any], timezone: str) -> dict[str, Any]:
             )
         body["retryMaxDelayMs"] = duration_flag("--retry-max-delay", opts["retry_max_delay"])
     if opts.get("expires_at") is not None:
-        expires = check_length(opts["expires_at"], "--expires-at", limits.MAX_TIME_LENGTH, _q)
-        body["expiresAt"] = to_iso(parse_time(expires, timezone, "--expires-at"))
+        body["expiresAt"] = to_iso(cli_time(opts["expires_at"], timezone, "--expires-at", "--expires-at"))
     if opts.get("expires_after_runs") is not None:
         body["expiresAfterRuns"] = positive_int_flag("--expires-after-runs", opts["expires_after_runs"],
                                                      limits.MAX_COUNT)

@@ -7,7 +7,7 @@ from typing import Any
 
 import click
 
-from loopsq.cli.app import App, get_app, json_flag
+from loopsq.cli.app import App, echo_err, get_app, json_flag
 from loopsq.cli.options import bounded_flag, limit_flag
 from loopsq.cli.workflows_cmds import workflows
 from loopsq.domain import limits, timeutil
@@ -16,7 +16,7 @@ from loopsq.domain.text import shown
 from loopsq.domain.timeutil import gen_id
 from loopsq.engine.recovery import step_alive
 from loopsq.engine.routing import enqueue_for_workflow
-from loopsq.errors import NotFoundError
+from loopsq.errors import NotFoundError, ValidationError
 from loopsq.mirror import queries
 from loopsq.state.workflow_runs import WorkflowRunStore
 
@@ -40,13 +40,22 @@ def _step_lines(steps: list[dict[str, Any]]) -> list[str]:
 @click.option("--local", is_flag=True, help="Run in this process instead of on a worker.")
 @click.option("--show-output", is_flag=True, help="Include each step's stdout and stderr.")
 @click.option("--wait", "wait_s", default=30.0, show_default=True, metavar="SECONDS",
-              help="How long to wait for a worker to pick the run up.")
+              help="How long to wait for a worker to pick the run up (it stays queued after that).")
+@click.option("--no-wait", is_flag=True,
+              help="Queue the run for a worker, print its id and return (exit 0), as the API's 202 does.")
 @json_flag
-def run(id_or_name: str, local: bool, show_output: bool, wait_s: float) -> None:
+def run(id_or_name: str, local: bool, show_output: bool, wait_s: float, no_wait: bool) -> None:
     """Run a workflow now and print the run it created (exit 1 unless it succeeds)."""
+    if no_wait and local:
+        raise ValidationError("--no-wait runs the workflow on a worker; drop --local or --no-wait")
     app = get_app()
     spec = app.workflows().require(id_or_name)
     run_id = gen_id()
+    if no_wait:
+        enqueue_for_workflow(app.client(), app.keys, spec, run_id)
+        app.emit({"runId": run_id, "workflowId": spec["id"], "workflowName": spec["name"], "status": "queued"},
+                 f"{run_id} queued")
+        return
     if local:
         from loopsq.engine.runtime import Runtime
         from loopsq.engine.workflow_runner import execute_workflow
@@ -58,6 +67,8 @@ def run(id_or_name: str, local: bool, show_output: bool, wait_s: float) -> None:
             rt.stop()
     else:
         enqueue_for_workflow(app.client(), app.keys, spec, run_id)
+        if not app.json:  # its id first, so a wait that ends (or an interrupt) still leaves the run findable
+            echo_err(f"workflow run {run_id} queued")
         _wait_terminal(app, run_id, wait_s)
     state = _store(app).require(run_id)
     steps = state.ordered_steps()
@@ -82,8 +93,9 @@ def _wait_terminal(app: App, run_id: str, wait_s: float) -> None:
         if state is None and time.monotonic() > deadline:
             from loopsq.errors import LoopsqError
 
-            raise LoopsqError(f"no worker picked up the workflow run within {wait_s:g}s; is `loopsq worker` "
-                              "running? (--local runs it here)")
+            raise LoopsqError(f"no worker picked up workflow run {run_id} within {wait_s:g}s; it stays queued "
+                              "for a worker (is `loopsq worker` running? --no-wait returns at once; --local runs "
+                              "it here)")
         if state is not None and state.terminal:
             return
         if state is not None and _owner_gone(app, state.run):

@@ -19,7 +19,7 @@ from loopsq.domain.durations import format_duration
 from loopsq.domain.jitter import jittered, validate_jitter
 from loopsq.domain.loop_features import feature_fields
 from loopsq.domain.models import Loop
-from loopsq.domain.schedules import CATCH_UP_POLICIES, Schedule, initial_next_run, parse_time
+from loopsq.domain.schedules import CATCH_UP_POLICIES, EPOCH, Schedule, initial_next_run, parse_time
 from loopsq.domain.targets import validate_target
 from loopsq.domain.text import quoted
 from loopsq.domain.timeutil import gen_id, to_iso
@@ -82,6 +82,12 @@ def _check_interval(schedule: Schedule) -> None:
             )
 
 
+def _check_once_at(schedule: Schedule, timezone: str) -> None:
+    """A once loop's ``at`` is not before 1970-01-01T00:00:00Z (no scheduler would ever fire it)."""
+    if schedule.type == "once" and schedule.at is not None and parse_time(schedule.at, timezone, "schedule.at") < EPOCH:
+        raise ValidationError(f"schedule.at must be 1970-01-01T00:00:00Z or later, got {show(schedule.at)}")
+
+
 def _choice(body: Mapping[str, Any], key: str, choices: tuple[str, ...], default: str) -> str:
     value = body.get(key)
     if value is None:
@@ -115,6 +121,7 @@ def new_loop(body: Mapping[str, Any], now: datetime) -> Loop:
         raise ValidationError(f"unknown timezone: {show(tz_value)}")
     schedule = Schedule.from_dict(body.get("schedule"))
     _check_interval(schedule)
+    _check_once_at(schedule, timezone)
     loop_id = gen_id()
     jitter_ms = validate_jitter(body.get("jitterMs"), schedule)
     schedule = jittered(schedule, loop_id, jitter_ms)

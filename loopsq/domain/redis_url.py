@@ -159,26 +159,36 @@ def apply_cert_reqs_default(target: RedisUrl, value: str | None) -> RedisUrl:
 
 # -- masking ------------------------------------------------------------------------------------------------------
 
-_SECRET_PARAM = re.compile(r"([?&;](?:[^=&;#]*password)=)([^&;#]*)", re.IGNORECASE)
-_MASKED_PARAM = r"\g<1>" + MASK
+_QUERY_PARAM = re.compile(r"([?&;]([^=&;#]*)=)([^&;#]*)")
+#: Options whose values are shown; every other value (a password, a misspelt option that may hold one) is masked.
+_PLAIN_OPTIONS = frozenset(name for opts in OPTIONS.values() for name in opts if not name.endswith("password"))
+
+
+def _is_secret_param(name: str) -> bool:
+    return unquote(name) not in _PLAIN_OPTIONS
+
+
+def _mask_param(match: re.Match[str]) -> str:
+    return match.group(1) + (MASK if _is_secret_param(match.group(2)) else match.group(3))
 
 
 def mask_url(url: str) -> str:
-    """``url`` with every password shown as ``***``: the userinfo's, and any ``…password=`` query parameter's.
+    """``url`` with every password shown as ``***``: the userinfo's, and the value of every query parameter but the
+    known options that hold no secret (so ``password=``, ``sentinel_password=`` and a misspelt ``pasword=``).
 
     Works on malformed URLs too (a bad port, a stray ``@``): everything up to the last ``@`` after ``://`` is
     userinfo, so an unescaped ``@``, ``/`` or ``?`` in a password can only widen what is masked.
     """
     head, sep, rest = url.partition("://")
     if not sep:
-        return _SECRET_PARAM.sub(_MASKED_PARAM, url)
+        return _QUERY_PARAM.sub(_mask_param, url)
     at = rest.rfind("@")
     if at >= 0:
         userinfo, rest = rest[:at], rest[at + 1:]
         user, colon, _password = userinfo.partition(":")
         shown = f"{user}:{MASK}" if colon and not set(user) & set("/?#") else MASK
         rest = f"{shown}@{rest}"
-    return f"{head}://{_SECRET_PARAM.sub(_MASKED_PARAM, rest)}"
+    return f"{head}://{_QUERY_PARAM.sub(_mask_param, rest)}"
 
 
 def mask_in(text: str, url: str) -> str:
@@ -198,8 +208,8 @@ def _secrets(url: str) -> list[str]:
         _user, colon, password = userinfo.partition(":")
         value = password if colon else userinfo
         found += [value, unquote(value)]
-    found += [m.group(2) for m in _SECRET_PARAM.finditer(url)]
-    found += [unquote(m.group(2)) for m in _SECRET_PARAM.finditer(url)]
+    params = [m.group(3) for m in _QUERY_PARAM.finditer(url) if _is_secret_param(m.group(2))]
+    found += [*params, *(unquote(value) for value in params)]
     return sorted({s for s in found if s}, key=len, reverse=True)
 
 
@@ -230,6 +240,11 @@ def parse_redis_url(url: str, source: str | None = None) -> RedisUrl:
     scheme = scheme.lower()
     if scheme not in SCHEMES:
         raise fail(f"unknown scheme '{scheme}' (use {_SCHEME_LIST})")
+    if "@" in "".join(re.split(r"[?#]", rest, maxsplit=1)[1:]):
+        # Most likely a password holding '?' or '#' unescaped: what follows it would be taken for the query (and
+        # quoted in a message), so it is refused without quoting any part of it.
+        raise fail("an '@' after a '?' or '#': percent-encode '?', '#', '/' and '@' in a password (%3F, %23, %2F, "
+                   "%40)")
     rest, _hash, fragment = rest.partition("#")
     if fragment:
         raise fail("a fragment ('#…') is not allowed")

@@ -21,6 +21,9 @@ SCHEDULE_TYPES = ("once", "interval", "cron", "dynamic")
 ANCHORS = ("fixed_rate", "fixed_delay")
 CATCH_UP_POLICIES = ("none", "latest", "all")
 DEFAULT_MIN_INTERVAL_MS = 60_000
+#: The earliest time a once loop may be set for: the scheduler's timers hold epoch milliseconds, and a slot before
+#: the epoch would never fire (it is refused at creation instead).
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
 @dataclass(frozen=True)

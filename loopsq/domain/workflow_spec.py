@@ -20,7 +20,6 @@ import json
 import math
 import os
 import re
-import stat
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
@@ -38,6 +37,7 @@ from loopsq.domain.targets import (
     validate_timeout_ms,
 )
 from loopsq.domain.text import shown
+from loopsq.domain.user_files import NotRegularFileError, open_regular_file
 from loopsq.errors import ValidationError
 
 _STEP_ID_RE = re.compile(limits.STEP_ID_PATTERN, re.ASCII)
@@ -233,14 +233,12 @@ def _reject_constant(name: str) -> Any:
 
 def _read_bounded(path: str) -> bytes:
     """The file's bytes, refusing it unread when its size is known to exceed ``MAX_SPEC_FILE_BYTES`` and after
-    ``MAX_SPEC_FILE_BYTES + 1`` bytes otherwise (``/dev/zero``, a pipe)."""
+    ``MAX_SPEC_FILE_BYTES + 1`` bytes otherwise (a file still growing); only a regular file is read."""
     limit = limits.MAX_SPEC_FILE_BYTES
     too_big = f"workflow file is larger than {limit} bytes: {path}"
-    with open(path, "rb") as handle:
+    with open_regular_file(path) as handle:  # a FIFO or a device is refused, never waited on or read
         info = os.fstat(handle.fileno())
-        if stat.S_ISDIR(info.st_mode):
-            raise IsADirectoryError(path)
-        if stat.S_ISREG(info.st_mode) and info.st_size > limit:
+        if info.st_size > limit:
             raise ValidationError(too_big)
         data = handle.read(limit + 1)
     if len(data) > limit:
@@ -260,6 +258,7 @@ def load_workflow_file(path: str) -> Any:
 
     Raises:
         ValidationError: ``workflow file not found: <path>``, ``workflow file is a directory: <path>``,
+            ``workflow file is not a regular file: <path> (a FIFO)`` (a FIFO, a device or a socket),
             ``workflow file is larger than <N> bytes: <path>``, ``workflow file is not readable: <path>: <reason>``
             or ``workflow file is not valid JSON: <path>: <msg> (line N column M)``.
     """
@@ -269,6 +268,8 @@ def load_workflow_file(path: str) -> Any:
         raise ValidationError(f"workflow file not found: {path}") from exc
     except IsADirectoryError as exc:
         raise ValidationError(f"workflow file is a directory: {path}") from exc
+    except NotRegularFileError as exc:
+        raise ValidationError(f"workflow file is not a regular file: {path} ({exc.kind})") from exc
     except OSError as exc:
         raise ValidationError(f"workflow file is not readable: {path}: {exc.strerror or exc}") from exc
     except UnicodeDecodeError as exc:

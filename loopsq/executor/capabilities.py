@@ -1,6 +1,7 @@
 """What a worker can run, as it publishes it in its liveness record, and whether a target fits a worker.
 
-A worker probes once, at start: its ``PATH`` (the one its targets inherit), which provider CLIs and whether the
+A worker probes once, at start: its targets' ``PATH`` (the inherited one with the common bin directories appended,
+``system.exec_path.normalize_execution_path``, exactly as the executor builds it), which provider CLIs and whether the
 ``accounts`` CLI are on it, and their ``--version`` lines (in a background thread: a slow CLI must not hold the
 worker up; the versions appear in the record when known). A CLI installed later is seen after a restart.
 
@@ -21,6 +22,7 @@ from typing import Any
 
 from loopsq.errors import LoopsqError
 from loopsq.executor.spec import PROVIDER_EXECUTABLES, RunMetadata, build_spec, find_executable, inherited_env
+from loopsq.system.exec_path import normalize_execution_path
 
 VERSION_TIMEOUT_S = 5.0
 _VERSION_CHARS = 80
@@ -50,7 +52,10 @@ def probe(env: Mapping[str, str] | None = None, *, versions: bool = True) -> dic
     ``accounts`` is the accounts CLI's entry, or None. With ``versions`` each entry gets its ``--version`` line.
     """
     base = inherited_env(os.environ if env is None else env)
-    path = base.get("PATH", os.defpath)
+    # The PATH a target really runs with: the inherited one plus ~/.local/bin and the other common directories,
+    # so a CLI its installer put in ~/.local/bin is published (and judged) as the executor will find it.
+    path = normalize_execution_path({**base, "PATH": base.get("PATH", os.defpath)})
+    base["PATH"] = path
     tools: dict[str, dict[str, str]] = {}
     for command in dict.fromkeys((*PROVIDER_EXECUTABLES.values(), "accounts")):
         found = shutil.which(command, path=path)

@@ -157,7 +157,9 @@ def _redis_checks(client: redis.Redis, keys: Keys, data_dir: Path, age_warn_ms: 
             for record in live:
                 can = record.get("can")
                 search = can.get("path") if isinstance(can, dict) else None
-                checks.append(Check(f"worker:{record['id']}", "ok", describe_worker(record),
+                # A worker's id already starts with its role (``worker:<host>:<pid>:<suffix>``): show it as is.
+                rid = str(record["id"])
+                checks.append(Check(rid if rid.startswith("worker:") else f"worker:{rid}", "ok", describe_worker(record),
                                     f"PATH {search}" if search else None))
     checks.extend(memory_checks(client, keys))
     failed = sum(1 for run in _recent_failed(client, keys))

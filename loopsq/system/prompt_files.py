@@ -2,7 +2,8 @@
 ``promptSource: {"type": "file", "path": <absolute path>}``.
 
 ``--prompt-file`` paths resolve against the working directory, a spec's ``promptFile`` against the spec file's
-directory. A file is read with a bound, so a wrong path (``/dev/zero``, a huge log) fails fast with one line.
+directory. Only a regular file is read, with a bound, so a wrong path (a FIFO, ``/dev/zero``, a huge log) fails
+fast with one line.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
+from loopsq.domain.user_files import open_regular_file
 from loopsq.errors import ValidationError
 
 #: The largest prompt file read (bytes).
@@ -30,14 +32,15 @@ def read_prompt_file(path: str, label: str, base_dir: str | None = None) -> tupl
         base_dir: the directory relative paths resolve against.
 
     Raises:
-        ValidationError: ``<label>: cannot read '<path>': <reason>`` (missing, a directory, unreadable), or the file
+        ValidationError: ``<label>: cannot read '<path>': <reason>`` (missing, a directory, unreadable, ``not a
+            regular file (a FIFO)``), or the file
             is larger than ``PROMPT_FILE_MAX_BYTES``, not UTF-8 text, or empty.
     """
     if not isinstance(path, str) or not path.strip():
         raise ValidationError(f"{label} must be a non-empty path, got {_q(str(path))}")
     full = os.path.abspath(os.path.join(base_dir, path) if base_dir and not os.path.isabs(path) else path)
     try:
-        with open(full, "rb") as handle:
+        with open_regular_file(full) as handle:  # a FIFO or a device is refused, never waited on or read
             data = handle.read(PROMPT_FILE_MAX_BYTES + 1)
     except OSError as exc:
         raise ValidationError(f"{label}: cannot read {_q(path)}: {exc.strerror or exc}") from exc

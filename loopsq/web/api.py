@@ -9,6 +9,7 @@ from fastapi import APIRouter, Body, Header, Path, Query
 from fastapi.responses import JSONResponse
 
 from loopsq.domain import limits
+from loopsq.domain.checks import check_visible
 from loopsq.domain.control import OUTCOMES
 from loopsq.domain.loop_spec import new_loop, show
 from loopsq.domain.models import LOOP_STATUSES
@@ -80,6 +81,10 @@ def list_loops(ctx: Ctx, status: Annotated[LoopStatus | None, Query()] = None,
                ) -> JSONResponse:
     """Loops, by status then next run (the CLI's ``list``; ``archived=only`` is ``--archived``, ``include``
     is ``--all``); with ``name``, those whose name contains it, by name, a keyset page at a time."""
+    if name is not None:
+        # No loop name holds a control or invisible character, and SQLite's LIKE stops at a NUL: "%00" matched
+        # every loop. Such a filter is bad input.
+        check_visible(name, "name")
     with ctx.mirror() as conn:
         if name is None and cursor is None:
             loops = queries.list_loops(conn, status=status, limit=limit, archived=archived)

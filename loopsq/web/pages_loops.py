@@ -14,6 +14,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import HTMLResponse
 
+from loopsq.domain.checks import check_visible
 from loopsq.domain.models import LOOP_STATUSES
 from loopsq.domain.redaction import public_loop
 from loopsq.domain.run_rules import RUN_STATUSES
@@ -97,6 +98,8 @@ def loops_list(ctx: Ctx, name: str | None, status: str | None, cursor: str | Non
     wanted = (name or "").strip() or None
     if wanted and len(wanted) > 200:
         raise ValidationError(f"name must be at most 200 characters, got {len(wanted)}")
+    if wanted:
+        check_visible(wanted, "name")  # no name holds one; SQLite's LIKE stops at a NUL
     chosen = filters.choice("status", status, LOOP_STATUSES)
     with ctx.mirror() as conn:
         page = pages.loops_page(conn, name=wanted, status=chosen, cursor=cursor, limit=LIST_PAGE)

@@ -174,6 +174,18 @@ def test_a_loop_is_created_listed_shown_paused_resumed_stopped_and_removed(web: 
     assert_error(web.client.get("/api/loops/hello"), 404, "loop not found: hello")
 
 
+def test_a_name_filter_with_a_control_character_is_400_not_every_loop(web: Web) -> None:
+    for name in ("alpha", "beta"):
+        assert web.client.post("/api/loops", json=loop_body(name)).status_code == 201
+    assert [loop["name"] for loop in web.client.get("/api/loops?name=ph").json()["items"]] == ["alpha"]
+    assert_error(web.client.get("/api/loops?name=%00"), 400, 'name must not contain control, format, bidi or '
+                 'zero-width characters (U+0000 at position 1), got "\\x00"')
+    assert_error(web.client.get("/api/loops?name=al%0Apha"), 400, 'name must not contain control, format, bidi or '
+                 'zero-width characters (U+000A at position 3), got "al\\x0apha"')
+    page = web.client.get("/?name=%00", headers={**AUTH, "Accept": "text/html"})
+    assert page.status_code == 400 and "\\x00" in page.text
+
+
 def test_loop_secrets_are_redacted_in_responses(web: Web) -> None:
     body = loop_body(target={"type": "command", "command": "env", "env": {"API_KEY": "k-123"}})
     created = web.client.post("/api/loops", json=body).json()

@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from loopsq.system.exec_path import normalize_execution_path
 from tests.integration.processes import KEYS, Cluster, Proc, open_cluster
 from tests.redis_server import RedisServer
 
@@ -50,8 +51,15 @@ def published(cluster: Cluster, proc: Proc) -> dict[str, Any]:
     return found
 
 
-def start_worker(cluster: Cluster, path: str) -> Proc:
-    return cluster.start("worker", env={"PATH": f"{path}:{SYSTEM_PATH}" if path else SYSTEM_PATH})
+def start_worker(cluster: Cluster, path: str, home: Path | None = None) -> Proc:
+    """A worker with ``path`` before the system PATH and its own HOME (so the runner's ``~/.local/bin`` stays out)."""
+    return cluster.start("worker", env={"PATH": f"{path}:{SYSTEM_PATH}" if path else SYSTEM_PATH,
+                                        "HOME": str(home or cluster.tmp / "home")})
+
+
+def target_path(cluster: Cluster, path: str, home: Path | None = None) -> str:
+    """The PATH such a worker's targets get, and publishes: the common bin dirs appended."""
+    return normalize_execution_path({"PATH": path, "HOME": str(home or cluster.tmp / "home")})
 
 
 def python_path(cluster: Cluster) -> dict[str, str]:
@@ -65,11 +73,12 @@ def test_each_live_worker_publishes_its_path_and_the_clis_it_finds_with_their_ve
     with_tools = start_worker(cluster, str(bin_dir))
     bare = start_worker(cluster, "")
     assert published(cluster, with_tools)["can"] == {
-        "path": f"{bin_dir}:{SYSTEM_PATH}",
+        "path": target_path(cluster, f"{bin_dir}:{SYSTEM_PATH}"),
         "tools": {"claude": {"path": str(claude), "version": "claude 1.0"}},
         "accounts": {"path": str(accounts), "version": "accounts 1.0"},
     }
-    assert published(cluster, bare)["can"] == {"path": SYSTEM_PATH, "tools": {}, "accounts": None}
+    assert published(cluster, bare)["can"] == {"path": target_path(cluster, SYSTEM_PATH), "tools": {},
+                                               "accounts": None}
 
 
 def test_doctor_judges_each_active_loop_against_the_live_workers_not_the_caller_s_path(cluster: Cluster) -> None:
@@ -89,13 +98,31 @@ def test_doctor_judges_each_active_loop_against_the_live_workers_not_the_caller_
     assert f"ok   loop:{loop_id}:local local: active loop target is ready: bot" in lines
     assert next(line for line in lines if line[5:].startswith("provider:claude ")).startswith(
         "ok   provider:claude        local: claude is available (")
-    assert f"ok   worker:{bare_id} provider CLIs: none; no accounts CLI (PATH {SYSTEM_PATH})" in lines
+    assert bare_id.startswith("worker:")  # shown once, not worker:worker:...
+    assert f"ok   {bare_id} provider CLIs: none; no accounts CLI (PATH {target_path(cluster, SYSTEM_PATH)})" in lines
     # A worker that has claude: the loop can run, on one of the two.
     able = start_worker(cluster, str(cluster.tmp / "bin"))
     published(cluster, able)
     done = cluster.cli("doctor", env=env, check=False)
     assert f"ok   loop:{loop_id}:workers 1 of 2 live worker(s) can run it: bot ({bare_id}: Executable not found " \
            "in PATH: claude)" in done.stdout.splitlines()
+    assert done.returncode == 0, done.stdout
+
+
+def test_doctor_and_preflight_pass_an_agent_whose_cli_is_in_the_worker_s_home_local_bin(cluster: Cluster) -> None:
+    home = cluster.tmp / "agenthome"
+    (home / ".local").mkdir(parents=True)
+    fake_cli(home / ".local" / "bin", "claude")
+    env = {"PATH": SYSTEM_PATH, "HOME": str(home)}  # this host's preflight finds it the same way
+    args = ("--provider", "claude", "--prompt", "hi", "--every", "1h", "--preflight")
+    worker = start_worker(cluster, "", home=home)  # a bare PATH: claude only in ~/.local/bin, as its installer puts it
+    assert published(cluster, worker)["can"]["tools"] == {
+        "claude": {"path": str(home / ".local" / "bin" / "claude"), "version": "claude 1.0"}}
+    created = cluster.cli("create", "agent", "bot", *args, env=env)
+    assert created.stderr == ""
+    loop_id = created.stdout.split()[2]
+    done = cluster.cli("doctor", env=env, check=False)
+    assert f"ok   loop:{loop_id}:workers 1 of 1 live worker(s) can run it: bot" in done.stdout.splitlines()
     assert done.returncode == 0, done.stdout
 
 

@@ -101,16 +101,42 @@ def test_workflows_run_on_a_worker_prints_the_run_the_worker_executed(cluster: C
     done = cluster.cli("workflows", "run", "wf")
     (run_id,) = run_ids(cluster)
     assert done.stdout == f"{run_id} succeeded\n  00  succeeded   a\n"
+    assert done.stderr == f"workflow run {run_id} queued\n"  # its id first, before the wait
     assert (cluster.tmp / "seen").read_text().strip() == run_id
     assert store(cluster).require(run_id).run["workerId"] == cluster.worker_id(worker)
 
 
-def test_workflows_run_without_a_worker_says_so_after_its_wait(cluster: Cluster) -> None:
+def test_workflows_run_without_a_worker_says_so_after_its_wait_naming_the_queued_run(cluster: Cluster) -> None:
     stored(cluster, [sh("a", "true")])
-    done = cluster.cli("workflows", "run", "wf", "--wait", "0.5", check=False)
-    assert done.returncode == 1
-    assert done.stderr == ("error: no worker picked up the workflow run within 0.5s; is `loopsq worker` running? "
-                           "(--local runs it here)\n")
+    for wait in ("0.5", "0"):
+        done = cluster.cli("workflows", "run", "wf", "--wait", wait, check=False)
+        run_id = done.stderr.split()[2]
+        assert (done.returncode, done.stdout) == (1, "")
+        assert done.stderr == (f"workflow run {run_id} queued\n"
+                               f"error: no worker picked up workflow run {run_id} within {wait}s; it stays queued for a "
+                               "worker (is `loopsq worker` running? --no-wait returns at once; --local runs it here)\n")
+    # It did stay queued: a worker that comes runs both.
+    cluster.start("worker")
+    cluster.wait_until(lambda: len(ids := run_ids(cluster)) == 2 and all(
+        store(cluster).require(i).run["status"] == "succeeded" for i in ids), 20, "both queued runs to succeed")
+
+
+@pytest.mark.timeout(60)
+def test_workflows_run_no_wait_queues_the_run_prints_its_id_and_exits_0(cluster: Cluster) -> None:
+    stored(cluster, [sh("a", "sleep 0.5")])
+    queued = cluster.cli("workflows", "run", "wf", "--no-wait")
+    run_id = queued.stdout.split()[0]
+    assert (queued.returncode, queued.stdout, queued.stderr) == (0, f"{run_id} queued\n", "")
+    spec = json.loads(cluster.cli("--json", "workflows", "run", "wf", "--no-wait").stdout)
+    assert set(spec) == {"runId", "workflowId", "workflowName", "status"}
+    assert (spec["workflowName"], spec["status"]) == ("wf", "queued")
+    refused = cluster.cli("workflows", "run", "wf", "--no-wait", "--local", check=False)
+    assert (refused.returncode, refused.stderr) == (
+        2, "error: --no-wait runs the workflow on a worker; drop --local or --no-wait\n")
+    cluster.start("worker")
+    for queued_id in (run_id, spec["runId"]):
+        cluster.wait_until(lambda i=queued_id: (s := store(cluster).load(i)) and s.terminal, 20, "the run to end")
+        assert store(cluster).require(queued_id).run["status"] == "succeeded"
 
 
 # -- runs, events, inspect ----------------------------------------------------------------------------------
@@ -259,6 +285,33 @@ def test_logs_follow_of_a_step_that_prints_nothing_ends_when_the_step_ends(clust
         follower.communicate()
         raise AssertionError("logs -f kept waiting for a step that ended without output") from None
     assert (follower.returncode, out, err) == (0, "", "")
+
+
+def test_logs_follow_exits_1_when_what_it_followed_failed_as_run_now_does(cluster: Cluster) -> None:
+    run_id = run_here(cluster, stored(cluster, FAILING))
+    for args, code in (((), 1), (("--step", "b"), 1), (("--step", "a"), 0)):
+        done = cluster.cli("logs", run_id, *args, "-f", check=False)
+        assert done.returncode == code, (args, done.stdout, done.stderr)
+    assert cluster.cli("logs", run_id, check=False).returncode == 0  # without -f: only the output, as before
+    ok_id = run_here(cluster, stored(cluster, [sh("a", "echo fine")], name="ok"))
+    assert cluster.cli("logs", ok_id, "-f").stdout == "a | fine\n"
+
+
+@pytest.mark.timeout(60)
+def test_logs_follow_of_a_loop_run_that_fails_while_followed_exits_1(cluster: Cluster) -> None:
+    go = cluster.tmp / "go"
+    cluster.create("flaky", f"while [ ! -e {go} ]; do sleep 0.02; done; echo dying; exit 3", "--at",
+                   "2020-01-01T00:00:00Z")
+    cluster.start_all(schedulers=1, workers=1)
+    run = cluster.wait_until(lambda: (runs := cluster.runs("flaky")) and runs[0], 30, "the run to start")
+    follower = _start_logs(cluster, run.id, "-f")
+    try:
+        cluster.wait_until(lambda: _blocked_readers(cluster), 20, "logs -f to wait for output", every=0.02)
+        go.touch()
+        out, err = follower.communicate(timeout=30)
+    finally:
+        follower.kill()
+    assert (follower.returncode, out, err) == (1, "dying\n", "")
 
 
 def test_logs_of_an_unknown_run_or_step_says_which(cluster: Cluster) -> None:

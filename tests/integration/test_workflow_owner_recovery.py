@@ -121,7 +121,8 @@ def test_a_worker_killed_mid_workflow_run_has_the_run_failed_within_fifteen_seco
     # No scheduler yet: the waiting CLI notices the worker's liveness key expire and says so.
     out, err = waiting.communicate(timeout=20)
     assert (waiting.returncode, out) == (1, "")
-    assert err == (f"error: the worker running workflow run {run_id} died; maintenance (`loopsq scheduler`) "
+    assert err == (f"workflow run {run_id} queued\n"
+                   f"error: the worker running workflow run {run_id} died; maintenance (`loopsq scheduler`) "
                    "records the run failed; run the workflow again\n")
     cluster.start("scheduler")
     final = cluster.wait_until(lambda: (s := store.load(run_id)) and s.terminal and s, 15, "the run to end")

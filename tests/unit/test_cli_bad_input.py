@@ -10,6 +10,8 @@ import pytest
 from tests.unit.cli_helpers import Cli, make_cli
 
 BASE = ("create", "command", "hello", "--cmd", "echo hi")
+TIME_HINT = ("use an ISO-8601 time such as 2026-01-31T09:00, 2026-01-31T09:00:00Z or 2026-01-31 (without an offset: "
+             "in --timezone)")
 
 
 @pytest.fixture
@@ -28,7 +30,15 @@ CASES = [
     ((*BASE, "--cron", "* * *"), '--cron: cron must have 5 fields, got 3: "* * *"'),
     ((*BASE, "--cron", "61 * * * *"), '--cron: invalid cron expression: "61 * * * *"'),
     ((*BASE, "--cron", "0 0 31 2 *"), '--cron: cron expression never matches: "0 0 31 2 *"'),
-    ((*BASE, "--at", "tomorrow"), "invalid schedule.at: tomorrow"),
+    ((*BASE, "--at", "tomorrow"), f"invalid schedule.at: tomorrow: {TIME_HINT}"),
+    ((*BASE, "--at", "tomorrow 9am"), f"invalid schedule.at: tomorrow 9am: {TIME_HINT}"),
+    ((*BASE, "--at", "1969-12-31T23:59:59Z"), "--at must be 1970-01-01T00:00:00Z or later, got '1969-12-31T23:59:59Z'"),
+    ((*BASE, "--at", "1900-01-01", "--timezone", "UTC"), "--at must be 1970-01-01T00:00:00Z or later, got '1900-01-01'"),
+    ((*BASE, "--every", "5"), "--every must be at least 1s, got '5' (a number without a unit is milliseconds: write "
+                              "5s or 5m)"),
+    ((*BASE, "--every", "999"), "--every must be at least 1s, got '999' (a number without a unit is milliseconds: "
+                                "write 999s or 999m)"),
+    ((*BASE, "--every", "5ms"), "--every must be at least 1s, got '5ms'"),
     ((*BASE, "--every", "1m", "--timezone", "Mars/Base"), "--timezone: unknown timezone: Mars/Base"),
     ((*BASE, "--every", "1m", "--catch-up", "sometimes"), "--catch-up must be none, latest, or all, got 'sometimes'"),
     ((*BASE, "--every", "1m", "--catch-up-limit", "0"), "--catch-up-limit must be a positive integer, got '0'"),
@@ -41,7 +51,7 @@ CASES = [
     ((*BASE, "--every", "1m", "--retry-backoff", "linear"), "--retry-backoff must be fixed or exponential, got 'linear'"),
     ((*BASE, "--every", "1m", "--retry-max-delay", "1h"),
      "--retry-max-delay requires --retry-backoff exponential, got '1h'"),
-    ((*BASE, "--every", "1m", "--expires-at", "never"), "invalid --expires-at: never"),
+    ((*BASE, "--every", "1m", "--expires-at", "never"), f"invalid --expires-at: never: {TIME_HINT}"),
     ((*BASE, "--every", "1m", "--account-tool", "codex"), "--account-tool requires --account"),
     ((*BASE, "--every", "1m", "--no-shell"),
      "--cmd must be an executable without spaces when --no-shell is given; drop --no-shell or use a script, "

@@ -62,7 +62,8 @@ CASES = [
      "codex)"),
     # documented minimums
     (("create", "command", "x", "--cmd", "true", "--every", "1ms"), "--every must be at least 1s, got '1ms'"),
-    (("create", "command", "x", "--cmd", "true", "--every", "10"), "--every must be at least 1s, got '10'"),
+    (("create", "command", "x", "--cmd", "true", "--every", "10"),
+     "--every must be at least 1s, got '10' (a number without a unit is milliseconds: write 10s or 10m)"),
     (("create", "command", "x", "--cmd", "true", "--every", "999ms"), "--every must be at least 1s, got '999ms'"),
     ((*BASE, "--lease", "1ms"), "--lease must be at least 5s, got '1ms'"),
     ((*BASE, "--lease", "4.9s"), "--lease must be at least 5s, got '4.9s'"),
@@ -166,9 +167,11 @@ def test_spec_files_are_read_with_a_bound(cli: Cli, tmp_path: Path) -> None:
     with open(big, "wb") as handle:
         handle.truncate(100 * 1024 * 1024)
     before = cli.state()
-    for path in ("/dev/zero", str(big)):
-        for command in ("validate", "create"):
-            result = cli.run("workflows", command, path)
-            assert (result.exit_code, result.stderr) == (2, f"error: workflow file is larger than 1048576 bytes: "
-                                                            f"{path}\n")
+    for command in ("validate", "create"):
+        result = cli.run("workflows", command, str(big))
+        assert (result.exit_code, result.stderr) == (2, f"error: workflow file is larger than 1048576 bytes: "
+                                                        f"{big}\n")
+        result = cli.run("workflows", command, "/dev/zero")
+        assert (result.exit_code, result.stderr) == (2, "error: workflow file is not a regular file: /dev/zero "
+                                                        "(a character device)\n")
     assert cli.state() == before

@@ -148,6 +148,43 @@ def test_a_bad_password_option_value_is_not_quoted() -> None:
     assert "hunter22" not in info.value.message
 
 
+NEVER_PRINTED = [
+    # A password holding an unescaped '?': what follows it looked like the query, and was quoted.
+    ("redis://:secretPW?123@db.example:6379/0",
+     "invalid Redis URL 'redis://:***@db.example:6379/0': an '@' after a '?' or '#': percent-encode '?', '#', '/' "
+     "and '@' in a password (%3F, %23, %2F, %40)"),
+    ("redis://:sec#retPW123@db.example:6379/0",
+     "invalid Redis URL 'redis://:***@db.example:6379/0': an '@' after a '?' or '#': percent-encode '?', '#', '/' "
+     "and '@' in a password (%3F, %23, %2F, %40)"),
+    # A misspelt password option: its value is masked like a password's.
+    ("redis://db.example:6379/0?pasword=secretPW123",
+     "invalid Redis URL 'redis://db.example:6379/0?pasword=***': unknown option 'pasword'; known: client_name, db, "
+     "health_check_interval, password, socket_connect_timeout, socket_timeout, username"),
+    ("redis+sentinel://s1/mymaster?sentinel_passwd=secretPW123",
+     "invalid Redis URL 'redis+sentinel://s1/mymaster?sentinel_passwd=***': unknown option 'sentinel_passwd'; "
+     "known: client_name, db, health_check_interval, min_other_sentinels, password, sentinel_password, "
+     "sentinel_username, socket_connect_timeout, socket_timeout, username"),
+]
+
+
+@pytest.mark.parametrize(("url", "message"), NEVER_PRINTED)
+def test_no_part_of_a_password_is_ever_printed(url: str, message: str) -> None:
+    with pytest.raises(RedisUrlError) as info:
+        parse_redis_url(url)
+    assert info.value.message == message
+    for part in ("secret", "PW", "123"):
+        assert part not in info.value.message
+
+
+def test_a_password_with_a_question_mark_gets_one_masked_line_from_the_cli(tmp_path: Path) -> None:
+    result = CliRunner().invoke(cli, ["--redis-url", "redis://:secretPW?123@db.example:6379/0", "list"],
+                                env={"LOOPSQ_DATA_DIR": str(tmp_path)})
+    assert (result.exit_code, result.stdout) == (2, "")
+    assert result.stderr == ("error: invalid Redis URL 'redis://:***@db.example:6379/0' (from --redis-url): an '@' "
+                             "after a '?' or '#': percent-encode '?', '#', '/' and '@' in a password (%3F, %23, "
+                             "%2F, %40)\n")
+
+
 def test_tls_options_reach_the_connection() -> None:
     client = client_for("rediss://:pw@db.example:6380/2?ssl_cert_reqs=none&ssl_check_hostname=false")
     kwargs = client.connection_pool.connection_kwargs

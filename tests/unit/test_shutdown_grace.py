@@ -33,6 +33,9 @@ def test_the_grace_is_derived_from_the_kill_timeout(env: dict[str, str], kill: i
     [
         ("soon", "LOOPSQ_KILL_TIMEOUT: invalid duration: soon"),
         ("0s", "LOOPSQ_KILL_TIMEOUT must be greater than zero, got '0s'"),
+        # A bare number would be milliseconds (30 ms: no grace at all), where a process manager means seconds.
+        ("30", "LOOPSQ_KILL_TIMEOUT needs a unit (a bare number would be milliseconds): write 30s, got '30'"),
+        ("2.5", "LOOPSQ_KILL_TIMEOUT needs a unit (a bare number would be milliseconds): write 2.5s, got '2.5'"),
     ],
 )
 def test_a_bad_kill_timeout_stops_the_worker_before_it_starts(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,

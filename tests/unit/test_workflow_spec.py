@@ -383,7 +383,7 @@ def test_an_unreadable_spec_file_is_reported_with_the_reason(
     def refuse(*_args: Any, **_kwargs: Any) -> Any:
         raise PermissionError(13, "Permission denied")
 
-    monkeypatch.setattr("loopsq.domain.workflow_spec.open", refuse, raising=False)
+    monkeypatch.setattr("loopsq.domain.workflow_spec.open_regular_file", refuse)
     with pytest.raises(ValidationError) as caught:
         load_workflow_file(str(path))
     assert caught.value.message == f"workflow file is not readable: {path}: Permission denied"
