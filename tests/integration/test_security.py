@@ -52,9 +52,10 @@ def test_env_values_and_prompts_are_redacted_in_cli_output(redis_server: RedisSe
     assert "s3cr3t-value" not in joined
     assert '"env": "[redacted]"' in outputs[0]
     assert secret_prompt not in joined
-    assert json.loads(outputs[2])[0]["stdout"] == "[redacted 13 chars]"
+    assert json.loads(outputs[2])[0]["stdout"] == "[redacted 11 chars]"
+    # Shown on request, the stored output: the loop's own env values were scrubbed when it was stored.
     shown = CliRunner().invoke(cli, ["--json", "runs", "c", "--show-output"]).stdout
-    assert json.loads(shown)[0]["stdout"] == "s3cr3t-value\n"
+    assert json.loads(shown)[0]["stdout"] == "[SCRUBBED]\n"
     client.close()
 
 
