@@ -19,6 +19,7 @@ from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from loopsq.domain.durations import format_duration
 from loopsq.errors import ValidationError
 from loopsq.mirror import queries
+from loopsq.ops.up import API_TOKEN_FILENAME
 from loopsq.web import auth, csrf
 from loopsq.web.context import WebContext
 from loopsq.web.deps import Ctx
@@ -43,7 +44,9 @@ def render(request: Request, ctx: WebContext | None, name: str, context: dict[st
            status: int = 200, refresh: bool = False) -> HTMLResponse:
     """A page with the security headers; ``refresh`` adds the auto-refresh."""
     refresh_s = ctx.settings.refresh_s if (ctx is not None and refresh) else None
-    extra = {"refresh_s": refresh_s, "csrf_token": csrf.token_for(request) if ctx is not None else ""}
+    # A page rendered without a context (the login form) is shown to someone not logged in: no "Log out".
+    extra = {"refresh_s": refresh_s, "csrf_token": csrf.token_for(request) if ctx is not None else "",
+             "logged_in": ctx is not None, "token_file": API_TOKEN_FILENAME}
     return templates.TemplateResponse(request, name, {**context, **extra}, status_code=status,
                                       headers=PAGE_HEADERS)
 

@@ -73,9 +73,13 @@ def error_response(request: Request, status: int, message: str,
                    headers: Mapping[str, str] | None = None) -> Response:
     """The error as JSON, or as the dashboard's error page for a browser."""
     if wants_html(request):
+        from loopsq.web.auth import PUBLIC_PATHS
         from loopsq.web.templating import templates
 
-        return templates.TemplateResponse(request, "error.html", {"error": error_body(status, message)["error"]},
+        # A request past the auth middleware on a page path is logged in; one on a public path may not be.
+        logged_in = request.url.path not in PUBLIC_PATHS
+        return templates.TemplateResponse(request, "error.html", {"error": error_body(status, message)["error"],
+                                                                  "logged_in": logged_in},
                                           status_code=status, headers=dict(headers or {}))
     return JSONResponse(error_body(status, message), status_code=status, headers=dict(headers or {}))
 

@@ -308,3 +308,27 @@ def test_the_api_lists_loops_by_part_of_their_name(client: TestClient, real_redi
     rest = client.get("/api/loops", params={"name": "NIGHT", "limit": 1, "cursor": first["nextCursor"]}).json()
     assert ([x["name"] for x in rest["items"]], rest["nextCursor"]) == (["b-nightly"], None)
     assert "nextCursor" not in client.get("/api/loops").json()
+
+
+# -- what a newcomer trips on (the dashboard) ----------------------------------------------------------------------
+LOG_OUT = '<form method="post" action="/logout"><button type="submit">Log out</button></form>'
+
+
+def test_the_login_page_has_no_log_out_button_and_its_only_submit_is_log_in(settings: WebSettings) -> None:
+    with TestClient(create_app(settings), headers=BROWSER) as anonymous:
+        for page in (anonymous.get("/login"), anonymous.post("/login", data={"token": "guess", "next": "/"})):
+            assert "Log out" not in page.text
+            assert page.text.count('type="submit"') == 1 and '<button type="submit">Log in</button>' in page.text
+
+
+def test_a_logged_in_page_and_its_error_pages_keep_the_log_out_button(cookie_client: TestClient) -> None:
+    assert LOG_OUT in cookie_client.get("/").text
+    missing = cookie_client.get("/loops/no-such-loop")
+    assert missing.status_code == 404 and LOG_OUT in missing.text
+
+
+def test_the_login_page_says_where_up_keeps_the_token(settings: WebSettings) -> None:
+    with TestClient(create_app(settings), headers=BROWSER) as anonymous:
+        text = anonymous.get("/login").text
+    assert ("<code>loopsq up</code> keeps the one it made in <code>&lt;data dir&gt;/api.token</code>\n"
+            '    (by default <code id="token-file">~/.loopsq/api.token</code>).') in text
