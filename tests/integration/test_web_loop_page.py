@@ -7,6 +7,7 @@ import html
 import json
 import re
 from collections.abc import Iterator
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -332,3 +333,29 @@ def test_the_login_page_says_where_up_keeps_the_token(settings: WebSettings) -> 
         text = anonymous.get("/login").text
     assert ("<code>loopsq up</code> keeps the one it made in <code>&lt;data dir&gt;/api.token</code>\n"
             '    (by default <code id="token-file">~/.loopsq/api.token</code>).') in text
+
+
+def action_buttons(page_html: str) -> list[str]:
+    return re.findall(r'<button type="submit" data-action="([a-z-]+)">', page_html)
+
+
+def test_a_loop_page_shows_only_the_actions_that_apply_to_the_loops_status(
+        client: TestClient, real_redis: redis.Redis) -> None:
+    loop_id = cron_loop(real_redis)
+    store, now = LoopStore(real_redis), timeutil.now()
+    assert action_buttons(client.get(f"/loops/{loop_id}").text) == ["pause", "stop", "run-now", "trigger"]
+    store.pause(loop_id, now)
+    assert action_buttons(client.get(f"/loops/{loop_id}").text) == ["resume", "stop", "run-now", "trigger"]
+    store.stop(loop_id, now)
+    assert action_buttons(client.get(f"/loops/{loop_id}").text) == ["resume", "run-now", "trigger"]
+    store.update(loop_id, "expired", now, lambda loop: loop.with_changes(status="expired"))
+    assert action_buttons(client.get(f"/loops/{loop_id}").text) == ["resume", "run-now", "trigger"]
+    past = timeutil.to_iso(now - timedelta(hours=1))
+    store.update(loop_id, "expired", now, lambda loop: loop.with_changes(expires_at=past))
+    assert action_buttons(client.get(f"/loops/{loop_id}").text) == ["run-now", "trigger"]
+    archived = cron_loop(real_redis, name="shelved")
+    store.archive(archived, now)
+    text = client.get(f"/loops/{archived}").text
+    assert action_buttons(text) == []
+    assert ('<span class="muted" id="no-actions">Archived: unarchive it (<code>loopsq unarchive</code>) to act on it.'
+            '</span>') in text
