@@ -25,7 +25,7 @@ from loopsq.errors import NotFoundError, ValidationError
 from loopsq.executor.digest import command_fields
 from loopsq.mirror import pages, queries
 from loopsq.web import filters, run_chart
-from loopsq.web.dashboard import STRIP_RUNS, describe_schedule, render
+from loopsq.web.dashboard import STRIP_RUNS, describe_schedule, jitter_of, next_run_of, render
 from loopsq.web.deps import Ctx
 
 router = APIRouter(include_in_schema=False)
@@ -90,7 +90,7 @@ def loop_page(request: Request, ctx: Ctx, loop: str, status: Text = None, since:
         "fire_times": fire_times(found), "policies": policies_in_words(found), "history": history,
         "chart": run_chart.layout(list(reversed(recent))), "filters": wanted, "notice": notice,
         "query": {k: v for k, v in wanted.items() if v}, "command": command_fields(found.get("target")),
-        "actions": loop_actions(found, ctx.now()),
+        "actions": loop_actions(found, ctx.now()), "jitter": jitter_of(found),
     }
     return render(request, ctx, "loop.html", context)
 
@@ -137,7 +137,7 @@ def loops_page(request: Request, ctx: Ctx, name: Annotated[str | None, Query()] 
         for loop in page.items:
             recent = queries.list_runs(conn, loop_id=loop["id"], limit=STRIP_RUNS)
             rows.append({"loop": loop, "schedule": describe_schedule(loop.get("schedule") or {}, loop.get("timezone")),
-                         "runs": list(reversed(recent))})
+                         "runs": list(reversed(recent)), "next_run": next_run_of(loop), "jitter": jitter_of(loop)})
     query = {k: v for k, v in chosen.items() if v}
     return render(request, ctx, "loops.html", {"rows": rows, "page": page, "filters": chosen, "query": query,
                                                "statuses": LOOP_STATUSES}, refresh=not (query or cursor))

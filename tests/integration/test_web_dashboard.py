@@ -80,7 +80,7 @@ def test_the_loops_page_shows_status_schedule_next_run_and_the_last_runs_oldest_
     assert page.status_code == 200
     assert '<span class="badge s-active">active</span>' in page.text
     assert '<td class="mono">every 1h</td>' in page.text
-    assert f'<td class="mono">{loop["nextRunAt"]}</td>' in page.text
+    assert f'<td class="mono next-run">{loop["nextRunAt"]}</td>' in page.text
     strip = re.findall(r'data-status="(\w+)" href="/runs/(\w+)"', page.text)
     assert strip == [("succeeded", "r0"), ("failed", "r1"), ("timed_out", "r2")]
     assert '<meta http-equiv="refresh" content="5">' in page.text

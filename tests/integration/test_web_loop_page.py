@@ -359,3 +359,46 @@ def test_a_loop_page_shows_only_the_actions_that_apply_to_the_loops_status(
     assert action_buttons(text) == []
     assert ('<span class="muted" id="no-actions">Archived: unarchive it (<code>loopsq unarchive</code>) to act on it.'
             '</span>') in text
+
+
+def test_a_loop_that_is_not_active_shows_no_next_run(client: TestClient, real_redis: redis.Redis) -> None:
+    store, now = LoopStore(real_redis), timeutil.now()
+    paused, stopped = cron_loop(real_redis, name="held"), cron_loop(real_redis, name="ended")
+    archived, active = cron_loop(real_redis, name="shelved"), cron_loop(real_redis, name="going")
+    store.pause(paused, now)
+    store.stop(stopped, now)
+    store.archive(archived, now)
+    assert store.get(paused).next_run_at  # kept for catch-up on resume, but not when it runs
+    page = client.get("/").text
+
+    def row(loop_id: str) -> str:
+        rest = page[page.index(f'<tr data-loop="{loop_id}">'):]
+        return rest[:rest.index("</tr>")]
+
+    assert '<td class="mono next-run">—</td>' in row(paused) and '<td class="mono next-run">—</td>' in row(stopped)
+    assert f'<td class="mono next-run">{store.get(active).next_run_at}</td>' in row(active)
+    assert '<p class="muted" id="fire-times-none">No upcoming fire times (the loop is paused).</p>' in client.get(
+        f"/loops/{paused}").text
+    assert ('<p class="muted" id="fire-times-none">No upcoming fire times (the loop is paused, archived).</p>'
+            in client.get(f"/loops/{archived}").text)
+
+
+def test_a_jittered_loop_shows_its_jitter_and_offset_where_its_next_run_is_shown(
+        client: TestClient, real_redis: redis.Redis) -> None:
+    loop_id = cron_loop(real_redis, jitterMs=300_000)
+    stored = LoopStore(real_redis).get(loop_id)
+    offset = stored.schedule.offset_ms
+    assert stored.jitter_ms == 300_000 and offset and 0 < offset < 300_000
+    words = (f"{offset // 60_000}m" if offset >= 60_000 else "") + \
+        f"{offset % 60_000 // 1000}.{offset % 1000:03d}".rstrip("0").rstrip(".") + "s"
+    listing = client.get("/").text
+    assert (f'<td class="mono next-run">{stored.next_run_at}<div class="muted jitter" title="jitterMs 300000; this '
+            f"loop's slots are offsetMs {offset} later than the schedule says (included above)\">jitter 5m · "
+            f"+{words}</div></td>") in listing
+    page = client.get(f"/loops/{loop_id}").text
+    assert (f'<dd id="jitter">5m (<span class="mono">jitterMs 300000</span>): every slot of this loop is {words} '
+            f'(<span class="mono">offsetMs {offset}</span>) later than the schedule says</dd>') in page
+    assert (f"<p class=\"muted\" id=\"fire-times-jitter\">With this loop's jitter: each time is {words} after "
+            "the schedule's slot.</p>") in page
+    plain = client.get(f"/loops/{cron_loop(real_redis, name='plain')}").text
+    assert 'id="jitter"' not in plain and 'class="muted jitter"' not in client.get("/", params={"name": "plain"}).text
