@@ -402,3 +402,26 @@ def test_a_jittered_loop_shows_its_jitter_and_offset_where_its_next_run_is_shown
             "the schedule's slot.</p>") in page
     plain = client.get(f"/loops/{cron_loop(real_redis, name='plain')}").text
     assert 'id="jitter"' not in plain and 'class="muted jitter"' not in client.get("/", params={"name": "plain"}).text
+
+
+def test_a_cancelled_loop_run_is_shown_cancelled_with_the_workflow_runs_badge_and_stays_failed(
+        client: TestClient, real_redis: redis.Redis) -> None:
+    loop_id = cron_loop(real_redis)
+    put_run(real_redis, "rc", loop_id, "2026-01-01T00:01:00.000Z", loopName="nightly", status="failed",
+            error="cancelled by user: wrong prompt", durationMs=1500)
+    put_run(real_redis, "rf", loop_id, "2026-01-01T00:02:00.000Z", loopName="nightly", status="failed",
+            error="exit code 1")
+    badge = '<span class="badge s-cancelled" title="stored as failed">cancelled</span>'
+    history = client.get(f"/loops/{loop_id}").text
+    row = history[history.index('<tr data-run="rc" data-status="failed">'):]
+    assert f"<td>{badge}</td>" in row[:row.index("</tr>")]
+    failed = history[history.index('<tr data-run="rf" data-status="failed">'):]
+    assert '<td><span class="badge s-failed">failed</span></td>' in failed[:failed.index("</tr>")]
+    assert 'data-run="rc" data-status="cancelled"' in history and "<title>cancelled · 1500ms" in history
+    assert f"<td>{badge}</td>" in client.get("/runs").text
+    run_page = client.get("/runs/rc").text
+    assert ('<span class="badge s-cancelled" data-status="failed" title="stored as failed">cancelled</span>'
+            in run_page)
+    assert '<a class="s-cancelled" data-status="failed" href="/runs/rc"\n            title="cancelled' in client.get(
+        "/").text
+    assert client.get("/api/runs/rc").json()["status"] == "failed"
