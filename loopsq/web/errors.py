@@ -69,15 +69,18 @@ def wants_html(request: Request) -> bool:
     return "text/html" in request.headers.get("accept", "")
 
 
+#: The ASGI scope key the auth middleware (``auth.TokenAuth``) sets on a request it authenticated.
+AUTHENTICATED = "loopsq.authenticated"
+
+
 def error_response(request: Request, status: int, message: str,
                    headers: Mapping[str, str] | None = None) -> Response:
     """The error as JSON, or as the dashboard's error page for a browser."""
     if wants_html(request):
-        from loopsq.web.auth import PUBLIC_PATHS
         from loopsq.web.templating import templates
 
-        # A request past the auth middleware on a page path is logged in; one on a public path may not be.
-        logged_in = request.url.path not in PUBLIC_PATHS
+        # Only a request the auth middleware let through (not one on a public path, as /login) is logged in.
+        logged_in = bool(request.scope.get(AUTHENTICATED))
         return templates.TemplateResponse(request, "error.html", {"error": error_body(status, message)["error"],
                                                                   "logged_in": logged_in},
                                           status_code=status, headers=dict(headers or {}))

@@ -19,9 +19,9 @@ from fastapi.responses import HTMLResponse
 from loopsq.domain.redaction import public_event, public_run, public_step_run, redact
 from loopsq.domain.scrub import SHAPES
 from loopsq.domain.text import shown, terminal_safe
+from loopsq.engine.recovery import step_alive
 from loopsq.errors import NotFoundError
 from loopsq.mirror import queries
-from loopsq.engine.recovery import step_alive
 from loopsq.state.workflow_run_state import TERMINAL_RUN
 from loopsq.state.workflow_runs import WorkflowRunStore
 from loopsq.web import dag, live
