@@ -26,7 +26,7 @@ from starlette.requests import cookie_parser
 from starlette.responses import JSONResponse, RedirectResponse, Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from loopsq.web.errors import error_body
+from loopsq.web.errors import AUTHENTICATED, error_body
 from loopsq.web.sessions import Sessions
 
 COOKIE_NAME = "loopsq_session"
@@ -97,6 +97,7 @@ class TokenAuth:
         headers = Headers(scope=scope)
         problem = await check(headers, path, self.token, self.sessions)
         if problem is None:
+            scope[AUTHENTICATED] = True
             await self.app(scope, receive, send)
             return
         if scope["type"] == "websocket":

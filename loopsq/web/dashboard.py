@@ -19,6 +19,7 @@ from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from loopsq.domain.durations import format_duration
 from loopsq.errors import ValidationError
 from loopsq.mirror import queries
+from loopsq.ops.up import API_TOKEN_FILENAME
 from loopsq.web import auth, csrf
 from loopsq.web.context import WebContext
 from loopsq.web.deps import Ctx
@@ -43,7 +44,9 @@ def render(request: Request, ctx: WebContext | None, name: str, context: dict[st
            status: int = 200, refresh: bool = False) -> HTMLResponse:
     """A page with the security headers; ``refresh`` adds the auto-refresh."""
     refresh_s = ctx.settings.refresh_s if (ctx is not None and refresh) else None
-    extra = {"refresh_s": refresh_s, "csrf_token": csrf.token_for(request) if ctx is not None else ""}
+    # A page rendered without a context (the login form) is shown to someone not logged in: no "Log out".
+    extra = {"refresh_s": refresh_s, "csrf_token": csrf.token_for(request) if ctx is not None else "",
+             "logged_in": ctx is not None, "token_file": API_TOKEN_FILENAME}
     return templates.TemplateResponse(request, name, {**context, **extra}, status_code=status,
                                       headers=PAGE_HEADERS)
 
@@ -59,6 +62,36 @@ def describe_schedule(schedule: dict[str, Any], timezone: str | None = None) -> 
     if kind == "once":
         return f"once at {schedule.get('at')}"
     return str(kind or "?")
+
+
+def offset_words(ms: int) -> str:
+    """An offset in hours, minutes and seconds: ``2m13.456s``, ``1h0m5s``, ``0.25s``."""
+    hours, rest = divmod(ms, 3_600_000)
+    minutes, rest = divmod(rest, 60_000)
+    seconds = f"{rest // 1000}.{rest % 1000:03d}".rstrip("0").rstrip(".") + "s"
+    if hours:
+        return f"{hours}h{minutes}m{seconds}"
+    return f"{minutes}m{seconds}" if minutes else seconds
+
+
+def jitter_of(loop: dict[str, Any]) -> dict[str, Any] | None:
+    """A jittered loop's ``jitterMs`` and its offset (``schedule.offsetMs``, ``domain/jitter.py``) in words, for
+    where its next run is shown (the times shown already include the offset); None without jitter."""
+    jitter = loop.get("jitterMs")
+    if not isinstance(jitter, int) or isinstance(jitter, bool) or jitter <= 0:
+        return None
+    offset = (loop.get("schedule") or {}).get("offsetMs")
+    offset = offset if isinstance(offset, int) and not isinstance(offset, bool) and offset > 0 else 0
+    return {"jitterMs": jitter, "jitter": format_duration(jitter), "offsetMs": offset, "offset": offset_words(offset)}
+
+
+def next_run_of(loop: dict[str, Any]) -> str | None:
+    """The next run to show: none for a loop that is not active (a paused, stopped, expired or archived loop keeps
+    a ``nextRunAt`` from before, in the past by now, which it does not run at)."""
+    if loop.get("status") != "active" or loop.get("archivedAt"):
+        return None
+    value = loop.get("nextRunAt")
+    return str(value) if value else None
 
 
 # -- login -------------------------------------------------------------------------------------------------

@@ -69,13 +69,20 @@ def wants_html(request: Request) -> bool:
     return "text/html" in request.headers.get("accept", "")
 
 
+#: The ASGI scope key the auth middleware (``auth.TokenAuth``) sets on a request it authenticated.
+AUTHENTICATED = "loopsq.authenticated"
+
+
 def error_response(request: Request, status: int, message: str,
                    headers: Mapping[str, str] | None = None) -> Response:
     """The error as JSON, or as the dashboard's error page for a browser."""
     if wants_html(request):
         from loopsq.web.templating import templates
 
-        return templates.TemplateResponse(request, "error.html", {"error": error_body(status, message)["error"]},
+        # Only a request the auth middleware let through (not one on a public path, as /login) is logged in.
+        logged_in = bool(request.scope.get(AUTHENTICATED))
+        return templates.TemplateResponse(request, "error.html", {"error": error_body(status, message)["error"],
+                                                                  "logged_in": logged_in},
                                           status_code=status, headers=dict(headers or {}))
     return JSONResponse(error_body(status, message), status_code=status, headers=dict(headers or {}))
 

@@ -9,6 +9,7 @@ error body (an HTML page for a browser), as the API answers.
 from __future__ import annotations
 
 import json
+from datetime import datetime
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Request
@@ -19,12 +20,13 @@ from loopsq.domain.models import LOOP_STATUSES
 from loopsq.domain.redaction import public_loop
 from loopsq.domain.run_rules import RUN_STATUSES
 from loopsq.domain.text import shown
+from loopsq.domain.timeutil import from_iso
 from loopsq.domain.upcoming import fire_times, policies_in_words, schedule_in_words
 from loopsq.errors import NotFoundError, ValidationError
 from loopsq.executor.digest import command_fields
 from loopsq.mirror import pages, queries
 from loopsq.web import filters, run_chart
-from loopsq.web.dashboard import STRIP_RUNS, describe_schedule, render
+from loopsq.web.dashboard import STRIP_RUNS, describe_schedule, jitter_of, next_run_of, render
 from loopsq.web.deps import Ctx
 
 router = APIRouter(include_in_schema=False)
@@ -40,6 +42,25 @@ Cursor = Annotated[str | None, Query(max_length=400)]
 #: What a loop page says after an action redirected to it (a fixed text per action; never the query's text).
 DONE = {"pause": "Paused.", "resume": "Resumed.", "stop": "Stopped.", "trigger": "Triggered run",
         "run-now-queued": "Run-now requested; no worker has taken it yet."}
+
+
+def loop_actions(loop: dict[str, Any], now: datetime) -> list[str]:
+    """The actions that apply to the loop as it is (``domain/lifecycle.py``): none on an archived loop (it must be
+    unarchived first); pause an active loop; resume a paused, stopped or expired one (not one whose ``expiresAt``
+    has passed); stop an active or paused one; run-now and trigger any other."""
+    if loop.get("archivedAt"):
+        return []
+    status = loop.get("status")
+    expires = loop.get("expiresAt")
+    past_expiry = isinstance(expires, str) and bool(expires) and from_iso(expires) <= now
+    shown_verbs = []
+    if status == "active":
+        shown_verbs.append("pause")
+    if status in ("paused", "stopped") or (status == "expired" and not past_expiry):
+        shown_verbs.append("resume")
+    if status in ("active", "paused"):
+        shown_verbs.append("stop")
+    return [*shown_verbs, "run-now", "trigger"]
 
 
 def run_filters(status: str | None, since: str | None, until: str | None) -> dict[str, str | None]:
@@ -70,6 +91,7 @@ def loop_page(request: Request, ctx: Ctx, loop: str, status: Text = None, since:
         "fire_times": fire_times(found), "policies": policies_in_words(found), "history": history,
         "chart": run_chart.layout(list(reversed(recent))), "filters": wanted, "notice": notice,
         "query": {k: v for k, v in wanted.items() if v}, "command": command_fields(found.get("target")),
+        "actions": loop_actions(found, ctx.now()), "jitter": jitter_of(found),
     }
     return render(request, ctx, "loop.html", context)
 
@@ -118,7 +140,7 @@ def loops_page(request: Request, ctx: Ctx, name: Annotated[str | None, Query()] 
         for loop in page.items:
             recent = queries.list_runs(conn, loop_id=loop["id"], limit=STRIP_RUNS)
             rows.append({"loop": loop, "schedule": describe_schedule(loop.get("schedule") or {}, loop.get("timezone")),
-                         "runs": list(reversed(recent))})
+                         "runs": list(reversed(recent)), "next_run": next_run_of(loop), "jitter": jitter_of(loop)})
     query = {k: v for k, v in chosen.items() if v}
     return render(request, ctx, "loops.html", {"rows": rows, "page": page, "filters": chosen, "query": query,
                                                "statuses": LOOP_STATUSES}, refresh=not (query or cursor))

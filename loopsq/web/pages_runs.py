@@ -19,9 +19,11 @@ from fastapi.responses import HTMLResponse
 from loopsq.domain.redaction import public_event, public_run, public_step_run, redact
 from loopsq.domain.scrub import SHAPES
 from loopsq.domain.text import shown, terminal_safe
+from loopsq.engine.recovery import step_alive
 from loopsq.errors import NotFoundError
 from loopsq.mirror import queries
 from loopsq.state.workflow_run_state import TERMINAL_RUN
+from loopsq.state.workflow_runs import WorkflowRunStore
 from loopsq.web import dag, live
 from loopsq.web.dashboard import render
 from loopsq.web.deps import Ctx, ShowOutput
@@ -71,6 +73,19 @@ def run_page(request: Request, ctx: Ctx, run_id: str, show_output: ShowOutput = 
     return render(request, ctx, "run.html", context, refresh=run.get("status") == "running")
 
 
+def recoverable(ctx: Ctx, run_id: str) -> bool:
+    """Whether Recover applies to a running workflow run, as the action decides it (``actions.py``,
+    ``WorkflowRunStore.recover``): it has running steps and none of their processes (or, on another host, their
+    workers) is alive any more. A finished run, or one with nothing running or something still alive, has nothing
+    to recover."""
+    state = WorkflowRunStore(ctx.client, ctx.keys).load(run_id)
+    if state is None or state.terminal:
+        return False
+    running = [s for s in state.ordered_steps() if s.get("status") == "running"]
+    alive = step_alive(ctx.client, ctx.keys, state.run)
+    return bool(running) and not any(alive(s) for s in running)
+
+
 @router.get("/workflow-runs/{run_id}")
 def workflow_run_page(request: Request, ctx: Ctx, run_id: str, show_output: ShowOutput = True) -> HTMLResponse:
     """A workflow run: its DAG (steps coloured by status), each step's output (live while it runs) and its
@@ -106,5 +121,6 @@ def workflow_run_page(request: Request, ctx: Ctx, run_id: str, show_output: Show
                  if sources else None)
     return render(request, ctx, "workflow_run.html",
                   {"run": run, "steps": steps, "events": events, "graph": graph, "dag": dag, "outputs": outputs,
-                   "live": live_view, "show_output": show_output, "running": running},
+                   "live": live_view, "show_output": show_output, "running": running,
+                   "recoverable": running and recoverable(ctx, run_id)},
                   refresh=running)

@@ -12,6 +12,7 @@ from typing import Any
 
 from loopsq.domain import missed
 from loopsq.domain.durations import format_duration
+from loopsq.web.templating import run_status_shown
 
 BAR_WIDTH = 14
 BAR_GAP = 4
@@ -63,10 +64,10 @@ def layout(runs: Sequence[Mapping[str, Any]]) -> Chart:
             title = (f"{missed.label(run.get('missedCount'))} · slots {run.get('scheduledFor')} → "
                      f"{run.get('missedLast') or run.get('scheduledFor')}")
         else:
-            title = f"{run.get('status')} · {shown} · slot {run.get('scheduledFor')} · attempt {run.get('attempt')}"
+            title = f"{run_status_shown(run)} · {shown} · slot {run.get('scheduledFor')} · attempt {run.get('attempt')}"
         if run.get("error"):
             title += f" · {run['error']}"
-        bars.append(Bar(str(run.get("id")), str(run.get("status")), MARGIN_LEFT + i * (BAR_WIDTH + BAR_GAP),
+        bars.append(Bar(str(run.get("id")), run_status_shown(run), MARGIN_LEFT + i * (BAR_WIDTH + BAR_GAP),
                         bottom - height, height, title))
     width = MARGIN_LEFT + max(len(runs), 1) * (BAR_WIDTH + BAR_GAP) + MARGIN
     return Chart(bars, width, bottom + AXIS_HEIGHT, top, bottom, format_duration(longest) if longest else "0ms")

@@ -7,7 +7,9 @@ skips, saying so, only when that binary is missing.
 from __future__ import annotations
 
 import json
+import os
 import re
+import subprocess
 import threading
 import time
 from collections.abc import Iterator
@@ -26,7 +28,9 @@ from loopsq.engine.runtime import Runtime
 from loopsq.engine.workflow_runner import execute_workflow
 from loopsq.state.keys import Keys
 from loopsq.state.loops import LoopStore
+from loopsq.state.workflow_runs import WorkflowRunStore
 from loopsq.state.workflows import WorkflowStore
+from loopsq.system.procs import hostname, process_start_time
 from loopsq.web import WebSettings, create_app
 from tests.integration.test_web_api import AUTH, PIPELINE, TOKEN, loop_body, put_run
 from tests.redis_server import RedisServer, free_port
@@ -80,7 +84,7 @@ def test_the_loops_page_shows_status_schedule_next_run_and_the_last_runs_oldest_
     assert page.status_code == 200
     assert '<span class="badge s-active">active</span>' in page.text
     assert '<td class="mono">every 1h</td>' in page.text
-    assert f'<td class="mono">{loop["nextRunAt"]}</td>' in page.text
+    assert f'<td class="mono next-run">{loop["nextRunAt"]}</td>' in page.text
     strip = re.findall(r'data-status="(\w+)" href="/runs/(\w+)"', page.text)
     assert strip == [("succeeded", "r0"), ("failed", "r1"), ("timed_out", "r2")]
     assert '<meta http-equiv="refresh" content="5">' in page.text
@@ -283,3 +287,30 @@ def test_a_loop_page_shows_usage_per_run_the_window_totals_and_the_budget(
             '<span class="usage-week">week from 2026-11-30: 5 runs · in 800 · out 150 tokens · $1.75</span></dd>') in page
     assert '<dd id="budget">40 runs/week; $2.50/day</dd>' in page
     assert '<td class="usage">in 120 · out 30 · $0.4000</td>' in page
+
+
+RECOVER = 'data-action="recover">Recover</button>'
+
+
+def test_recover_shows_only_on_a_running_workflow_run_whose_step_process_is_gone(
+        client: TestClient, real_redis: redis.Redis) -> None:
+    spec = WorkflowStore(real_redis).create({**PIPELINE, "name": "another"}, timeutil.now())
+    store = WorkflowRunStore(real_redis)
+    done, _ = store.create(spec, timeutil.now())
+    assert store.finish_run(done, "succeeded", timeutil.now(), error=None)
+    succeeded = client.get(f"/workflow-runs/{done.run_id}").text
+    assert 'data-status="succeeded">succeeded</span>' in succeeded and RECOVER not in succeeded
+    assert RECOVER not in client.get(f"/workflow-runs/{failed_pipeline_run(real_redis)}").text
+    state, _ = store.create(spec, timeutil.now())
+    assert RECOVER not in client.get(f"/workflow-runs/{state.run_id}").text  # nothing running yet
+    assert store.start_step(state, "build", timeutil.now())
+    me = os.getpid()
+    store.mark_step_pid(state, "build", timeutil.now(), pid=me, start_time=process_start_time(me), host=hostname())
+    alive = client.get(f"/workflow-runs/{state.run_id}").text
+    assert RECOVER not in alive and 'data-action="cancel">Cancel workflow run</button>' in alive
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    store.mark_step_pid(state, "build", timeutil.now(), pid=dead.pid, start_time=None, host=hostname())
+    gone = client.get(f"/workflow-runs/{state.run_id}").text
+    assert (f'<form class="action" method="post" action="/workflow-runs/{state.run_id}/recover">' in gone
+            and RECOVER in gone)

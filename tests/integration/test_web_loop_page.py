@@ -7,6 +7,7 @@ import html
 import json
 import re
 from collections.abc import Iterator
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -308,3 +309,119 @@ def test_the_api_lists_loops_by_part_of_their_name(client: TestClient, real_redi
     rest = client.get("/api/loops", params={"name": "NIGHT", "limit": 1, "cursor": first["nextCursor"]}).json()
     assert ([x["name"] for x in rest["items"]], rest["nextCursor"]) == (["b-nightly"], None)
     assert "nextCursor" not in client.get("/api/loops").json()
+
+
+# -- what a newcomer trips on (the dashboard) ----------------------------------------------------------------------
+LOG_OUT = '<form method="post" action="/logout"><button type="submit">Log out</button></form>'
+
+
+def test_the_login_page_has_no_log_out_button_and_its_only_submit_is_log_in(settings: WebSettings) -> None:
+    with TestClient(create_app(settings), headers=BROWSER) as anonymous:
+        for page in (anonymous.get("/login"), anonymous.post("/login", data={"token": "guess", "next": "/"})):
+            assert "Log out" not in page.text
+            assert page.text.count('type="submit"') == 1 and '<button type="submit">Log in</button>' in page.text
+
+
+def test_a_logged_in_page_and_its_error_pages_keep_the_log_out_button(cookie_client: TestClient) -> None:
+    assert LOG_OUT in cookie_client.get("/").text
+    missing = cookie_client.get("/loops/no-such-loop")
+    assert missing.status_code == 404 and LOG_OUT in missing.text
+
+
+def test_the_login_page_says_where_up_keeps_the_token(settings: WebSettings) -> None:
+    with TestClient(create_app(settings), headers=BROWSER) as anonymous:
+        text = anonymous.get("/login").text
+    assert ("<code>loopsq up</code> keeps the one it made in <code>&lt;data dir&gt;/api.token</code>\n"
+            '    (by default <code id="token-file">~/.loopsq/api.token</code>).') in text
+
+
+def action_buttons(page_html: str) -> list[str]:
+    return re.findall(r'<button type="submit" data-action="([a-z-]+)">', page_html)
+
+
+def test_a_loop_page_shows_only_the_actions_that_apply_to_the_loops_status(
+        client: TestClient, real_redis: redis.Redis) -> None:
+    loop_id = cron_loop(real_redis)
+    store, now = LoopStore(real_redis), timeutil.now()
+    assert action_buttons(client.get(f"/loops/{loop_id}").text) == ["pause", "stop", "run-now", "trigger"]
+    store.pause(loop_id, now)
+    assert action_buttons(client.get(f"/loops/{loop_id}").text) == ["resume", "stop", "run-now", "trigger"]
+    store.stop(loop_id, now)
+    assert action_buttons(client.get(f"/loops/{loop_id}").text) == ["resume", "run-now", "trigger"]
+    store.update(loop_id, "expired", now, lambda loop: loop.with_changes(status="expired"))
+    assert action_buttons(client.get(f"/loops/{loop_id}").text) == ["resume", "run-now", "trigger"]
+    past = timeutil.to_iso(now - timedelta(hours=1))
+    store.update(loop_id, "expired", now, lambda loop: loop.with_changes(expires_at=past))
+    assert action_buttons(client.get(f"/loops/{loop_id}").text) == ["run-now", "trigger"]
+    archived = cron_loop(real_redis, name="shelved")
+    store.archive(archived, now)
+    text = client.get(f"/loops/{archived}").text
+    assert action_buttons(text) == []
+    assert ('<span class="muted" id="no-actions">Archived: unarchive it (<code>loopsq unarchive</code>) to act on it.'
+            '</span>') in text
+
+
+def test_a_loop_that_is_not_active_shows_no_next_run(client: TestClient, real_redis: redis.Redis) -> None:
+    store, now = LoopStore(real_redis), timeutil.now()
+    paused, stopped = cron_loop(real_redis, name="held"), cron_loop(real_redis, name="ended")
+    archived, active = cron_loop(real_redis, name="shelved"), cron_loop(real_redis, name="going")
+    store.pause(paused, now)
+    store.stop(stopped, now)
+    store.archive(archived, now)
+    assert store.get(paused).next_run_at  # kept for catch-up on resume, but not when it runs
+    page = client.get("/").text
+
+    def row(loop_id: str) -> str:
+        rest = page[page.index(f'<tr data-loop="{loop_id}">'):]
+        return rest[:rest.index("</tr>")]
+
+    assert '<td class="mono next-run">—</td>' in row(paused) and '<td class="mono next-run">—</td>' in row(stopped)
+    assert f'<td class="mono next-run">{store.get(active).next_run_at}</td>' in row(active)
+    assert '<p class="muted" id="fire-times-none">No upcoming fire times (the loop is paused).</p>' in client.get(
+        f"/loops/{paused}").text
+    assert ('<p class="muted" id="fire-times-none">No upcoming fire times (the loop is paused, archived).</p>'
+            in client.get(f"/loops/{archived}").text)
+
+
+def test_a_jittered_loop_shows_its_jitter_and_offset_where_its_next_run_is_shown(
+        client: TestClient, real_redis: redis.Redis) -> None:
+    loop_id = cron_loop(real_redis, jitterMs=300_000)
+    stored = LoopStore(real_redis).get(loop_id)
+    offset = stored.schedule.offset_ms
+    assert stored.jitter_ms == 300_000 and offset and 0 < offset < 300_000
+    words = (f"{offset // 60_000}m" if offset >= 60_000 else "") + \
+        f"{offset % 60_000 // 1000}.{offset % 1000:03d}".rstrip("0").rstrip(".") + "s"
+    listing = client.get("/").text
+    assert (f'<td class="mono next-run">{stored.next_run_at}<div class="muted jitter" title="jitterMs 300000; this '
+            f"loop's slots are offsetMs {offset} later than the schedule says (included above)\">jitter 5m · "
+            f"+{words}</div></td>") in listing
+    page = client.get(f"/loops/{loop_id}").text
+    assert (f'<dd id="jitter">5m (<span class="mono">jitterMs 300000</span>): every slot of this loop is {words} '
+            f'(<span class="mono">offsetMs {offset}</span>) later than the schedule says</dd>') in page
+    assert (f"<p class=\"muted\" id=\"fire-times-jitter\">With this loop's jitter: each time is {words} after "
+            "the schedule's slot.</p>") in page
+    plain = client.get(f"/loops/{cron_loop(real_redis, name='plain')}").text
+    assert 'id="jitter"' not in plain and 'class="muted jitter"' not in client.get("/", params={"name": "plain"}).text
+
+
+def test_a_cancelled_loop_run_is_shown_cancelled_with_the_workflow_runs_badge_and_stays_failed(
+        client: TestClient, real_redis: redis.Redis) -> None:
+    loop_id = cron_loop(real_redis)
+    put_run(real_redis, "rc", loop_id, "2026-01-01T00:01:00.000Z", loopName="nightly", status="failed",
+            error="cancelled by user: wrong prompt", durationMs=1500)
+    put_run(real_redis, "rf", loop_id, "2026-01-01T00:02:00.000Z", loopName="nightly", status="failed",
+            error="exit code 1")
+    badge = '<span class="badge s-cancelled" title="stored as failed">cancelled</span>'
+    history = client.get(f"/loops/{loop_id}").text
+    row = history[history.index('<tr data-run="rc" data-status="failed">'):]
+    assert f"<td>{badge}</td>" in row[:row.index("</tr>")]
+    failed = history[history.index('<tr data-run="rf" data-status="failed">'):]
+    assert '<td><span class="badge s-failed">failed</span></td>' in failed[:failed.index("</tr>")]
+    assert 'data-run="rc" data-status="cancelled"' in history and "<title>cancelled · 1500ms" in history
+    assert f"<td>{badge}</td>" in client.get("/runs").text
+    run_page = client.get("/runs/rc").text
+    assert ('<span class="badge s-cancelled" data-status="failed" title="stored as failed">cancelled</span>'
+            in run_page)
+    assert '<a class="s-cancelled" data-status="failed" href="/runs/rc"\n            title="cancelled' in client.get(
+        "/").text
+    assert client.get("/api/runs/rc").json()["status"] == "failed"
