@@ -25,6 +25,7 @@ from mcp.shared.exceptions import MCPError
 
 from loopsq import __version__
 from loopsq.domain.limits import MAX_BODY_BYTES
+from loopsq.domain.text import shown
 from loopsq.errors import LoopsqError
 from loopsq.mcp import mutation_tools, output, read_tools, resources, run_tools
 from loopsq.mcp.arguments import check_gates, check_schema, parse_allowed_tools, without_ignored
@@ -133,9 +134,10 @@ def build_server(ctx: McpContext) -> Server[Any]:
         except Exception as exc:
             message = failure_message(ctx, exc)
             if message is None:
-                log.exception("reading %s failed", uri)
-                raise MCPError(types.INTERNAL_ERROR, f"internal error reading {uri}; see the server's log") from exc
-            raise MCPError(types.INVALID_PARAMS, message, {"uri": uri}) from exc
+                log.exception("reading %s failed", shown(uri))
+                raise MCPError(types.INTERNAL_ERROR,
+                               f"internal error reading {shown(uri)}; see the server's log") from exc
+            raise MCPError(types.INVALID_PARAMS, message, {"uri": shown(uri)}) from exc
         return types.ReadResourceResult(contents=[types.TextResourceContents(uri=uri, text=text,
                                                                              mime_type=resources.JSON)])
 

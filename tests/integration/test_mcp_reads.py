@@ -361,3 +361,22 @@ def test_every_malformed_stdio_line_gets_a_json_rpc_error_and_the_session_goes_o
         refused(-32600, None, 'invalid JSON-RPC message: a message must be a JSON object, got "ping"'),
         {"jsonrpc": "2.0", "id": 7, "result": {}},
     ]
+
+
+@pytest.mark.parametrize(("transport", "length"), [("stdio", 100_000), ("http", 10_000)])
+def test_not_found_errors_quote_a_short_prefix_of_a_long_name(deployment: Deployment, transport: str,
+                                                              length: int) -> None:
+    # Over HTTP the SDK's client also sends the resource's URI in a header, which the server's HTTP parser bounds
+    # (a 100 KB one is refused as an invalid HTTP request): 10 KB there.
+    name = "x" * length
+
+    async def scenario(client: Client) -> tuple[str, Any, str]:
+        with pytest.raises(MCPError) as missing:
+            await client.read_resource(f"loopsq://loops/{name}")
+        shown = error(await client.call_tool("loops_show", {"idOrName": name[:200]}))
+        return missing.value.error.message, missing.value.error.data, shown
+
+    message, data, shown = deployment.run(transport, scenario)
+    assert message == f"loop not found: {'x' * 64}… ({length - 64} more characters)"
+    assert data == {"uri": f"loopsq://loops/{'x' * 49}… ({length + 15 - 64} more characters)"}
+    assert shown == f"loop not found: {'x' * 64}… (136 more characters)"
