@@ -50,8 +50,9 @@ LAST_RUN_FIELDS = ("id", "status", "attempt", "scheduledFor", "finishedAt", "exi
 @click.argument("id_or_name")
 @json_flag
 def show(id_or_name: str) -> None:
-    """Show one loop as JSON (prompts and env redacted), with the command line it runs and its digest, its
-    history window in Redis and its newest run's status and error."""
+    """Show one loop as JSON, with the command line it runs and its digest, its history window in Redis and its
+    newest run's status and error. A target's env is shown as '[redacted]'; an agent prompt keeps its first 80
+    characters, the rest shown as '... [redacted N chars]' (a prompt of 80 characters or fewer is shown in full)."""
     app = get_app()
     conn = app.mirror()
     loop = queries.find_loop(conn, id_or_name)

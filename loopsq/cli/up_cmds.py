@@ -34,7 +34,9 @@ def _root_param(name: str) -> str | None:
 @click.option("--concurrency", default=str(DEFAULT_CONCURRENCY), show_default=True, metavar="N",
               help="How many runs each worker holds at once.")
 @click.option("--demo", is_flag=True,
-              help="Create demo-hello (every 10s), demo-workflow and demo-workflow-loop (every 30s) if absent.")
+              help="Create demo-hello (every 10s), demo-workflow and demo-workflow-loop (every 30s) and "
+                   "demo-steering (a fake agent: no_op twice, each asking for its next run in 5s, then done, which "
+                   "stops its loop) if absent.")
 @click.option("--stop-timeout", default="10s", show_default=True, metavar="DURATION",
               help="On stop, how long each process has after SIGTERM before SIGKILL.")
 @click.option("--web-port", default="8080", show_default=True, metavar="PORT", help="The web app's port (loopback).")

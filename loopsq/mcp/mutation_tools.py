@@ -17,6 +17,7 @@ from loopsq.domain.models import Loop
 from loopsq.domain.redaction import public_loop, public_run, public_workflow_run
 from loopsq.domain.run_rules import TERMINAL, LoopRun
 from loopsq.domain.targets import CONFIG_ISOLATIONS, PROMPT_VIAS, PROVIDERS
+from loopsq.domain.text import shown
 from loopsq.engine.cancel import request_run_cancel
 from loopsq.engine.routing import arm_created
 from loopsq.errors import NotFoundError
@@ -157,7 +158,7 @@ def run_cancel(call: Call) -> dict[str, Any]:
             return {"kind": "workflowRun", "cancelRequested": False, "workflowRun": public_workflow_run(archived)}
         row = queries.get_run(conn, run_id)
     if row is None:
-        raise NotFoundError(f"run not found: {run_id}")
+        raise NotFoundError(f"run not found: {shown(run_id)}")
     return {"kind": "loopRun", "cancelRequested": False, "run": public_run(row)}
 
 

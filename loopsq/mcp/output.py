@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from loopsq.domain import limits
+from loopsq.domain.text import shown
 from loopsq.errors import NotFoundError
 from loopsq.mcp import schemas as s
 from loopsq.mcp.context import McpContext
@@ -65,7 +66,7 @@ def _workflow_logs(ctx: McpContext, run: Mapping[str, Any], steps: list[dict[str
     if step_id is not None:
         steps = [step for step in steps if step.get("stepId") == step_id]
         if not steps:
-            raise NotFoundError(f"workflow step not found: {run_id}/{step_id}")
+            raise NotFoundError(f"workflow step not found: {shown(run_id)}/{shown(step_id)}")
     return {"runId": run_id, "kind": "workflowRun", "status": run.get("status"),
             "steps": [{"stepId": step["stepId"], **_tails(ctx, step, run_id, str(step["stepId"]), chars)}
                       for step in steps]}
@@ -86,9 +87,9 @@ def run_logs(call: Call) -> dict[str, Any]:
                 return _workflow_logs(ctx, archived, queries.list_step_runs(conn, run_id), step_id, chars)
             record = queries.get_run(conn, run_id)
     if record is None:
-        raise NotFoundError(f"run not found: {run_id}")
+        raise NotFoundError(f"run not found: {shown(run_id)}")
     if step_id is not None:
-        raise NotFoundError(f"workflow step not found: {run_id}/{step_id}")
+        raise NotFoundError(f"workflow step not found: {shown(run_id)}/{shown(step_id)}")
     return {"runId": run_id, "kind": "loopRun", **_tails(ctx, record, run_id, None, chars)}
 
 

@@ -20,6 +20,7 @@ from loopsq.domain.redaction import (
     public_workflow,
     public_workflow_run,
 )
+from loopsq.domain.text import shown
 from loopsq.domain.workflow_spec import workflow_body_from_json
 from loopsq.errors import NotFoundError, ValidationError
 from loopsq.mcp import schemas as s
@@ -33,14 +34,14 @@ NO_WORKFLOW_ARG = "workflow or workflowJson is required"
 def _find_loop(conn: sqlite3.Connection, ref: str) -> dict[str, Any]:
     loop = queries.find_loop(conn, ref)
     if loop is None:
-        raise NotFoundError(f"loop not found: {ref}")
+        raise NotFoundError(f"loop not found: {shown(ref)}")
     return loop
 
 
 def _find_workflow(conn: sqlite3.Connection, ref: str) -> dict[str, Any]:
     spec = queries.find_workflow(conn, ref)
     if spec is None:
-        raise NotFoundError(f"workflow not found: {ref}")
+        raise NotFoundError(f"workflow not found: {shown(ref)}")
     return spec
 
 
@@ -148,7 +149,7 @@ def workflow_run_inspect(call: Call) -> dict[str, Any]:
     with call.ctx.mirror() as conn:
         run = queries.get_workflow_run(conn, run_id)
         if run is None:
-            raise NotFoundError(f"workflow run not found: {run_id}")
+            raise NotFoundError(f"workflow run not found: {shown(run_id)}")
         return _run_detail(conn, run, call.args.get("showOutput", False), events=True)
 
 

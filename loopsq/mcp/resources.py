@@ -12,6 +12,7 @@ import mcp_types as types
 
 from loopsq import __version__
 from loopsq.domain.redaction import public_loop
+from loopsq.domain.text import shown
 from loopsq.errors import NotFoundError
 from loopsq.mcp.context import McpContext
 from loopsq.mirror import queries
@@ -57,8 +58,8 @@ def read(ctx: McpContext, uri: str, tool_list: Callable[[], list[dict[str, Any]]
         with ctx.mirror() as conn:
             loop = queries.find_loop(conn, ref)
         if loop is None:
-            raise NotFoundError(f"loop not found: {ref}")
+            raise NotFoundError(f"loop not found: {shown(ref)}")
         payload = public_loop(loop)
     else:
-        raise NotFoundError(f"resource not found: {uri}")
+        raise NotFoundError(f"resource not found: {shown(uri)}")
     return json.dumps(payload, indent=2, ensure_ascii=False)

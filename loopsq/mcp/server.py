@@ -25,12 +25,13 @@ from mcp.shared.exceptions import MCPError
 
 from loopsq import __version__
 from loopsq.domain.limits import MAX_BODY_BYTES
+from loopsq.domain.text import shown
 from loopsq.errors import LoopsqError
 from loopsq.mcp import mutation_tools, output, read_tools, resources, run_tools
 from loopsq.mcp.arguments import check_gates, check_schema, parse_allowed_tools, without_ignored
 from loopsq.mcp.context import ALLOW_TOOLS_ENV, McpContext
 from loopsq.mcp.registry import Call, Progress, Tool
-from loopsq.mcp.stdio import bounded_stdin
+from loopsq.mcp.stdio import JsonRpcLines, bounded_stdin
 from loopsq.state.connection import unavailable
 from loopsq.system import config
 
@@ -133,9 +134,10 @@ def build_server(ctx: McpContext) -> Server[Any]:
         except Exception as exc:
             message = failure_message(ctx, exc)
             if message is None:
-                log.exception("reading %s failed", uri)
-                raise MCPError(types.INTERNAL_ERROR, f"internal error reading {uri}; see the server's log") from exc
-            raise MCPError(types.INVALID_PARAMS, message, {"uri": uri}) from exc
+                log.exception("reading %s failed", shown(uri))
+                raise MCPError(types.INTERNAL_ERROR,
+                               f"internal error reading {shown(uri)}; see the server's log") from exc
+            raise MCPError(types.INVALID_PARAMS, message, {"uri": shown(uri)}) from exc
         return types.ReadResourceResult(contents=[types.TextResourceContents(uri=uri, text=text,
                                                                              mime_type=resources.JSON)])
 
@@ -148,12 +150,15 @@ def serve_stdio(ctx: McpContext, max_message_bytes: int = MAX_BODY_BYTES) -> Non
     """Serve ``ctx``'s deployment on stdin/stdout until the client closes the connection.
 
     A message (one line) longer than ``max_message_bytes`` is never held whole: it is read past and answered with
-    a JSON-RPC error (``loopsq.mcp.stdio``), as the HTTP transport answers 413 (``web.body_limit``).
+    a JSON-RPC error (``loopsq.mcp.stdio``), as the HTTP transport answers 413 (``web.body_limit``). A line of
+    invalid JSON, or of JSON that is no valid JSON-RPC message, is answered with a JSON-RPC error too (-32700,
+    -32600), where the SDK would drop it unanswered.
     """
     server = build_server(ctx)
 
     async def main() -> None:
-        with bounded_stdin(max_message_bytes) as lines:
+        with bounded_stdin(max_message_bytes) as raw:
+            lines = JsonRpcLines(raw)
             async with stdio_server(stdin=lines) as (read_stream, write_stream):  # type: ignore[arg-type]
                 lines.reply_to(write_stream)
                 await server.run(read_stream, write_stream, server.create_initialization_options())

@@ -6,6 +6,13 @@ took the server to 870 MB. Here at most the bound (plus a chunk) is held; the SD
 
 While serving, fd 0 points at /dev/null and the protocol is read from a private duplicate, so that no handler or
 child process can read the client's bytes (as the SDK's reader does); fd 0 is restored at the end.
+
+Every line is then checked (``JsonRpcLines``) before the SDK sees it: the SDK's reader hands a line it cannot
+validate to the session as an exception, which logs it at debug level and answers nothing, and it takes a request
+whose id is null or not a string or integer for a notification, also unanswered; a client waiting for that reply
+would hang. Here invalid JSON is answered with ``-32700`` (id null) and an invalid message with ``-32600`` (its
+id when it has a usable one, else null); a malformed response (no ``method``, with ``result`` or ``error``) is
+only logged, as JSON-RPC answers no response.
 """
 
 from __future__ import annotations
@@ -15,12 +22,14 @@ import json
 import logging
 import os
 import re
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any, Protocol
 
 import anyio.to_thread
 import mcp_types as types
 from mcp.shared.message import SessionMessage
+
+from loopsq.domain.text import quoted
 
 log = logging.getLogger(__name__)
 
@@ -144,6 +153,91 @@ class BoundedLines:
                                    error=types.ErrorData(code=types.INVALID_REQUEST, message=text))
         with contextlib.suppress(anyio.ClosedResourceError, anyio.BrokenResourceError):
             await self._replies.send(SessionMessage(error))
+
+
+BATCH = "batches are not supported: send one message a line"
+
+
+def _usable_id(value: Any) -> int | str | None:
+    ident = value.get("id") if isinstance(value, dict) else None
+    return ident if isinstance(ident, int | str) and not isinstance(ident, bool) else None
+
+
+def _why_invalid(value: Any) -> str | None:
+    """What is wrong with the JSON value of a message the SDK refused; None for a malformed response (which JSON-RPC
+    never answers)."""
+    if isinstance(value, list):
+        return BATCH
+    if not isinstance(value, dict):
+        return f"a message must be a JSON object, got {quoted(value)}"
+    if value.get("jsonrpc") != "2.0":
+        return f'"jsonrpc" must be "2.0", got {quoted(value["jsonrpc"])}' if "jsonrpc" in value \
+            else 'missing "jsonrpc": "2.0"'
+    if "id" in value and _usable_id(value) is None:
+        return f'"id" must be a string or an integer, got {quoted(value["id"])}'
+    if "method" not in value:
+        return None if "result" in value or "error" in value else 'missing "method"'
+    if not isinstance(value["method"], str):
+        return f'"method" must be a string, got {quoted(value["method"])}'
+    if "params" in value and not isinstance(value["params"], dict):
+        return f'"params" must be an object, got {quoted(value["params"])}'
+    return "not a JSON-RPC request or notification"
+
+
+def check_line(line: str) -> types.JSONRPCError | None:
+    """The error reply a line deserves (see the module's docstring), or None when the SDK may have it."""
+    try:
+        message = types.jsonrpc_message_adapter.validate_json(line, by_name=False)
+    except ValueError:  # pydantic's ValidationError, or invalid JSON
+        pass
+    else:
+        if not isinstance(message, types.JSONRPCNotification) or '"id"' not in line:
+            return None
+        value = json.loads(line)  # a notification with an "id" key: a request whose id the SDK dropped
+        if not isinstance(value, dict) or "id" not in value:
+            return None
+        return _error(types.INVALID_REQUEST, None, f"invalid JSON-RPC message: {_why_invalid(value)}")
+    try:
+        value = json.loads(line)
+    except ValueError as exc:
+        return _error(types.PARSE_ERROR, None, f"invalid JSON: {exc}")
+    why = _why_invalid(value)
+    if why is None:
+        log.warning("dropped a malformed JSON-RPC response (id %r)", _usable_id(value))
+        return None
+    return _error(types.INVALID_REQUEST, _usable_id(value), f"invalid JSON-RPC message: {why}")
+
+
+def _error(code: int, ident: int | str | None, message: str) -> types.JSONRPCError:
+    return types.JSONRPCError(jsonrpc="2.0", id=ident, error=types.ErrorData(code=code, message=message))
+
+
+class JsonRpcLines:
+    """``lines`` without the ones that are no JSON-RPC message the SDK answers: each of those is answered here with
+    a JSON-RPC error (``check_line``) through ``reply_to``'s stream."""
+
+    def __init__(self, lines: BoundedLines) -> None:
+        self.lines = lines
+        self._replies: Replies | None = None
+
+    def reply_to(self, stream: Replies) -> None:
+        """Send the error replies (this reader's and ``lines``') to ``stream``."""
+        self._replies = stream
+        self.lines.reply_to(stream)
+
+    def __aiter__(self) -> AsyncIterator[str]:
+        return self
+
+    async def __anext__(self) -> str:
+        while True:
+            line = await self.lines.__anext__()
+            error = check_line(line)
+            if error is None:
+                return line
+            log.warning("refused an MCP message: %s (JSON-RPC id %r)", error.error.message, error.id)
+            if self._replies is not None:
+                with contextlib.suppress(anyio.ClosedResourceError, anyio.BrokenResourceError):
+                    await self._replies.send(SessionMessage(error))
 
 
 @contextlib.contextmanager

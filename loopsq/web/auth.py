@@ -9,6 +9,10 @@
 - Public, without a token: ``/api/health`` (a liveness probe: Redis reachable, mirror lag; no names, no
   URLs), ``/api/openapi.json`` (the API's description), the login form and the dashboard's one script
   (``/static/live.js``, the same for everyone).
+- The OAuth discovery paths (``/.well-known/oauth-protected-resource``, ``.../oauth-authorization-server``,
+  ``.../openid-configuration``, and any path under them, such as ``/.well-known/oauth-protected-resource/mcp``)
+  reach the app, which has no such route: 404. loopsq takes a static token, not OAuth, and an MCP client that
+  gets 401 there would start an OAuth flow instead of reporting the missing token.
 
 A request that fails is answered here, so nothing behind it runs: 401 with the one error body, or for a
 browser asking for a page, a redirect to the login form.
@@ -31,6 +35,9 @@ from loopsq.web.sessions import Sessions
 
 COOKIE_NAME = "loopsq_session"
 PUBLIC_PATHS = frozenset({"/api/health", "/api/openapi.json", "/login", "/logout", "/static/live.js"})
+#: OAuth discovery documents (RFC 9728, RFC 8414, OpenID): answered 404 by the app, without a token.
+DISCOVERY = ("/.well-known/oauth-protected-resource", "/.well-known/oauth-authorization-server",
+             "/.well-known/openid-configuration")
 #: Paths that take the bearer token only, never the session cookie (so a page cannot be made to write).
 BEARER_ONLY = ("/api/", "/mcp")
 #: Shortest token ``loopsq web`` accepts.
@@ -71,6 +78,11 @@ async def check(headers: Headers, path: str, token: str, sessions: Sessions | No
     return MISSING
 
 
+def is_discovery(path: str) -> bool:
+    """Whether ``path`` is an OAuth discovery document's path, or one under it."""
+    return any(path == prefix or path.startswith(prefix + "/") for prefix in DISCOVERY)
+
+
 def safe_next(value: str | None) -> str:
     """A post-login redirect target: a local absolute path, else the dashboard's home."""
     if not value or not value.startswith("/") or value.startswith("//") or "\\" in value:
@@ -91,7 +103,7 @@ class TokenAuth:
             await self.app(scope, receive, send)
             return
         path = str(scope["path"])
-        if path in PUBLIC_PATHS:
+        if path in PUBLIC_PATHS or is_discovery(path):
             await self.app(scope, receive, send)
             return
         headers = Headers(scope=scope)

@@ -5,7 +5,9 @@ worker process executed; and the HTTP transport's token check (issue 17, points 
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -312,3 +314,69 @@ def test_loops_list_shows_archived_loops_only_when_asked(deployment: Deployment)
     finally:
         deployment.cluster.cli("unarchive", "agent-loop")
     assert lists == {"default": ["echo-loop"], "only": ["agent-loop"], "all": ["echo-loop", "agent-loop"]}
+
+
+INITIALIZE = {"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
+    "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "raw", "version": "1"}}}
+
+
+def test_every_malformed_stdio_line_gets_a_json_rpc_error_and_the_session_goes_on(deployment: Deployment) -> None:
+    # Raw lines, no SDK client: the SDK's server dropped all of these but the last unanswered.
+    bad = ['{"jsonrpc": "2.0", "id": 1, "method": "ping"', '{"jsonrpc": "2.0", "id": 2}',
+           '{"jsonrpc": "2.0", "id": 3, "method": 5}', '[{"jsonrpc": "2.0", "id": 4, "method": "ping"}]',
+           '{"jsonrpc": "2.0", "id": 5, "method": "ping", "params": [1]}', '{"id": 6, "method": "ping"}',
+           '{"jsonrpc": "2.0", "id": null, "method": "ping"}', '{"jsonrpc": "2.0", "id": true, "method": "ping"}',
+           '"ping"', '{"jsonrpc": "2.0", "id": 7, "method": "ping"}']
+    lines = [json.dumps(INITIALIZE), '{"jsonrpc": "2.0", "method": "notifications/initialized"}', *bad]
+    params = deployment.stdio_params()
+    # stdin stays open until every reply is read: at the end of its input the server drops requests still in flight.
+    proc = subprocess.Popen([params.command, *params.args], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL, text=True, env=params.env, cwd=params.cwd)
+    killer = threading.Timer(60, proc.kill)  # a missing reply fails the test instead of hanging it
+    killer.start()
+    try:
+        assert proc.stdin is not None and proc.stdout is not None
+        proc.stdin.write("\n".join(lines) + "\n")
+        proc.stdin.flush()
+        replies = [json.loads(proc.stdout.readline() or "null") for _ in range(1 + len(bad))]
+        proc.stdin.close()
+        assert proc.wait(30) == 0
+    finally:
+        killer.cancel()
+        proc.kill()
+    assert replies[0]["id"] == 0 and "result" in replies[0]
+
+    def refused(code: int, ident: int | None, message: str) -> dict[str, Any]:
+        return {"jsonrpc": "2.0", "id": ident, "error": {"code": code, "message": message}}
+
+    assert replies[1:] == [
+        refused(-32700, None, "invalid JSON: Expecting ',' delimiter: line 1 column 45 (char 44)"),
+        refused(-32600, 2, 'invalid JSON-RPC message: missing "method"'),
+        refused(-32600, 3, 'invalid JSON-RPC message: "method" must be a string, got 5'),
+        refused(-32600, None, "invalid JSON-RPC message: batches are not supported: send one message a line"),
+        refused(-32600, 5, 'invalid JSON-RPC message: "params" must be an object, got [1]'),
+        refused(-32600, 6, 'invalid JSON-RPC message: missing "jsonrpc": "2.0"'),
+        refused(-32600, None, 'invalid JSON-RPC message: "id" must be a string or an integer, got null'),
+        refused(-32600, None, 'invalid JSON-RPC message: "id" must be a string or an integer, got true'),
+        refused(-32600, None, 'invalid JSON-RPC message: a message must be a JSON object, got "ping"'),
+        {"jsonrpc": "2.0", "id": 7, "result": {}},
+    ]
+
+
+@pytest.mark.parametrize(("transport", "length"), [("stdio", 100_000), ("http", 10_000)])
+def test_not_found_errors_quote_a_short_prefix_of_a_long_name(deployment: Deployment, transport: str,
+                                                              length: int) -> None:
+    # Over HTTP the SDK's client also sends the resource's URI in a header, which the server's HTTP parser bounds
+    # (a 100 KB one is refused as an invalid HTTP request): 10 KB there.
+    name = "x" * length
+
+    async def scenario(client: Client) -> tuple[str, Any, str]:
+        with pytest.raises(MCPError) as missing:
+            await client.read_resource(f"loopsq://loops/{name}")
+        shown = error(await client.call_tool("loops_show", {"idOrName": name[:200]}))
+        return missing.value.error.message, missing.value.error.data, shown
+
+    message, data, shown = deployment.run(transport, scenario)
+    assert message == f"loop not found: {'x' * 64}… ({length - 64} more characters)"
+    assert data == {"uri": f"loopsq://loops/{'x' * 49}… ({length + 15 - 64} more characters)"}
+    assert shown == f"loop not found: {'x' * 64}… (136 more characters)"

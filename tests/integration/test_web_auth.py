@@ -277,3 +277,23 @@ def test_loopsq_web_serves_http_until_terminated(redis_server: RedisServer, real
     assert proc.returncode in (0, -signal.SIGTERM), output
     assert "Application shutdown complete." in output
     assert f"serving http://127.0.0.1:{port} (redis {redis_server.url}" in output
+
+
+@pytest.mark.parametrize("path", ["/.well-known/oauth-protected-resource", "/.well-known/oauth-protected-resource/mcp",
+                                  "/.well-known/oauth-authorization-server",
+                                  "/.well-known/oauth-authorization-server/mcp",
+                                  "/.well-known/openid-configuration"])
+def test_oauth_discovery_paths_answer_404_without_a_token(app_client: TestClient, path: str) -> None:
+    # A 401 there makes an MCP client start an OAuth flow; loopsq takes a static token, so there is nothing to find.
+    response = app_client.get(path)
+    assert response.status_code == 404
+    assert response.json() == {"error": {"status": 404, "code": "not_found",
+                                         "message": f"no such endpoint: GET {path}"}}
+    assert "www-authenticate" not in response.headers
+
+
+def test_other_well_known_paths_and_the_mcp_endpoint_still_need_the_token(app_client: TestClient) -> None:
+    for path in ("/.well-known/oauth-protected-resourcex", "/.well-known/other", "/mcp"):
+        response = app_client.get(path)
+        assert response.status_code == 401, path
+        assert response.json()["error"]["message"] == MISSING
