@@ -17,6 +17,7 @@ from loopsq.domain import limits
 from loopsq.domain.checks import check_length, check_text
 from loopsq.domain.cron import host_timezone_name, validate_cron, validate_timezone
 from loopsq.domain.durations import format_duration, parse_duration
+from loopsq.domain.loop_spec import FIRST_ONCE_DATE, before_first_once_date
 from loopsq.domain.models import OVERLAP_POLICIES, RETRY_BACKOFFS
 from loopsq.domain.schedules import CATCH_UP_POLICIES, EPOCH, parse_time
 from loopsq.domain.targets import ENV_KEY_PATTERN, is_env_key
@@ -77,8 +78,8 @@ def cli_time(text: str, timezone: str, flag: str, field: str) -> datetime:
         if exc.message.startswith(f"invalid {field}: "):
             raise ValidationError(f"{exc.message}: {TIME_FORMAT_HINT}") from exc
         raise
-    if moment < EPOCH:
-        raise ValidationError(f"{flag} must be 1970-01-01T00:00:00Z or later, got {_q(text)}")
+    if moment < EPOCH or before_first_once_date(text):
+        raise ValidationError(f"{flag} must be {FIRST_ONCE_DATE} or later, got {_q(text)}")
     return moment
 
 

@@ -19,7 +19,7 @@ from loopsq.domain.durations import format_duration
 from loopsq.domain.jitter import jittered, validate_jitter
 from loopsq.domain.loop_features import feature_fields
 from loopsq.domain.models import Loop
-from loopsq.domain.schedules import CATCH_UP_POLICIES, EPOCH, Schedule, initial_next_run, parse_time
+from loopsq.domain.schedules import CATCH_UP_POLICIES, Schedule, initial_next_run, parse_time
 from loopsq.domain.targets import validate_target
 from loopsq.domain.text import quoted
 from loopsq.domain.timeutil import gen_id, to_iso
@@ -82,10 +82,23 @@ def _check_interval(schedule: Schedule) -> None:
             )
 
 
+#: The first date a once loop's ``at`` may be written with. A day after the epoch, so that no offset or time zone
+#: (at most 14 h) can put it before 1970-01-01T00:00:00Z, when no scheduler would ever fire it; and a rule on the
+#: text alone, which the API's document states exactly (``web.body_schemas``: a pattern).
+FIRST_ONCE_DATE = "1970-01-02"
+
+
+def before_first_once_date(text: str) -> bool:
+    """Whether a time as written (``YYYY-MM-DD…``) falls before ``FIRST_ONCE_DATE``."""
+    return text[:10] < FIRST_ONCE_DATE
+
+
 def _check_once_at(schedule: Schedule, timezone: str) -> None:
-    """A once loop's ``at`` is not before 1970-01-01T00:00:00Z (no scheduler would ever fire it)."""
-    if schedule.type == "once" and schedule.at is not None and parse_time(schedule.at, timezone, "schedule.at") < EPOCH:
-        raise ValidationError(f"schedule.at must be 1970-01-01T00:00:00Z or later, got {show(schedule.at)}")
+    """A once loop's ``at`` is written ``FIRST_ONCE_DATE`` or later (see there)."""
+    if schedule.type == "once" and schedule.at is not None:
+        parse_time(schedule.at, timezone, "schedule.at")  # (a malformed one says so first)
+        if before_first_once_date(schedule.at):
+            raise ValidationError(f"schedule.at must be {FIRST_ONCE_DATE} or later, got {show(schedule.at)}")
 
 
 def _choice(body: Mapping[str, Any], key: str, choices: tuple[str, ...], default: str) -> str:

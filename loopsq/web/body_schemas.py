@@ -231,10 +231,11 @@ def _schedules() -> dict[str, dict[str, Any]]:
     return {
         "ScheduleOnce": {"type": "object", "required": ["type", "at"], "properties": {
             "type": {"const": "once"},
-            # 0001-01-01 with a positive offset falls before the first instant a datetime can hold (UTC).
+            # Written 1970-01-02 or later (``loop_spec.FIRST_ONCE_DATE``: no offset can put it before the epoch).
             "at": {**_string(limits.MAX_TIME_LENGTH, format="date-time",
-                             description="A past time runs at once; a time without offset is read in timezone."),
-                   "pattern": "^(?!0001-01-01)"}}},
+                             description="A past time runs at once; a time without offset is read in timezone. "
+                                         "1970-01-02 or later."),
+                   "pattern": "^(?!(0[0-9]{3}|1[0-8][0-9]{2}|19[0-6][0-9])-|1970-01-01)"}}},
         "ScheduleInterval": {"type": "object", "required": ["type", "everyMs"], "properties": {
             "type": {"const": "interval"}, "everyMs": every, "anchor": _enum(ANCHORS)}},
         "ScheduleCron": {"type": "object", "required": ["type", "expression"], "properties": {

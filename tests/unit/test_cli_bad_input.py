@@ -32,8 +32,8 @@ CASES = [
     ((*BASE, "--cron", "0 0 31 2 *"), '--cron: cron expression never matches: "0 0 31 2 *"'),
     ((*BASE, "--at", "tomorrow"), f"invalid schedule.at: tomorrow: {TIME_HINT}"),
     ((*BASE, "--at", "tomorrow 9am"), f"invalid schedule.at: tomorrow 9am: {TIME_HINT}"),
-    ((*BASE, "--at", "1969-12-31T23:59:59Z"), "--at must be 1970-01-01T00:00:00Z or later, got '1969-12-31T23:59:59Z'"),
-    ((*BASE, "--at", "1900-01-01", "--timezone", "UTC"), "--at must be 1970-01-01T00:00:00Z or later, got '1900-01-01'"),
+    ((*BASE, "--at", "1969-12-31T23:59:59Z"), "--at must be 1970-01-02 or later, got '1969-12-31T23:59:59Z'"),
+    ((*BASE, "--at", "1900-01-01", "--timezone", "UTC"), "--at must be 1970-01-02 or later, got '1900-01-01'"),
     ((*BASE, "--every", "5"), "--every must be at least 1s, got '5' (a number without a unit is milliseconds: write "
                               "5s or 5m)"),
     ((*BASE, "--every", "999"), "--every must be at least 1s, got '999' (a number without a unit is milliseconds: "

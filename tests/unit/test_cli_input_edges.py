@@ -123,10 +123,15 @@ def test_an_api_once_loop_before_1970_is_refused_as_bad_input(at: str, timezone:
             "target": {"type": "command", "command": "true"}}
     with pytest.raises(ValidationError) as info:
         new_loop(body, datetime(2026, 1, 1, tzinfo=UTC))
-    assert info.value.message == f'schedule.at must be 1970-01-01T00:00:00Z or later, got "{at}"'
+    assert info.value.message == f'schedule.at must be 1970-01-02 or later, got "{at}"'
     assert info.value.exit_code == 2
 
 
-def test_a_once_loop_at_the_epoch_itself_is_accepted(cli: Cli) -> None:
-    assert cli.ok("create", "command", "x", "--cmd", "true", "--at", "1970-01-01T00:00:00Z").startswith(
+def test_a_once_loop_written_the_day_after_the_epoch_is_accepted_and_the_epoch_day_is_not(cli: Cli) -> None:
+    # A rule on the date as written, which the API's document can state exactly: no offset puts 1970-01-02 before
+    # the epoch, and 1970-01-01 is refused whatever its time.
+    assert cli.ok("create", "command", "x", "--cmd", "true", "--at", "1970-01-02T00:00:00Z").startswith(
         "created loop ")
+    refused = cli.run("create", "command", "y", "--cmd", "true", "--at", "1970-01-01T12:00:00Z")
+    assert (refused.exit_code, refused.stderr) == (
+        2, "error: --at must be 1970-01-02 or later, got '1970-01-01T12:00:00Z'\n")
