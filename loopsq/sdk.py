@@ -104,7 +104,7 @@ class LoopsClient:
         return self.loops.remove(id_or_name, timeutil.now())
 
     def runs(self, id_or_name: str | None = None, limit: int = 100) -> builtins.list[LoopRun]:
-        """Runs, newest first (of one loop when given); ``limit`` from 1 to ``limits.MAX_PAGE_LIMIT`` (500)."""
+        """Runs, newest first (of one loop when given); ``limit`` from 1 to ``limits.MAX_PAGE_LIMIT`` (1,000)."""
         if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= limits.MAX_PAGE_LIMIT:
             raise ValidationError(f"limit must be an integer from 1 to {limits.MAX_PAGE_LIMIT}, got {quoted(limit)}")
         key = self.keys.loop_runs(self.get(id_or_name).id) if id_or_name else self.keys.runs
