@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from decimal import ROUND_HALF_UP, Decimal, InvalidOperation
 
 from loopsq.domain.text import shown
@@ -69,3 +70,22 @@ def format_duration(ms: int) -> str:
         if ms % size == 0:
             return f"{ms // size}{unit}"
     return f"{ms}ms"
+
+
+def duration_setting(env: Mapping[str, str], name: str, default_ms: int, example: str) -> int:
+    """The duration a setting ``name`` holds in ``env`` (e.g. ``30s``), in ms; ``default_ms`` when unset or empty.
+
+    Raises:
+        ValidationError: anything but a duration above zero, naming the setting and quoting the value
+            (``<name> must be a duration greater than zero such as <example>, got '<value>'``).
+    """
+    text = env.get(name)
+    if text is None or text == "":
+        return default_ms
+    try:
+        ms = parse_duration(text)
+    except ValidationError:
+        ms = 0
+    if ms <= 0:
+        raise ValidationError(f"{name} must be a duration greater than zero such as {example}, got '{text}'")
+    return int(ms)

@@ -12,11 +12,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
 
-from loopsq.domain.durations import parse_duration
+from loopsq.domain.durations import duration_setting
 from loopsq.domain.models import Loop
 from loopsq.domain.schedules import compute_next_after
 from loopsq.domain.timeutil import from_iso, to_iso, to_ms
-from loopsq.errors import ValidationError
 
 GRACE_MIN_ENV = "LOOPSQ_STALL_GRACE_MIN"
 #: The least a loop may be overdue before it counts as stalled (``LOOPSQ_STALL_GRACE_MIN``); a loop's grace is
@@ -43,16 +42,7 @@ def grace_min_ms(env: Mapping[str, str] | None = None) -> int:
     Raises:
         ValidationError: a value that is not a duration above zero, naming the variable and quoting the value.
     """
-    text = (os.environ if env is None else env).get(GRACE_MIN_ENV)
-    if text is None or text == "":
-        return DEFAULT_GRACE_MIN_MS
-    try:
-        ms = parse_duration(text)
-    except ValidationError:
-        ms = 0
-    if ms <= 0:
-        raise ValidationError(f"{GRACE_MIN_ENV} must be a duration greater than zero such as 30s, got '{text}'")
-    return int(ms)
+    return duration_setting(os.environ if env is None else env, GRACE_MIN_ENV, DEFAULT_GRACE_MIN_MS, "30s")
 
 
 def cadence_ms(loop: Loop, slot: datetime) -> int:

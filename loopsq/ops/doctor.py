@@ -22,12 +22,12 @@ from typing import Any
 
 import redis
 
-from loopsq.domain.durations import format_duration, parse_duration
+from loopsq.domain.durations import duration_setting, format_duration
 from loopsq.domain.stalls import Stall
 from loopsq.domain.timeutil import now
 from loopsq.engine import stalls
 from loopsq.engine.fleet import FleetQueue, FleetSnapshot, age_text, read_fleet
-from loopsq.errors import LoopsqError, ValidationError
+from loopsq.errors import LoopsqError
 from loopsq.executor import PROVIDER_EXECUTABLES
 from loopsq.ops.fit import WorkflowSource, describe_worker, executable_targets, fit
 from loopsq.ops.health import writes_refused
@@ -285,16 +285,7 @@ def queue_age_warn_ms(env: Mapping[str, str] | None = None) -> int:
     Raises:
         ValidationError: a value that is not a duration above zero, naming the variable and quoting the value.
     """
-    text = (os.environ if env is None else env).get(QUEUE_AGE_WARN_ENV)
-    if text is None or text == "":
-        return DEFAULT_QUEUE_AGE_WARN_MS
-    try:
-        ms = parse_duration(text)
-    except ValidationError:
-        ms = 0
-    if ms <= 0:
-        raise ValidationError(f"{QUEUE_AGE_WARN_ENV} must be a duration greater than zero such as 60s, got '{text}'")
-    return int(ms)
+    return duration_setting(os.environ if env is None else env, QUEUE_AGE_WARN_ENV, DEFAULT_QUEUE_AGE_WARN_MS, "60s")
 
 
 def fleet_checks(fleet: FleetSnapshot, needed: Mapping[str, list[str]], age_warn_ms: int) -> list[Check]:

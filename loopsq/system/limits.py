@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 
-from loopsq.domain.durations import parse_duration
+from loopsq.domain.durations import duration_setting
 from loopsq.errors import ValidationError
 
 KEEP_RUNS_ENV = "LOOPSQ_KEEP_RUNS"
@@ -48,13 +48,4 @@ def keep_workflow_runs(env: Mapping[str, str] | None = None) -> int:
 
 def mirror_idle_ms(env: Mapping[str, str] | None = None) -> int:
     """``LOOPSQ_MIRROR_IDLE`` (a duration such as ``24h``) in ms, default 24 h."""
-    text = _env(env).get(MIRROR_IDLE_ENV)
-    if text is None or text == "":
-        return DEFAULT_MIRROR_IDLE_MS
-    try:
-        ms = parse_duration(text)
-    except ValidationError:
-        ms = 0
-    if ms <= 0:
-        raise ValidationError(f"{MIRROR_IDLE_ENV} must be a duration greater than zero such as 24h, got '{text}'")
-    return int(ms)
+    return duration_setting(_env(env), MIRROR_IDLE_ENV, DEFAULT_MIRROR_IDLE_MS, "24h")
