@@ -99,7 +99,12 @@ def test_doctor_judges_each_active_loop_against_the_live_workers_not_the_caller_
     assert next(line for line in lines if line[5:].startswith("provider:claude ")).startswith(
         "ok   provider:claude        local: claude is available (")
     assert bare_id.startswith("worker:")  # shown once, not worker:worker:...
-    assert f"ok   {bare_id} provider CLIs: none; no accounts CLI (PATH {target_path(cluster, SYSTEM_PATH)})" in lines
+    # The PATH its targets get, published: the system PATH first, then the common dirs appended (~/.local/bin among
+    # them; which others depends on the variables the worker inherits, such as BUN_INSTALL or PNPM_HOME).
+    worker_line = next(line for line in lines if line.startswith(f"ok   {bare_id} "))
+    assert worker_line.startswith(f"ok   {bare_id} provider CLIs: none; no accounts CLI (PATH {SYSTEM_PATH}:"), \
+        worker_line
+    assert f":{cluster.tmp / 'home' / '.local' / 'bin'}:" in worker_line, worker_line
     # A worker that has claude: the loop can run, on one of the two.
     able = start_worker(cluster, str(cluster.tmp / "bin"))
     published(cluster, able)
