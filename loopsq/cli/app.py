@@ -20,6 +20,7 @@ from loopsq.domain.text import QUOTE_LIMIT, json_terminal_safe, shown, terminal_
 from loopsq.errors import RedisNotConfiguredError
 from loopsq.mirror.follow import catch_up
 from loopsq.mirror.schema import open_db
+from loopsq.state import layout
 from loopsq.state.connection import connect
 from loopsq.state.keys import Keys
 from loopsq.state.loops import LoopStore
@@ -66,10 +67,16 @@ class App:
             raise RedisNotConfiguredError()
         return setting.url
 
-    def client(self) -> redis.Redis:
-        """The Redis client (connects and pings on first use; RedisUnavailableError when unreachable)."""
+    def client(self, *, checked: bool = True) -> redis.Redis:
+        """The Redis client (connects and pings on first use; RedisUnavailableError when unreachable).
+
+        ``checked``: refuse a state whose layout this release does not know (``state.layout.check``, exit 2), and
+        stamp an empty or unstamped current one; only ``migrate`` and ``doctor`` look at any state.
+        """
         if self._client is None:
             self._client = connect(self.redis_url)
+            if checked:
+                layout.check(self._client, self.keys, writer=True)
         return self._client
 
     def loops(self) -> LoopStore:

@@ -22,7 +22,9 @@ def _logging(name: str) -> None:
 
 @click.command("scheduler")
 @click.option("--poll-ms", default=20, show_default=True, metavar="MS", help="How often due timers are checked.")
-def scheduler(poll_ms: int) -> None:
+@click.option("--no-migrate", is_flag=True, help="Refuse (exit 2) a state in an older layout instead of migrating it "
+              "at start (`loopsq migrate`).")
+def scheduler(poll_ms: int, no_migrate: bool) -> None:
     """Run a scheduler: move due timers to the queue and run maintenance (any number may run)."""
     from loopsq.domain.stalls import grace_min_ms as stall_grace_min_ms
     from loopsq.engine.scheduler_process import run_scheduler
@@ -41,7 +43,7 @@ def scheduler(poll_ms: int) -> None:
 
     signal.signal(signal.SIGTERM, _stop)
     signal.signal(signal.SIGINT, _stop)
-    run_scheduler(url, stop, poll_s=max(1, poll_ms) / 1000.0)
+    run_scheduler(url, stop, poll_s=max(1, poll_ms) / 1000.0, migrate=not no_migrate)
 
 
 @click.command("worker")

@@ -17,7 +17,7 @@ import time
 import redis
 
 from loopsq.domain import timeutil
-from loopsq.engine import timers
+from loopsq.engine import layout_guard, timers
 from loopsq.engine.maintenance import maintain
 from loopsq.engine.runtime import Runtime
 from loopsq.state.connection import sibling, unavailable
@@ -69,20 +69,26 @@ class Leadership:
         self.leading = False
 
 
-def run_scheduler(url: str, stop: threading.Event, *, poll_s: float = POLL_S, maintenance_s: float = MAINTENANCE_S) -> None:
+def run_scheduler(url: str, stop: threading.Event, *, poll_s: float = POLL_S, maintenance_s: float = MAINTENANCE_S,
+                  migrate: bool = True) -> None:
     """The scheduler loop until ``stop`` is set.
 
     Redis being unreachable or restarting never ends it: its calls wait for Redis (one log line when an outage
     starts, one when it ends) under the same identity, and go on. Only a configuration error ends it.
 
+    ``migrate``: move an older state forward first (``layout_guard.check_at_start``); else refuse it.
+
     Raises:
         RedisUnavailableError: on a configuration error (wrong password, bad URL), with its one-line message.
+        StateLayoutError: the state is in a layout this release does not read (exit 2).
     """
     rt = Runtime(url, role="scheduler", ride_until=stop)
     if not wait_for_redis(rt.direct, rt.outage, stop):
         return
+    layout_guard.check_at_start(rt, migrate=migrate)
     try:
         rt.start()
+        layout_guard.LayoutGuard(rt, stop).start()
         log.info("started id=%s", rt.owner.worker_id)
         while not stop.is_set():
             try:

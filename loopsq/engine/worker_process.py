@@ -13,7 +13,7 @@ from types import FrameType
 
 import redis
 
-from loopsq.engine import rq_worker, timers
+from loopsq.engine import layout_guard, rq_worker, timers
 from loopsq.engine.recovery import kill_orphans_of, reap_host, recovery_paused
 from loopsq.engine.routing import QueueWatch, worker_labels
 from loopsq.engine.runtime import Runtime, current_runtime, set_current_runtime
@@ -61,6 +61,7 @@ def run_worker(url: str, *, burst: bool = False, stop: threading.Event | None = 
     rt = Runtime(url, role="worker", reaper=reap_host, ride_until=stop)
     if not _between_incarnations(stop, lambda: wait_for_redis(rt.direct, rt.outage, stop)):
         return
+    layout_guard.check_at_start(rt)  # (a state it does not read: exit 2 before anything is written)
     set_current_runtime(rt)
     slots = Slots(concurrency)
     every = worker_labels(published(), rt.owner.host, labels or ())
@@ -71,6 +72,7 @@ def run_worker(url: str, *, burst: bool = False, stop: threading.Event | None = 
     try:
         try:
             rt.start()
+            layout_guard.LayoutGuard(rt, stop).start()
             log.info("started id=%s", rt.owner.worker_id)
             if announce:  # once connected: a configuration error ends the worker with its one line alone
                 log.info("%s", announce)

@@ -128,6 +128,23 @@ class Keys:
         return self._k("changes")
 
     @property
+    def meta(self) -> str:
+        """Hash: the state's layout (``layout``, ``readableFrom``; ``migratingTo`` while ``loopsq migrate`` works),
+        which every process checks before it writes (``state.layout``)."""
+        return self._k("meta")
+
+    @property
+    def migrate_lock(self) -> str:
+        """String with a TTL: the one ``loopsq migrate`` (or scheduler start) moving the state forward now."""
+        return self._k("migrate-lock")
+
+    @property
+    def old_slot_pattern(self) -> str:
+        """SCAN pattern of layout 1's key per slot (``<ns>:slot:<loop id>:<scheduledFor>``, the run id), which
+        layout 2 keeps in ``slots``; only ``state.layout`` and ``state.migrations`` look for it."""
+        return self._k("slot", "*")
+
+    @property
     def probe(self) -> str:
         """String (60 s TTL): written right before a ``WAIT``, whose answer then covers every earlier write on that
         master (``durability.replicated``)."""

@@ -48,7 +48,15 @@ Stored = str | bytes
 def encode(run: LoopRun) -> Stored:
     """The stored form of ``run``: JSON while it runs (or when short), else its JSON compressed."""
     text = run.to_json()
-    if run.status == "running" or len(text) < COMPRESS_MIN_BYTES:
+    if run.status == "running":
+        return text
+    return compress_text(text)
+
+
+def compress_text(text: str) -> Stored:
+    """A settled run's JSON ``text`` as stored: compressed, unless short or compressing saves nothing (also what
+    ``state.migrations`` makes of a JSON row an older layout wrote)."""
+    if len(text) < COMPRESS_MIN_BYTES:
         return text
     packer = zlib.compressobj(_LEVEL, zdict=ZDICT_V1)
     packed = packer.compress(text.encode()) + packer.flush()

@@ -1,0 +1,144 @@
+"""Which layout of loopsq's state a Redis holds, and whether this loopsq may read and write it.
+
+A release that changes what Redis stores (a key's name or type, a value's encoding) raises ``LAYOUT``; the state
+says which layout it is in ``keys.meta`` (a hash: ``layout``, ``readableFrom``, and ``migratingTo`` while
+``loopsq migrate`` works), so that a process of another release never writes into a layout it does not know:
+
+- layout == ours: read and write.
+- layout > ours: allowed only while its ``readableFrom`` <= ours (a newer release that kept our reading valid);
+  else refused: ``this Redis holds loopsq state v3; this loopsq reads v2: upgrade it``.
+- layout < ours: refused until ``loopsq migrate`` (or a scheduler's start) moves it forward
+  (``state.migrations``).
+
+A Redis with no ``keys.meta`` holds either nothing of loopsq (``EMPTY``: the first process that writes stamps the
+current layout) or state from before versioning: layout 1 (commit 9923ab3, 0.1.0) when a ``<ns>:slot:*`` key
+exists, else layout 2 as today's main wrote it (the same keys, no stamp) which is stamped as it is.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import redis
+
+from loopsq.errors import LoopsqError
+from loopsq.state.keys import Keys
+
+#: The layout this release reads and writes. 1: 0.1.0 (commit 9923ab3), a key per slot (``<ns>:slot:<loop>:<at>``)
+#: and JSON rows. 2: 0.2.0, a hash of slots per loop (``keys.slots``) and settled rows compressed (``run_codec``).
+LAYOUT = 2
+#: The oldest layout this release's code can still read, and so the lowest ``readableFrom`` it stamps.
+READABLE_FROM = 2
+#: What ``layout`` reports for a Redis with nothing of loopsq in it.
+EMPTY = 0
+
+LAYOUT_FIELD = "layout"
+READABLE_FIELD = "readableFrom"
+MIGRATING_FIELD = "migratingTo"
+
+
+class StateLayoutError(LoopsqError):
+    """The state is in a layout this release must not touch (exit status 2: nothing was changed)."""
+
+    exit_code = 2
+
+
+@dataclass(frozen=True)
+class Layout:
+    """What a Redis says of its layout."""
+
+    #: The layout number; ``EMPTY`` (0) when nothing of loopsq is there.
+    version: int
+    #: The lowest release layout that may read and write it.
+    readable_from: int
+    #: True when ``keys.meta`` says so; False when guessed from the keys (state from before versioning).
+    stamped: bool
+    #: The layout a migration in progress moves it to, else None.
+    migrating_to: int | None = None
+
+    def refusal(self, ours: int = LAYOUT) -> str | None:
+        """The one line that refuses this state to a release of layout ``ours``, or None when it may go on."""
+        if self.version == EMPTY:
+            return None
+        if self.migrating_to is not None:
+            return (f"this Redis holds loopsq state v{self.version} being migrated to v{self.migrating_to}; "
+                    f"this loopsq reads {reads(ours)}: wait for `loopsq migrate` to finish")
+        if self.version == ours:
+            return None
+        if self.version > ours:
+            if self.readable_from <= ours:
+                return None
+            return f"this Redis holds loopsq state v{self.version}; this loopsq reads {reads(ours)}: upgrade it"
+        return (f"this Redis holds loopsq state v{self.version}; this loopsq reads {reads(ours)}: "
+                "run `loopsq migrate` (a scheduler does at its start)")
+
+
+def reads(ours: int = LAYOUT) -> str:
+    """The layouts a release of layout ``ours`` reads, as the refusals spell them (``v2`` or ``v2-v3``)."""
+    low = min(READABLE_FROM, ours)
+    return f"v{ours}" if low == ours else f"v{low}-v{ours}"
+
+
+def _int(value: object, default: int) -> int:
+    try:
+        return int(str(value))
+    except (TypeError, ValueError):
+        return default
+
+
+def has_keys(client: redis.Redis, pattern: str) -> bool:
+    """Whether any key matches ``pattern`` (a SCAN that stops at the first match)."""
+    for _ in client.scan_iter(match=pattern, count=1000):
+        return True
+    return False
+
+
+def from_meta(meta: dict[object, object]) -> Layout | None:
+    """The layout ``keys.meta``'s fields (an HGETALL's reply) state, or None when there are none."""
+    if not meta:
+        return None
+    text = {str(k.decode() if isinstance(k, bytes) else k): v for k, v in meta.items()}
+    version = _int(text.get(LAYOUT_FIELD), 1)
+    migrating = _int(text.get(MIGRATING_FIELD), 0)
+    return Layout(version, _int(text.get(READABLE_FIELD), version), True, migrating or None)
+
+
+def read(client: redis.Redis, keys: Keys) -> Layout:
+    """The layout of the state under ``keys``' namespace (one HGETALL; a SCAN only for unstamped state)."""
+    stamped = from_meta(client.hgetall(keys.meta))
+    if stamped is not None:
+        return stamped
+    if has_keys(client, keys.old_slot_pattern):
+        return Layout(1, 1, False)
+    if has_keys(client, f"{keys.namespace}:*"):
+        return Layout(2, 2, False)
+    return Layout(EMPTY, EMPTY, False)
+
+
+def stamp(client: redis.Redis, keys: Keys, version: int = LAYOUT, readable_from: int = READABLE_FROM) -> None:
+    """Write the layout into ``keys.meta`` (the end of a migration, or a fresh or unstamped current state)."""
+    pipe = client.pipeline(transaction=True)
+    pipe.hset(keys.meta, mapping={LAYOUT_FIELD: str(version), READABLE_FIELD: str(readable_from)})
+    pipe.hdel(keys.meta, MIGRATING_FIELD)
+    pipe.execute()
+
+
+def check(client: redis.Redis, keys: Keys, *, writer: bool = False) -> Layout:
+    """The state's layout when this release may use it; a ``writer`` (scheduler, worker, a CLI command that
+    writes) stamps an empty or unstamped current state first, so that the next release knows what it finds.
+
+    Raises:
+        StateLayoutError: the state is older (migrate it), newer (upgrade this loopsq) or being migrated.
+    """
+    layout = read(client, keys)
+    why = layout.refusal()
+    if why is not None:
+        raise StateLayoutError(why)
+    if writer and not layout.stamped and layout.version in (EMPTY, LAYOUT):
+        # HSETNX: of two writers racing on an empty Redis, neither overwrites a stamp a migration wrote meanwhile.
+        pipe = client.pipeline(transaction=True)
+        pipe.hsetnx(keys.meta, LAYOUT_FIELD, str(LAYOUT))
+        pipe.hsetnx(keys.meta, READABLE_FIELD, str(READABLE_FROM))
+        pipe.execute()
+        return Layout(LAYOUT, READABLE_FROM, True)
+    return layout
