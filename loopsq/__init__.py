@@ -1,3 +1,3 @@
 """loopsq: recurring jobs, coding-agent runs and workflows on Redis workers."""
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"

@@ -9,6 +9,7 @@ loopsq's "Redis unreachable").
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import secrets
@@ -19,7 +20,7 @@ import click
 from loopsq.cli.app import get_app
 from loopsq.cli.options import at_least, duration_flag
 from loopsq.domain import limits
-from loopsq.errors import LoopsqError, ValidationError
+from loopsq.errors import LoopsqError, RedisUnavailableError, ValidationError
 from loopsq.state.connection import mask_url
 
 TOKEN_ENV = "LOOPSQ_API_TOKEN"
@@ -108,6 +109,8 @@ def web(host: str | None, port: int | None, generate_token: bool, no_mirror: boo
 
     app_ctx = get_app()
     url = app_ctx.redis_url  # a configuration error ends it here, before anything is bound or printed
+    with contextlib.suppress(RedisUnavailableError):  # (a Redis that is down is waited for: 503 meanwhile)
+        app_ctx.client()  # a state in a layout this release does not read: exit 2 (``state.layout``)
     host, port = listen_address(host, port)
     configured_name()  # a malformed LOOPSQ_MIRROR_NAME (exit 2)
     per_loop = per_loop_from_env()

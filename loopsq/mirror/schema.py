@@ -21,6 +21,7 @@ from loopsq.errors import LoopsqError
 from loopsq.mirror import counters
 from loopsq.mirror import page_indexes as pages
 from loopsq.mirror.damage import is_malformed, malformed_error
+from loopsq.state.layout import LAYOUT, StateLayoutError, reads
 
 INITIAL_MIGRATION = "0001_initial_and_workflows"
 LOOPSQ_MIGRATION = "0100_loopsq_columns"
@@ -369,15 +370,31 @@ def open_db(path: str | os.PathLike[str]) -> sqlite3.Connection:
         conn.execute("PRAGMA journal_mode = WAL")
         conn.execute("PRAGMA synchronous = NORMAL")
         migrate(conn)
+        _check_layout(conn, target)
         if target != ":memory:":
             for suffix in ("-wal", "-shm"):
                 _tighten(Path(target + suffix), 0o600)
+    except StateLayoutError:
+        conn.close()
+        raise
     except (OSError, sqlite3.Error) as exc:
         conn.close()
         if is_malformed(exc):
             raise malformed_error(target, exc) from exc
         raise LoopsqError(f"cannot open the mirror database {target}: {exc}") from exc
     return conn
+
+
+def _check_layout(conn: sqlite3.Connection, target: str) -> None:
+    """The mirror's layout is ``PRAGMA user_version``, the Redis layout (``state.layout``) it was last written
+    by: a newer one is refused (its rows may mean what this release does not know), an older or unset one (0: a
+    mirror from before versioning, migrated above) is stamped as this release's."""
+    found = int(conn.execute("PRAGMA user_version").fetchone()[0])
+    if found > LAYOUT:
+        raise StateLayoutError(f"the mirror {target} holds loopsq state v{found}; this loopsq reads {reads()}: "
+                               "upgrade it")
+    if found < LAYOUT:
+        conn.execute(f"PRAGMA user_version = {int(LAYOUT)}")
 
 
 def _prepare_file(file: Path) -> None:

@@ -8,6 +8,7 @@ import redis
 from fastapi import APIRouter, Body, Header, Path, Query
 from fastapi.responses import JSONResponse
 
+from loopsq import __version__
 from loopsq.domain import limits
 from loopsq.domain.checks import check_visible
 from loopsq.domain.control import OUTCOMES
@@ -24,6 +25,7 @@ from loopsq.executor.digest import command_fields
 from loopsq.mirror import pages, queries
 from loopsq.mirror.follow import mirror_lag
 from loopsq.ops.health import writes_refused
+from loopsq.state.layout import LAYOUT
 from loopsq.state.loops import LoopStore
 from loopsq.state.workflows import WorkflowStore
 from loopsq.web import filters, schemas
@@ -63,8 +65,8 @@ def health(ctx: Ctx) -> JSONResponse:
         raise LoopsqError("the mirror database cannot be read") from exc
     if refused is not None:
         return JSONResponse({"status": "degraded", "redis": "degraded", "reason": f"writes refused: {refused}",
-                             "mirrorLag": lag})
-    return JSONResponse({"status": "ok", "redis": "ok", "mirrorLag": lag})
+                             "mirrorLag": lag, "version": __version__, "layout": LAYOUT})
+    return JSONResponse({"status": "ok", "redis": "ok", "mirrorLag": lag, "version": __version__, "layout": LAYOUT})
 
 
 # -- loops -------------------------------------------------------------------------------------------------

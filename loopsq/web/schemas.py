@@ -295,6 +295,9 @@ class Health(BaseModel):
     redis: Literal["ok", "degraded"]
     reason: str | None = None
     mirrorLag: int | None
+    #: This process's release (``loopsq --version``) and the state layout it reads and writes (``state.layout``).
+    version: str
+    layout: int
 
 
 class ReasonIn(BaseModel):

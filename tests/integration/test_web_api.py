@@ -18,6 +18,7 @@ import redis
 from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
+from loopsq import __version__
 from loopsq.domain import timeutil
 from loopsq.engine import timers
 from loopsq.engine.runtime import Runtime
@@ -25,6 +26,7 @@ from loopsq.engine.workflow_runner import execute_workflow
 from loopsq.executor.digest import command_fields
 from loopsq.state.commit import Committer, Tx
 from loopsq.state.keys import Keys
+from loopsq.state.layout import LAYOUT
 from loopsq.state.workflow_runs import WorkflowRunStore
 from loopsq.state.workflows import WorkflowStore
 from loopsq.system.procs import hostname, process_start_time
@@ -106,7 +108,7 @@ def test_health_reports_redis_and_the_mirror_lag_without_a_token(web: Web) -> No
     assert web.client.get("/api/health").json()["mirrorLag"] == 1  # a write is not a read: nothing caught up
     web.client.get("/api/loops")
     response = web.client.get("/api/health", headers={"Authorization": ""})
-    assert (response.status_code, response.json()) == (200, {"status": "ok", "redis": "ok", "mirrorLag": 0})
+    assert (response.status_code, response.json()) == (200, {"status": "ok", "redis": "ok", "mirrorLag": 0, "version": __version__, "layout": LAYOUT})
 
 
 def test_redis_down_is_503_with_the_masked_url_and_health_names_no_url(tmp_path: Path) -> None:

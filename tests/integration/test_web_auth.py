@@ -20,8 +20,10 @@ import redis
 from click.testing import CliRunner
 from fastapi.testclient import TestClient
 
+from loopsq import __version__
 from loopsq.cli import cli
 from loopsq.domain import timeutil
+from loopsq.state.layout import LAYOUT
 from loopsq.state.workflow_runs import WorkflowRunStore
 from loopsq.state.workflows import WorkflowStore
 from loopsq.web import WebSettings, auth, create_app
@@ -265,7 +267,7 @@ def test_loopsq_web_serves_http_until_terminated(redis_server: RedisServer, real
             pytest.fail(f"loopsq web did not answer within {WEB_START_S}s "
                         f"({'still running' if exited is None else f'exited with {exited}'}):\n"
                         f"{log.read_text(errors='replace')[-4000:]}")
-        assert health.json() == {"status": "ok", "redis": "ok", "mirrorLag": 0}
+        assert health.json() == {"status": "ok", "redis": "ok", "mirrorLag": 0, "version": __version__, "layout": LAYOUT}
         assert httpx.get(f"{base}/api/loops").status_code == 401
         created = httpx.post(f"{base}/api/loops", json=loop_body(), headers={"Authorization": f"Bearer {TOKEN}"})
         assert created.status_code == 201
