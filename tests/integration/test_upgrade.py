@@ -1,0 +1,186 @@
+"""Upgrading a live deployment (issue #28) with real processes of both releases on one redis-server: the previous
+release (0.1.0, commit 9923ab3, state layout v1) runs loops with a pending retry, a running run and a workflow
+loop; it is stopped; ``loopsq migrate`` moves the state to v2; today's scheduler and worker carry on. Then a
+process that finds the state newer than it knows exits 2 with one line.
+
+The previous release is extracted with ``git archive`` (once per session) and run on this venv's interpreter with
+``PYTHONPATH`` pointing at it: its dependency ranges are within today's (checked: it starts and runs here).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+from collections.abc import Iterator
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+
+from loopsq.domain import timeutil
+from tests.integration.processes import KEYS, Cluster, Proc, open_cluster
+from tests.redis_server import RedisServer
+
+pytestmark = pytest.mark.integration
+
+#: Until the first tag after versioning, the previous release is this commit (issue #28).
+PREVIOUS = "9923ab3"
+ROOT = Path(__file__).resolve().parents[2]
+META = {"layout": "2", "readableFrom": "2"}
+
+
+@pytest.fixture(scope="session")
+def previous_release() -> Iterator[Path]:
+    """The previous release's source tree (``git archive`` of ``PREVIOUS``), extracted once per session."""
+    have = subprocess.run(["git", "-C", str(ROOT), "cat-file", "-e", f"{PREVIOUS}^{{commit}}"], capture_output=True)
+    if have.returncode != 0:
+        pytest.skip(f"commit {PREVIOUS} is not in this clone (a shallow clone?): fetch the history to run it")
+    where = Path(tempfile.mkdtemp(prefix="loopsq-previous-"))
+    archive = subprocess.run(["git", "-C", str(ROOT), "archive", "--format=tar", PREVIOUS, "loopsq", "worker"],
+                             capture_output=True, check=True)
+    tar = where / "src.tar"
+    tar.write_bytes(archive.stdout)
+    with tarfile.open(tar) as bundle:
+        bundle.extractall(where, filter="data")
+    tar.unlink()
+    yield where
+    shutil.rmtree(where, ignore_errors=True)
+
+
+@pytest.fixture
+def cluster(redis_server: RedisServer, tmp_path: Path) -> Iterator[Cluster]:
+    yield from open_cluster(redis_server.url, tmp_path)
+
+
+def old_env(cluster: Cluster, old: Path) -> dict[str, str]:
+    return {**cluster.env, "PYTHONPATH": str(old)}
+
+
+def old_cli(cluster: Cluster, old: Path, *args: str) -> str:
+    done = subprocess.run([sys.executable, "-m", "loopsq", *args], env=old_env(cluster, old), capture_output=True,
+                          text=True, timeout=60, stdin=subprocess.DEVNULL, cwd=cluster.tmp)
+    assert done.returncode == 0, f"0.1.0 loopsq {args}: {done.returncode}\n{done.stdout}\n{done.stderr}"
+    return done.stdout
+
+
+def start_old(cluster: Cluster, old: Path, role: str, name: str) -> Proc:
+    log = cluster.tmp / f"{name}.log"
+    with log.open("wb") as out:
+        popen = subprocess.Popen([sys.executable, "-m", "loopsq", role], env=old_env(cluster, old), stdout=out,
+                                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=cluster.tmp)
+    proc = Proc(name, popen, log)
+    cluster.procs.append(proc)
+    return proc
+
+
+def at(seconds: float) -> str:
+    return timeutil.to_iso(timeutil.now() + timedelta(seconds=seconds))
+
+
+def test_a_v1_deployment_stopped_migrated_and_restarted_on_v2_carries_on(cluster: Cluster,
+                                                                          previous_release: Path) -> None:
+    old = previous_release
+    ledger = cluster.ledger_cmd()
+    assert old_cli(cluster, old, "--version") == "0.1.0\n"
+    old_cli(cluster, old, "create", "command", "fast", "--cmd", ledger, "--every", "2s")
+    old_cli(cluster, old, "create", "command", "retry", "--cmd", f"{ledger}; exit 1", "--at", at(2),
+            "--attempts", "3", "--retry-delay", "20s")
+    old_cli(cluster, old, "create", "command", "slow", "--cmd", f"sleep 4; {ledger}", "--at", at(2))
+    spec = cluster.tmp / "wf.json"
+    spec.write_text(json.dumps({"name": "wf", "steps": [
+        {"id": "a", "target": {"type": "command", "command": "true", "shell": True}},
+        {"id": "b", "target": {"type": "command", "command": "true", "shell": True}, "dependsOn": ["a"]}]}))
+    old_cli(cluster, old, "workflows", "create", str(spec))
+    old_cli(cluster, old, "create", "workflow", "wfloop", "--workflow", "wf", "--every", "3s")
+    procs = [start_old(cluster, old, "scheduler", "old-scheduler")]
+    procs += [start_old(cluster, old, "worker", f"old-worker{i}") for i in (1, 2, 3)]
+    cluster.wait_started(*procs)
+
+    # Live state at the switch: a pending retry (attempt 1 failed), a running run, workflow runs, history.
+    retry_loop = cluster.wait_until(lambda: (lp := cluster.loop("retry")).get("retryScheduledFor") and lp, 30,
+                                    "retry's attempt 1 to fail under 0.1.0")
+    slow = cluster.wait_until(lambda: [r for r in cluster.runs("slow") if r.status == "running"], 30,
+                              "slow to be running under 0.1.0")[0]
+    cluster.wait_until(lambda: any(r.status == "succeeded" for r in cluster.runs("wfloop")), 30, "a workflow run")
+    cluster.wait_until(lambda: len(cluster.runs("fast")) >= 3, 30, "fast's runs under 0.1.0")
+    assert cluster.client.keys("loopsq:slot:*"), "0.1.0 writes a key per slot"
+    holder = next(p for p in procs if cluster.worker_id(p) == slow.worker_id)
+    holder.kill9()  # a crash at the switch: the running run is left to recovery
+    for proc in procs:
+        proc.terminate()
+    old_ids = {name: {r.id for r in cluster.runs(name)} for name in ("fast", "retry", "slow", "wfloop")}
+    (retry_run,) = cluster.runs("retry")
+    assert (retry_run.attempt, retry_run.status) == (1, "failed")
+
+    # Today's processes refuse the v1 state until it is migrated.
+    refused = cluster.cli("list", check=False)
+    assert (refused.returncode, refused.stderr) == (2, "error: this Redis holds loopsq state v1; this loopsq "
+                                                       "reads v2: run `loopsq migrate` (a scheduler does at its start)\n")
+    worker = cluster.start("worker", wait=False)
+    assert worker.popen.wait(timeout=30) == 2
+    cluster.wait_until(lambda: not cluster.client.keys("loopsq:worker:*") and not cluster.client.keys(
+        "loopsq:scheduler:*"), 20, "the killed worker's liveness to expire")
+    dry = cluster.cli("migrate", "--dry-run").stdout
+    assert dry.startswith("v1 -> v2: would move ") and dry.endswith(" would stamp layout v2\n"), dry
+    assert cluster.client.keys("loopsq:slot:*") and not cluster.client.exists(KEYS.meta)
+    done = cluster.cli("migrate").stdout
+    assert done.startswith("v1 -> v2: moved ") and done.endswith("stamped layout v2\n"), done
+    assert cluster.client.keys("loopsq:slot:*") == []
+    assert cluster.client.hgetall(KEYS.meta) == META
+    assert cluster.cli("migrate").stdout == "state is v2: nothing to migrate\n"
+
+    cluster.start_all(schedulers=1, workers=1)
+    # The pending retry runs its next attempt on the same row, once, at its time (20 s after attempt 1 failed).
+    again = cluster.wait_until(lambda: [r for r in cluster.runs("retry") if r.attempt >= 2 and r.status != "running"],
+                               60, "retry's attempt 2 under 0.2.0")
+    assert [r.id for r in again] == [retry_run.id]
+    assert [a["attempt"] for a in again[0].previous_attempts] == [1]
+    assert len(cluster.ledger("retry")) == 2  # attempt 1 (0.1.0) and attempt 2 (0.2.0), nothing twice
+    assert cluster.loop("retry")["retryScheduledFor"] == retry_loop["retryScheduledFor"]  # attempt 3 pending
+    # The running run of the crashed worker is recovered once, under its own row; its slot never ran again.
+    recovered = cluster.wait_until(lambda: (r := cluster.run(slow.id)) and r.status != "running" and r, 30,
+                                   "slow's run to be recovered")
+    assert recovered.status == "abandoned"
+    assert [r.id for r in cluster.runs("slow")] == [slow.id]
+    assert len(cluster.ledger("slow")) <= 1
+    # The other loops go on; every slot ran once; the whole history reads from the CLI.
+    cluster.wait_until(lambda: len({r.id for r in cluster.runs("fast")} - old_ids["fast"]) >= 2, 30, "fast under 0.2.0")
+    cluster.wait_until(lambda: any(r.id not in old_ids["wfloop"] and r.status == "succeeded"
+                                   for r in cluster.runs("wfloop")), 30, "a workflow run under 0.2.0")
+    slots = [line[0] for line in cluster.ledger("fast")]
+    assert len(slots) == len(set(slots)), "a slot of fast ran twice"
+    listed = json.loads(cluster.cli("runs", "fast", "--limit", "1000", "--json").stdout)
+    assert old_ids["fast"] <= {r["id"] for r in listed}
+    assert cluster.client.keys("loopsq:slot:*") == []
+
+    # Rolling deploy: a newer release migrates; every process of this one exits 2 with one line, writing nothing.
+    cluster.client.hset(KEYS.meta, mapping={"layout": "3", "readableFrom": "3"})
+    line = "error: this Redis holds loopsq state v3; this loopsq reads v2: upgrade it"
+    for proc in cluster.procs[-2:]:
+        assert proc.popen.wait(timeout=30) == 2, proc.text()
+        assert proc.text().rstrip().splitlines()[-1] == line
+
+
+def test_bad_input_to_migrate_is_one_line_exit_2_and_changes_nothing(cluster: Cluster) -> None:
+    empty = cluster.cli("migrate", check=False)
+    assert (empty.returncode, empty.stdout, empty.stderr) == (
+        2, "", "error: this Redis holds no loopsq state under 'loopsq:': nothing to migrate\n")
+    cluster.client.set("sidekiq:queue", "x")
+    other = cluster.cli("migrate", "--dry-run", check=False)
+    assert (other.returncode, other.stderr) == (
+        2, "error: this Redis holds no loopsq state under 'loopsq:' (it holds 1 other keys): nothing to migrate\n")
+    assert cluster.client.keys("*") == ["sidekiq:queue"]
+    cluster.client.hset(KEYS.meta, mapping={"layout": "4", "readableFrom": "3"})
+    newer = cluster.cli("migrate", check=False)
+    assert (newer.returncode, newer.stderr) == (
+        2, "error: this Redis holds loopsq state v4; this loopsq reads v2: upgrade it\n")
+    scheduler = cluster.start("scheduler", wait=False)
+    assert scheduler.popen.wait(timeout=30) == 2
+    assert scheduler.text().rstrip().splitlines()[-1] == (
+        "error: this Redis holds loopsq state v4; this loopsq reads v2: upgrade it")
+    assert sorted(cluster.client.keys("*")) == [KEYS.meta, "sidekiq:queue"]
+    assert cluster.client.hgetall(KEYS.meta) == {"layout": "4", "readableFrom": "3"}
