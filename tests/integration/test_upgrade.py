@@ -10,6 +10,7 @@ The previous release is extracted with ``git archive`` (once per session) and ru
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -56,12 +57,22 @@ def cluster(redis_server: RedisServer, tmp_path: Path) -> Iterator[Cluster]:
     yield from open_cluster(redis_server.url, tmp_path)
 
 
+#: The Python of a venv the previous release is installed in (``.ci/upgrade_test.sh``); without it, this venv's
+#: interpreter runs the extracted source.
+OWN_VENV = os.environ.get("LOOPSQ_UPGRADE_FROM_PYTHON")
+
+
 def old_env(cluster: Cluster, old: Path) -> dict[str, str]:
-    return {**cluster.env, "PYTHONPATH": str(old)}
+    env = {k: v for k, v in cluster.env.items() if k != "PYTHONPATH"}
+    return env if OWN_VENV else {**env, "PYTHONPATH": str(old)}
+
+
+def old_argv(*args: str) -> list[str]:
+    return [OWN_VENV or sys.executable, "-m", "loopsq", *args]
 
 
 def old_cli(cluster: Cluster, old: Path, *args: str) -> str:
-    done = subprocess.run([sys.executable, "-m", "loopsq", *args], env=old_env(cluster, old), capture_output=True,
+    done = subprocess.run(old_argv(*args), env=old_env(cluster, old), capture_output=True,
                           text=True, timeout=60, stdin=subprocess.DEVNULL, cwd=cluster.tmp)
     assert done.returncode == 0, f"0.1.0 loopsq {args}: {done.returncode}\n{done.stdout}\n{done.stderr}"
     return done.stdout
@@ -70,7 +81,7 @@ def old_cli(cluster: Cluster, old: Path, *args: str) -> str:
 def start_old(cluster: Cluster, old: Path, role: str, name: str) -> Proc:
     log = cluster.tmp / f"{name}.log"
     with log.open("wb") as out:
-        popen = subprocess.Popen([sys.executable, "-m", "loopsq", role], env=old_env(cluster, old), stdout=out,
+        popen = subprocess.Popen(old_argv(role), env=old_env(cluster, old), stdout=out,
                                  stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=cluster.tmp)
     proc = Proc(name, popen, log)
     cluster.procs.append(proc)
