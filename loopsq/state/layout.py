@@ -17,7 +17,9 @@ exists, else layout 2 as today's main wrote it (the same keys, no stamp) which i
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import redis
 
@@ -93,7 +95,7 @@ def has_keys(client: redis.Redis, pattern: str) -> bool:
     return False
 
 
-def from_meta(meta: dict[object, object]) -> Layout | None:
+def from_meta(meta: Mapping[Any, Any]) -> Layout | None:
     """The layout ``keys.meta``'s fields (an HGETALL's reply) state, or None when there are none."""
     if not meta:
         return None
