@@ -25,6 +25,7 @@ from loopsq.domain.text import quoted, shown
 from loopsq.engine.cancel import cancel_run
 from loopsq.engine.triggers import DEFAULT_IDEMPOTENCY_WINDOW_MS, trigger_with
 from loopsq.errors import NotFoundError, ValidationError
+from loopsq.state import layout
 from loopsq.state.connection import connect, target_of
 from loopsq.state.keys import Keys
 from loopsq.state.loops import LoopStore
@@ -40,12 +41,17 @@ class LoopsClient:
     def __init__(self, redis_url: str | None = None, *, client: redis.Redis | None = None,
                  keys: Keys | None = None) -> None:
         """Connect to ``redis_url`` (validated first; ``RedisUrlError`` when malformed), else to the configured Redis
-        (``RedisNotConfiguredError`` when there is none), unless a ``client`` is given."""
+        (``RedisNotConfiguredError`` when there is none), unless a ``client`` is given.
+
+        Raises:
+            StateLayoutError: the Redis holds state in a layout this release does not read (``state.layout``).
+        """
         if client is None:
             url = target_of(redis_url, "LoopsClient(redis_url)") if redis_url is not None else resolve_redis_url()
             client = connect(url)
         self.client = client
         self.keys = keys or Keys()
+        layout.check(self.client, self.keys)  # (refuses; the scheduler, workers and CLI stamp a new Redis)
         self.loops = LoopStore(self.client, self.keys)
         self.runs_store = RunStore(self.client, self.keys)
         self.pool_store = PoolStore(self.client, self.keys)

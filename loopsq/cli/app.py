@@ -70,13 +70,14 @@ class App:
     def client(self, *, checked: bool = True) -> redis.Redis:
         """The Redis client (connects and pings on first use; RedisUnavailableError when unreachable).
 
-        ``checked``: refuse a state whose layout this release does not know (``state.layout.check``, exit 2), and
-        stamp an empty or unstamped current one; only ``migrate`` and ``doctor`` look at any state.
+        ``checked``: refuse a state whose layout this release does not know (``state.layout.check``, exit 2);
+        only ``migrate`` looks at any state. A command stamps nothing (a refused one writes nothing at all): an
+        unstamped state of the current layout reads as such, and the scheduler and workers stamp it at start.
         """
         if self._client is None:
             self._client = connect(self.redis_url)
             if checked:
-                layout.check(self._client, self.keys, writer=True)
+                layout.check(self._client, self.keys)
         return self._client
 
     def loops(self) -> LoopStore:

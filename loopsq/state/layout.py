@@ -10,7 +10,7 @@ says which layout it is in ``keys.meta`` (a hash: ``layout``, ``readableFrom``, 
 - layout < ours: refused until ``loopsq migrate`` (or a scheduler's start) moves it forward
   (``state.migrations``).
 
-A Redis with no ``keys.meta`` holds either nothing of loopsq (``EMPTY``: the first process that writes stamps the
+A Redis with no ``keys.meta`` holds either nothing of loopsq (``EMPTY``: the first scheduler or worker stamps the
 current layout) or state from before versioning: layout 1 (commit 9923ab3, 0.1.0) when a ``<ns>:slot:*`` key
 exists, else layout 2 as today's main wrote it (the same keys, no stamp) which is stamped as it is.
 """
@@ -126,8 +126,9 @@ def stamp(client: redis.Redis, keys: Keys, version: int = LAYOUT, readable_from:
 
 
 def check(client: redis.Redis, keys: Keys, *, writer: bool = False) -> Layout:
-    """The state's layout when this release may use it; a ``writer`` (scheduler, worker, a CLI command that
-    writes) stamps an empty or unstamped current state first, so that the next release knows what it finds.
+    """The state's layout when this release may use it; a ``writer`` (a scheduler or worker at its start) stamps an
+    empty or unstamped current state first, so that the next release knows what it finds. (CLI commands, the web
+    app and the SDK only check: a refused command writes nothing, not even a stamp.)
 
     Raises:
         StateLayoutError: the state is older (migrate it), newer (upgrade this loopsq) or being migrated.
