@@ -195,3 +195,27 @@ def test_bad_input_to_migrate_is_one_line_exit_2_and_changes_nothing(cluster: Cl
         "error: this Redis holds loopsq state v4; this loopsq reads v2: upgrade it")
     assert sorted(cluster.client.keys("*")) == [KEYS.meta, "sidekiq:queue"]
     assert cluster.client.hgetall(KEYS.meta) == {"layout": "4", "readableFrom": "3"}
+
+
+def test_a_worker_that_finds_a_newer_layout_exits_2_and_leaves_its_running_run_to_recovery(cluster: Cluster) -> None:
+    loop_id = cluster.create("slow", "sleep 60", "--at", at(1))
+    scheduler, worker = cluster.start_all(schedulers=1, workers=1)
+    assert cluster.client.hgetall(KEYS.meta) == META  # stamped by the first process on an empty Redis
+    (running,) = cluster.wait_until(lambda: [r for r in cluster.runs("slow") if r.status == "running" and r.pid],
+                                    30, "slow to be running with its process recorded")
+    before = cluster.client.get(KEYS.run(running.id))
+    # A newer release migrated the state (simulated: its stamp): both processes stop at once, with one line.
+    cluster.client.hset(KEYS.meta, mapping={"layout": "3", "readableFrom": "3"})
+    line = "error: this Redis holds loopsq state v3; this loopsq reads v2: upgrade it"
+    for proc in (worker, scheduler):
+        assert proc.popen.wait(timeout=30) == 2, proc.text()
+        assert proc.text().rstrip().splitlines()[-1] == line
+    assert cluster.client.get(KEYS.run(running.id)) == before  # nothing written into a layout it does not know
+    # The release that reads the state (here: the stamp put back) recovers the run once, as a dead worker's.
+    cluster.client.hset(KEYS.meta, mapping=META)
+    cluster.start("scheduler")
+    recovered = cluster.wait_until(lambda: (r := cluster.run(running.id)) and r.status != "running" and r, 60,
+                                   "the run to be recovered")
+    assert recovered.status == "abandoned"
+    assert [r.id for r in cluster.runs("slow")] == [running.id]
+    assert cluster.loop("slow")["id"] == loop_id
