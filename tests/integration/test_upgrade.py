@@ -121,6 +121,11 @@ def test_a_v1_deployment_stopped_migrated_and_restarted_on_v2_carries_on(cluster
     triggered = old_cli(cluster, old, "trigger", "fast", "--key", "deploy-42").split()[0]
     cluster.wait_until(lambda: (r := cluster.run(triggered)) and r.status == "succeeded", 30, "the trigger's run")
     assert cluster.client.keys("loopsq:slot:*"), "0.1.0 writes a key per slot"
+    # Today's scheduler started beside live 0.1.0 processes refuses to migrate (stop-the-world), changing nothing.
+    early = cluster.start("scheduler", name="early-scheduler", wait=False)
+    assert early.popen.wait(timeout=30) == 2
+    assert early.text().rstrip().splitlines()[-1].startswith("error: 4 loopsq process(es) are live on this Redis (")
+    assert not cluster.client.exists(KEYS.meta) and not cluster.client.exists(KEYS.migrate_lock)
     holder = next(p for p in procs if cluster.worker_id(p) == slow.worker_id)
     holder.kill9()  # a crash at the switch: the running run is left to recovery
     for proc in procs:
