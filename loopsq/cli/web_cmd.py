@@ -14,6 +14,7 @@ import logging
 import os
 import secrets
 import socket
+import threading
 
 import click
 
@@ -103,7 +104,9 @@ def web(host: str | None, port: int | None, generate_token: bool, no_mirror: boo
     """Serve the HTTP API, the dashboard and /metrics (token from LOOPSQ_API_TOKEN)."""
     import uvicorn
 
+    from loopsq.engine import layout_guard
     from loopsq.mirror.identity import configured_name
+    from loopsq.state.connection import connect
     from loopsq.web import WebSettings, create_app
     from loopsq.web.metrics import per_loop_from_env
 
@@ -129,6 +132,8 @@ def web(host: str | None, port: int | None, generate_token: bool, no_mirror: boo
                            metrics_per_loop=per_loop, session_ttl_s=ttl_ms // 1000)
     log.info("serving http://%s:%d (redis %s, mirror %s)", host, port, mask_url(url),
              app_ctx.data_dir / "loops.db")
+    # A state a newer release migrated while this one serves: exit 2 with one line (README, "Upgrading").
+    layout_guard.LayoutGuard(connect(url, check=False), app_ctx.keys, threading.Event()).start()
     server = uvicorn.Server(uvicorn.Config(create_app(settings), log_level="info", access_log=False,
                                            proxy_headers=False, server_header=False))
     try:

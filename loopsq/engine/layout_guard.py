@@ -20,6 +20,8 @@ import redis
 
 from loopsq.engine.runtime import Runtime
 from loopsq.state import layout, migrations
+from loopsq.state.keys import Keys
+from loopsq.state.outages import OutageLog
 
 log = logging.getLogger("loopsq.layout")
 
@@ -50,36 +52,46 @@ def check_at_start(rt: Runtime, *, migrate: bool = False) -> layout.Layout:
 
 
 class LayoutGuard(threading.Thread):
-    """Reads the layout every ``GUARD_EVERY_S`` (and in full after each Redis outage the process lived through);
-    calls ``on_refusal`` with the line when this release can no longer use it (by default: exit 2)."""
+    """Reads the layout every ``GUARD_EVERY_S``: the stamp alone, and the whole layout after a Redis outage (one
+    the process's ``outage`` log counted, or a read of its own that failed: the Redis that answers now may be
+    another); calls ``on_refusal`` with the line when this release can no longer use it (by default: exit 2).
+    ``client`` fails at once while Redis is away (a runtime's ``direct``), so the guard never waits on it."""
 
-    def __init__(self, rt: Runtime, stop: threading.Event, *,
+    def __init__(self, client: redis.Redis, keys: Keys, stop: threading.Event, *, outage: OutageLog | None = None,
                  on_refusal: Callable[[str], None] = _exit, every_s: float = GUARD_EVERY_S) -> None:
         super().__init__(name="loopsq-layout-guard", daemon=True)
-        self.rt, self.stop, self.on_refusal, self.every_s = rt, stop, on_refusal, every_s
-        self._outages = rt.outage.outages
+        self.client, self.keys, self.stop, self.outage = client, keys, stop, outage
+        self.on_refusal, self.every_s = on_refusal, every_s
+        self._outages = outage.outages if outage is not None else 0
+        self._failed = False
+
+    @classmethod
+    def of(cls, rt: Runtime, stop: threading.Event) -> LayoutGuard:
+        """The guard of a scheduler's or worker's runtime."""
+        return cls(rt.direct, rt.keys, stop, outage=rt.outage)
 
     def run(self) -> None:
         while not self.stop.wait(self.every_s):
-            try:
-                line = self.check()
-            except redis.RedisError:
-                continue  # an outage: the process's own calls report it; checked in full once it is over
+            line = self.check()
             if line is not None:
                 self.on_refusal(line)
                 return
 
     def check(self) -> str | None:
-        """The refusal line, or None while this release may go on."""
-        outages = self.rt.outage.outages
-        if outages != self._outages or self.rt.outage.down:
-            if self.rt.outage.down:
-                return None
-            self._outages = outages
-            found = layout.read(self.rt.direct, self.rt.keys)  # after a reconnect: another Redis, maybe
-        else:
-            stamped = layout.from_meta(self.rt.direct.hgetall(self.rt.keys.meta))
-            if stamped is None:
-                return None  # (a flushed or new Redis: the check after the next reconnect tells)
-            found = stamped
+        """The refusal line, or None while this release may go on (or Redis does not answer)."""
+        if self.outage is not None and self.outage.down:
+            return None  # (the process's own calls report it; checked in full once it is over)
+        outages = self.outage.outages if self.outage is not None else 0
+        try:
+            if self._failed or outages != self._outages:
+                found = layout.read(self.client, self.keys)  # after a reconnect: another Redis, maybe
+            else:
+                stamped = layout.from_meta(self.client.hgetall(self.keys.meta))
+                if stamped is None:
+                    return None  # (a flushed or new Redis: the check after the next reconnect tells)
+                found = stamped
+        except redis.RedisError:
+            self._failed = True
+            return None
+        self._failed, self._outages = False, outages
         return found.refusal()

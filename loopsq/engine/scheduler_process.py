@@ -88,7 +88,7 @@ def run_scheduler(url: str, stop: threading.Event, *, poll_s: float = POLL_S, ma
     layout_guard.check_at_start(rt, migrate=migrate)
     try:
         rt.start()
-        layout_guard.LayoutGuard(rt, stop).start()
+        layout_guard.LayoutGuard.of(rt, stop).start()
         log.info("started id=%s", rt.owner.worker_id)
         while not stop.is_set():
             try:

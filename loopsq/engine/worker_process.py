@@ -72,7 +72,7 @@ def run_worker(url: str, *, burst: bool = False, stop: threading.Event | None = 
     try:
         try:
             rt.start()
-            layout_guard.LayoutGuard(rt, stop).start()
+            layout_guard.LayoutGuard.of(rt, stop).start()
             log.info("started id=%s", rt.owner.worker_id)
             if announce:  # once connected: a configuration error ends the worker with its one line alone
                 log.info("%s", announce)

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 
+from loopsq import __version__
 from loopsq.domain import timeutil
 from tests.integration.processes import KEYS, Cluster, Proc, open_cluster
 from tests.redis_server import RedisServer
@@ -207,16 +208,36 @@ def test_bad_input_to_migrate_is_one_line_exit_2_and_changes_nothing(cluster: Cl
 
 
 def test_a_worker_that_finds_a_newer_layout_exits_2_and_leaves_its_running_run_to_recovery(cluster: Cluster) -> None:
+    import httpx
+
+    from tests.redis_server import free_port
+
     loop_id = cluster.create("slow", "sleep 60", "--at", at(1))
     scheduler, worker = cluster.start_all(schedulers=1, workers=1)
     assert cluster.client.hgetall(KEYS.meta) == META  # stamped by the first process on an empty Redis
+    port = free_port()
+    with (cluster.tmp / "web.log").open("wb") as out:
+        popen = subprocess.Popen([sys.executable, "-m", "loopsq", "web", "--port", str(port), "--no-rq-dashboard"],
+                                 env={**cluster.env, "LOOPSQ_API_TOKEN": "upgrade-test-token-0123456789"},
+                                 stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=cluster.tmp)
+    web = Proc("web", popen, cluster.tmp / "web.log")
+    cluster.procs.append(web)
+
+    def health() -> dict[str, object] | None:
+        try:
+            return dict(httpx.get(f"http://127.0.0.1:{port}/api/health", timeout=10).json())
+        except httpx.TransportError:
+            return None
+
+    answered = cluster.wait_until(health, 30, "the web app to answer")
+    assert (answered["version"], answered["layout"]) == (__version__, 2) == ("0.2.0", 2)
     (running,) = cluster.wait_until(lambda: [r for r in cluster.runs("slow") if r.status == "running" and r.pid],
                                     30, "slow to be running with its process recorded")
     before = cluster.client.get(KEYS.run(running.id))
     # A newer release migrated the state (simulated: its stamp): both processes stop at once, with one line.
     cluster.client.hset(KEYS.meta, mapping={"layout": "3", "readableFrom": "3"})
     line = "error: this Redis holds loopsq state v3; this loopsq reads v2: upgrade it"
-    for proc in (worker, scheduler):
+    for proc in (worker, scheduler, web):
         assert proc.popen.wait(timeout=30) == 2, proc.text()
         assert proc.text().rstrip().splitlines()[-1] == line
     assert cluster.client.get(KEYS.run(running.id)) == before  # nothing written into a layout it does not know

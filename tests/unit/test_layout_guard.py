@@ -50,7 +50,7 @@ def test_a_scheduler_migrates_an_older_state_at_start(client: redis.Redis) -> No
 def test_the_guard_reads_the_stamp_and_after_an_outage_the_whole_layout(client: redis.Redis) -> None:
     rt = runtime(client)
     layout_guard.check_at_start(rt)
-    guard = layout_guard.LayoutGuard(rt, threading.Event())
+    guard = layout_guard.LayoutGuard.of(rt, threading.Event())
     assert guard.check() is None
     client.hset(KEYS.meta, mapping={"layout": "3", "readableFrom": "2"})  # newer, still readable by v2
     assert guard.check() is None
@@ -72,9 +72,35 @@ def test_the_guard_thread_calls_its_refusal_once_and_ends(client: redis.Redis) -
     rt = runtime(client)
     layout_guard.check_at_start(rt)
     stop, seen = threading.Event(), []
-    guard = layout_guard.LayoutGuard(rt, stop, on_refusal=seen.append, every_s=0.01)
+    guard = layout_guard.LayoutGuard(rt.direct, KEYS, stop, on_refusal=seen.append, every_s=0.01)
     guard.start()
     client.hset(KEYS.meta, mapping={"layout": "3", "readableFrom": "3"})
     guard.join(timeout=10)
     stop.set()
     assert seen == [NEWER]
+
+
+class _Flaky:
+    """A client whose reads fail while ``down`` (a Redis that went away), else those of ``client``."""
+
+    def __init__(self, client: redis.Redis) -> None:
+        self.client, self.down = client, False
+
+    def __getattr__(self, name: str) -> object:
+        if self.down:
+            raise redis.ConnectionError("gone")
+        return getattr(self.client, name)
+
+
+def test_a_guard_without_an_outage_log_reads_the_whole_layout_after_its_own_read_failed(client: redis.Redis) -> None:
+    flaky = _Flaky(client)
+    guard = layout_guard.LayoutGuard(flaky, KEYS, threading.Event())  # type: ignore[arg-type]
+    client.hset(KEYS.meta, mapping={"layout": "2", "readableFrom": "2"})
+    assert guard.check() is None
+    flaky.down = True
+    assert guard.check() is None  # (Redis away: nothing judged)
+    client.delete(KEYS.meta)
+    client.set("loopsq:slot:l1:2026-01-01T00:00:00.000Z", "r1")  # back as another Redis, holding v1 state
+    flaky.down = False
+    line = guard.check()
+    assert line is not None and line.startswith("this Redis holds loopsq state v1;")
