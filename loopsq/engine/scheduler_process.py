@@ -85,7 +85,12 @@ def run_scheduler(url: str, stop: threading.Event, *, poll_s: float = POLL_S, ma
     rt = Runtime(url, role="scheduler", ride_until=stop)
     if not wait_for_redis(rt.direct, rt.outage, stop):
         return
-    layout_guard.check_at_start(rt, migrate=migrate)
+    try:  # (a state it does not read: exit 2 with one line, before anything is written)
+        layout_guard.check_at_start(rt, migrate=migrate)
+    except redis.RedisError as exc:
+        if stop.is_set() and is_transient(exc):
+            return
+        raise unavailable(url, exc) from exc
     try:
         rt.start()
         layout_guard.LayoutGuard.of(rt, stop).start()

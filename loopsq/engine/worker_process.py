@@ -19,6 +19,7 @@ from loopsq.engine.routing import QueueWatch, worker_labels
 from loopsq.engine.runtime import Runtime, current_runtime, set_current_runtime
 from loopsq.engine.slots import DEFAULT_CONCURRENCY, Slots
 from loopsq.executor.capabilities import published
+from loopsq.state.connection import unavailable
 from loopsq.state.outages import errors, is_configuration_error, is_transient, wait_for_redis
 
 log = logging.getLogger("loopsq.worker")
@@ -61,7 +62,12 @@ def run_worker(url: str, *, burst: bool = False, stop: threading.Event | None = 
     rt = Runtime(url, role="worker", reaper=reap_host, ride_until=stop)
     if not _between_incarnations(stop, lambda: wait_for_redis(rt.direct, rt.outage, stop)):
         return
-    layout_guard.check_at_start(rt)  # (a state it does not read: exit 2 before anything is written)
+    try:  # (a state it does not read: exit 2 with one line, before anything is written)
+        layout_guard.check_at_start(rt)
+    except redis.RedisError as exc:
+        if stop.is_set() and is_transient(exc):
+            return
+        raise unavailable(url, exc) from exc
     set_current_runtime(rt)
     slots = Slots(concurrency)
     every = worker_labels(published(), rt.owner.host, labels or ())

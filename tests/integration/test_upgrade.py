@@ -125,7 +125,9 @@ def test_a_v1_deployment_stopped_migrated_and_restarted_on_v2_carries_on(cluster
     # Today's scheduler started beside live 0.1.0 processes refuses to migrate (stop-the-world), changing nothing.
     early = cluster.start("scheduler", name="early-scheduler", wait=False)
     assert early.popen.wait(timeout=30) == 2
-    assert early.text().rstrip().splitlines()[-1].startswith("error: 4 loopsq process(es) are live on this Redis (")
+    assert early.text().startswith("error: 4 loopsq process(es) are live on this Redis (")
+    assert early.text().endswith("); stop every 0.1.0 scheduler and worker before migrating from v1\n")
+    assert early.text().count("\n") == 1
     assert not cluster.client.exists(KEYS.meta) and not cluster.client.exists(KEYS.migrate_lock)
     holder = next(p for p in procs if cluster.worker_id(p) == slow.worker_id)
     holder.kill9()  # a crash at the switch: the running run is left to recovery
@@ -141,6 +143,7 @@ def test_a_v1_deployment_stopped_migrated_and_restarted_on_v2_carries_on(cluster
                                                        "reads v2: run `loopsq migrate` (a scheduler does at its start)\n")
     worker = cluster.start("worker", wait=False)
     assert worker.popen.wait(timeout=30) == 2
+    assert worker.text() == refused.stderr  # its one line, and nothing else
     cluster.wait_until(lambda: not cluster.client.keys("loopsq:worker:*") and not cluster.client.keys(
         "loopsq:scheduler:*"), 20, "the killed worker's liveness to expire")
     dry = cluster.cli("migrate", "--dry-run").stdout
@@ -201,8 +204,7 @@ def test_bad_input_to_migrate_is_one_line_exit_2_and_changes_nothing(cluster: Cl
         2, "error: this Redis holds loopsq state v4; this loopsq reads v2: upgrade it\n")
     scheduler = cluster.start("scheduler", wait=False)
     assert scheduler.popen.wait(timeout=30) == 2
-    assert scheduler.text().rstrip().splitlines()[-1] == (
-        "error: this Redis holds loopsq state v4; this loopsq reads v2: upgrade it")
+    assert scheduler.text() == "error: this Redis holds loopsq state v4; this loopsq reads v2: upgrade it\n"
     assert sorted(cluster.client.keys("*")) == [KEYS.meta, "sidekiq:queue"]
     assert cluster.client.hgetall(KEYS.meta) == {"layout": "4", "readableFrom": "3"}
 
