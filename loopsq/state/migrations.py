@@ -220,20 +220,21 @@ def _v1_to_v2(client: redis.Redis, keys: Keys, *, dry_run: bool, keep: Callable[
             keep()
     indexed = 0
     now_ms = int(time.time() * 1000)
-    for loop_id in sorted(str(i) for i in client.smembers(keys.loops)):
-        text = client.get(keys.loop(loop_id))
-        if text is None:
-            continue
-        loop = json.loads(str(text))
-        if loop.get("status") != "active":
-            continue
-        indexed += 1
-        if not dry_run:
-            pipe = client.pipeline(transaction=True)
+    loop_ids = sorted(str(i) for i in client.smembers(keys.loops))
+    for start in range(0, len(loop_ids), BATCH):
+        chunk = loop_ids[start:start + BATCH]
+        pipe = client.pipeline(transaction=False)
+        for loop_id, text in zip(chunk, client.mget([keys.loop(i) for i in chunk]), strict=True):
+            loop = json.loads(str(text)) if text is not None else {}
+            if loop.get("status") != "active":
+                continue
+            indexed += 1
             pipe.zadd(keys.loop_watch, {loop_id: now_ms}, nx=True)
             if loop.get("expiresAt"):
                 pipe.zadd(keys.loop_expiry, {loop_id: to_ms(from_iso(str(loop["expiresAt"])))})
+        if not dry_run:
             pipe.execute()
+            keep()
     verb = ("would move", "would compress", "would index", "would stamp") if dry_run else (
         "moved", "compressed", "indexed", "stamped")
     return (f"v1 -> v2: {verb[0]} {slots} slot keys into {len(loops_with_slots)} loops' slot hashes, "
