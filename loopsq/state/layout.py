@@ -29,7 +29,10 @@ from loopsq.state.keys import Keys
 #: The layout this release reads and writes. 1: 0.1.0 (commit 9923ab3), a key per slot (``<ns>:slot:<loop>:<at>``)
 #: and JSON rows. 2: 0.2.0, a hash of slots per loop (``keys.slots``) and settled rows compressed (``run_codec``).
 LAYOUT = 2
-#: The oldest layout this release's code can still read, and so the lowest ``readableFrom`` it stamps.
+#: The oldest layout this release reads and writes as it is (an older one must be migrated first).
+READS_FROM = 2
+#: What this release stamps as ``readableFrom``: the oldest release layout that may still use the state it
+#: writes (raised by a release whose writes an older release would misread).
 READABLE_FROM = 2
 #: What ``layout`` reports for a Redis with nothing of loopsq in it.
 EMPTY = 0
@@ -65,19 +68,19 @@ class Layout:
         if self.migrating_to is not None:
             return (f"this Redis holds loopsq state v{self.version} being migrated to v{self.migrating_to}; "
                     f"this loopsq reads {reads(ours)}: wait for `loopsq migrate` to finish")
-        if self.version == ours:
-            return None
         if self.version > ours:
             if self.readable_from <= ours:
                 return None
             return f"this Redis holds loopsq state v{self.version}; this loopsq reads {reads(ours)}: upgrade it"
+        if self.version >= min(READS_FROM, ours):
+            return None
         return (f"this Redis holds loopsq state v{self.version}; this loopsq reads {reads(ours)}: "
                 "run `loopsq migrate` (a scheduler does at its start)")
 
 
 def reads(ours: int = LAYOUT) -> str:
     """The layouts a release of layout ``ours`` reads, as the refusals spell them (``v2`` or ``v2-v3``)."""
-    low = min(READABLE_FROM, ours)
+    low = min(READS_FROM, ours)
     return f"v{ours}" if low == ours else f"v{low}-v{ours}"
 
 
