@@ -229,6 +229,24 @@ def _say_logger(sup: Supervisor) -> logging.Logger:
     return logger
 
 
+def bring_layout_forward(sup: Supervisor, url: str) -> None:
+    """Migrate a state of an older layout (an embedded Redis a 0.1.0 ``up`` wrote) before any child starts, so
+    that none of them meets it and exits; refuse a newer one (``StateLayoutError``, exit 2) before the demo or
+    any child writes into it (README, "Upgrading")."""
+    from loopsq.state import layout, migrations
+    from loopsq.state.keys import Keys
+
+    client = connect(url)
+    try:
+        keys = Keys()
+        found = layout.read(client, keys)
+        if layout.EMPTY < found.version < layout.LAYOUT or found.migrating_to is not None:
+            migrations.migrate(client, keys, wait_s=120.0, say=sup.say)
+        layout.check(client, keys, writer=True)
+    finally:
+        client.close()
+
+
 def run_up(cfg: UpConfig, stop: threading.Event, force: threading.Event | None = None,
            printer: Printer | None = None) -> None:
     """Run everything until ``stop`` is set, then stop it all; ``force`` skips the stop grace.
@@ -269,6 +287,7 @@ def run_up(cfg: UpConfig, stop: threading.Event, force: threading.Event | None =
             client.close()
         if url is None or stop.is_set():
             return
+        bring_layout_forward(sup, url)
         if cfg.demo:
             from loopsq.domain import timeutil
             from loopsq.ops.demo import create_demo

@@ -251,3 +251,27 @@ def test_a_worker_that_finds_a_newer_layout_exits_2_and_leaves_its_running_run_t
     assert recovered.status == "abandoned"
     assert [r.id for r in cluster.runs("slow")] == [running.id]
     assert cluster.loop("slow")["id"] == loop_id
+
+
+def test_up_migrates_an_older_state_before_its_children_start_and_refuses_a_newer_one(cluster: Cluster) -> None:
+    from loopsq.ops.up import bring_layout_forward
+    from loopsq.state.layout import StateLayoutError
+    from tests.unit.test_state_layout import _v1_state
+
+    class Said:
+        def __init__(self) -> None:
+            self.lines: list[str] = []
+
+        def say(self, line: str) -> None:
+            self.lines.append(line)
+
+    _v1_state(cluster.client)
+    sup = Said()
+    bring_layout_forward(sup, cluster.url)  # type: ignore[arg-type]
+    assert sup.lines == ["v1 -> v2: moved 6 slot keys into 1 loops' slot hashes, compressed 5 settled JSON rows, "
+                         "indexed 1 active loops for maintenance, stamped layout v2"]
+    assert cluster.client.keys("loopsq:slot:*") == [] and cluster.client.hgetall(KEYS.meta) == META
+    cluster.client.hset(KEYS.meta, mapping={"layout": "3", "readableFrom": "3"})
+    with pytest.raises(StateLayoutError) as newer:
+        bring_layout_forward(sup, cluster.url)  # type: ignore[arg-type]
+    assert newer.value.message == "this Redis holds loopsq state v3; this loopsq reads v2: upgrade it"
