@@ -15,5 +15,7 @@ git archive --format=tar "$PREVIOUS" | tar -x -C "$work" -f - --one-top-level=sr
 python3 -m venv "$work/venv"
 "$work/venv/bin/python" -m pip install -q --upgrade pip
 "$work/venv/bin/python" -m pip install -q "$work/src"
-echo "ci: upgrade test from $PREVIOUS ($("$work/venv/bin/python" -m loopsq --version)) to HEAD ($(.venv/bin/python -m loopsq --version))"
+# (-m loopsq run from the repository would import HEAD's package from the working directory: ask from $work)
+was="$(cd "$work" && env -u PYTHONPATH "$work/venv/bin/python" -m loopsq --version)"
+echo "ci: upgrade test from $PREVIOUS ($was) to HEAD ($(.venv/bin/python -m loopsq --version))"
 CI=true LOOPSQ_UPGRADE_FROM_PYTHON="$work/venv/bin/python" .venv/bin/python -m pytest -n 0 -q tests/integration/test_upgrade.py
