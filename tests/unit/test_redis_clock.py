@@ -129,3 +129,20 @@ def test_doctor_warns_naming_each_process_whose_clock_is_off_by_more_than_a_seco
         "ok   clock                  process clocks within 1 s of Redis's (largest offset 0.003 s)",
     ]
     assert [clock_text(r) for r in records] == ["+30.0 s", "-30.0 s", "+0.003 s", "?"]
+
+
+def test_the_cli_and_the_sdk_write_times_on_redis_clock(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
+    from loopsq.cli.app import App
+    from loopsq.sdk import LoopsClient
+
+    client = skewed(-30.0)  # this host 30 s fast
+    monkeypatch.setattr("loopsq.cli.app.connect", lambda _url: client)
+    app = App("redis://127.0.0.1:6390/0", tmp_path)
+    assert app.client() is client
+    assert abs((app.now() - datetime.now(UTC)).total_seconds() + 30) < 0.5
+    timeutil.set_clock_offset(0)
+    monkeypatch.setattr("loopsq.sdk.connect", lambda _url: client)
+    loop = LoopsClient("redis://127.0.0.1:6390/0").create(
+        {"name": "on-redis-time", "schedule": {"type": "interval", "everyMs": 60_000},
+         "target": {"type": "command", "command": "true"}})
+    assert abs((timeutil.from_iso(loop.created_at) - datetime.now(UTC)).total_seconds() + 30) < 0.5
