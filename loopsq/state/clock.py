@@ -65,10 +65,13 @@ class RedisClock:
         self._warned = False
 
     def measure(self, client: redis.Redis) -> Reading:
-        """Measure now and apply the offset (rounded to the millisecond, the timestamps' resolution); one warning
-        line when it goes over ``WARN_MS``, one when it comes back."""
+        """Measure now and apply the offset (rounded to the millisecond, the timestamps' resolution; zero when it is
+        within the measurement's own error, half the round trip, so a host in sync keeps its clock untouched and
+        its timestamps never step back by a jitter); one warning line when it goes over ``WARN_MS``, one when it
+        comes back."""
         reading = read_offset(client)
-        timeutil.set_clock_offset(round(reading.offset_ms))
+        noise = abs(reading.offset_ms) <= reading.rtt_ms / 2 + 1
+        timeutil.set_clock_offset(0 if noise else round(reading.offset_ms))
         self.reading = reading
         self._next_at = time.monotonic() + self.every_s
         off = abs(reading.offset_ms) > WARN_MS
