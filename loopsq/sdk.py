@@ -12,6 +12,7 @@ running on the data dir; with none of them it raises ``RedisNotConfiguredError``
 from __future__ import annotations
 
 import builtins
+import contextlib
 from collections.abc import Mapping
 from typing import Any
 
@@ -25,6 +26,7 @@ from loopsq.domain.text import quoted, shown
 from loopsq.engine.cancel import cancel_run
 from loopsq.engine.triggers import DEFAULT_IDEMPOTENCY_WINDOW_MS, trigger_with
 from loopsq.errors import NotFoundError, ValidationError
+from loopsq.state.clock import RedisClock
 from loopsq.state.connection import connect, target_of
 from loopsq.state.keys import Keys
 from loopsq.state.loops import LoopStore
@@ -44,6 +46,9 @@ class LoopsClient:
         if client is None:
             url = target_of(redis_url, "LoopsClient(redis_url)") if redis_url is not None else resolve_redis_url()
             client = connect(url)
+            # Times this client writes (a resume's next slot, a trigger's creation) go on Redis's clock.
+            with contextlib.suppress(redis.RedisError):
+                RedisClock().measure(client)
         self.client = client
         self.keys = keys or Keys()
         self.loops = LoopStore(self.client, self.keys)
