@@ -12,6 +12,7 @@ running on the data dir; with none of them it raises ``RedisNotConfiguredError``
 from __future__ import annotations
 
 import builtins
+import contextlib
 from collections.abc import Mapping
 from typing import Any
 
@@ -26,6 +27,7 @@ from loopsq.engine.cancel import cancel_run
 from loopsq.engine.triggers import DEFAULT_IDEMPOTENCY_WINDOW_MS, trigger_with
 from loopsq.errors import NotFoundError, ValidationError
 from loopsq.state import layout
+from loopsq.state.clock import RedisClock
 from loopsq.state.connection import connect, target_of
 from loopsq.state.keys import Keys
 from loopsq.state.loops import LoopStore
@@ -49,9 +51,12 @@ class LoopsClient:
         if client is None:
             url = target_of(redis_url, "LoopsClient(redis_url)") if redis_url is not None else resolve_redis_url()
             client = connect(url)
+            # Times this client writes (a resume's next slot, a trigger's creation) go on Redis's clock.
+            with contextlib.suppress(redis.RedisError):
+                RedisClock().measure(client)
         self.client = client
         self.keys = keys or Keys()
-        layout.check(self.client, self.keys)  # (refuses; the scheduler, workers and CLI stamp a new Redis)
+        layout.check(self.client, self.keys)  # (refuses; the scheduler and workers stamp a new Redis)
         self.loops = LoopStore(self.client, self.keys)
         self.runs_store = RunStore(self.client, self.keys)
         self.pool_store = PoolStore(self.client, self.keys)

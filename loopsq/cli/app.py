@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import sqlite3
@@ -21,6 +22,7 @@ from loopsq.errors import RedisNotConfiguredError
 from loopsq.mirror.follow import catch_up
 from loopsq.mirror.schema import open_db
 from loopsq.state import layout
+from loopsq.state.clock import RedisClock
 from loopsq.state.connection import connect
 from loopsq.state.keys import Keys
 from loopsq.state.loops import LoopStore
@@ -68,7 +70,9 @@ class App:
         return setting.url
 
     def client(self, *, checked: bool = True) -> redis.Redis:
-        """The Redis client (connects and pings on first use; RedisUnavailableError when unreachable).
+        """The Redis client (connects and pings on first use; RedisUnavailableError when unreachable). On connecting,
+        the offset to Redis's clock is measured (``state.clock``), so that the times this command writes (a
+        resume's next slot, a trigger's creation) are on Redis's clock as every other process's.
 
         ``checked``: refuse a state whose layout this release does not know (``state.layout.check``, exit 2);
         only ``migrate`` looks at any state. A command stamps nothing (a refused one writes nothing at all): an
@@ -78,6 +82,8 @@ class App:
             self._client = connect(self.redis_url)
             if checked:
                 layout.check(self._client, self.keys)
+            with contextlib.suppress(redis.RedisError):
+                RedisClock().measure(self._client)
         return self._client
 
     def loops(self) -> LoopStore:
@@ -96,7 +102,7 @@ class App:
         return self._mirror
 
     def now(self) -> datetime:
-        """The current time (one clock for the whole command)."""
+        """The current time (one clock for the whole command: Redis's, once ``client`` has connected)."""
         return timeutil.now()
 
     def emit(self, payload: Any, human: str | Callable[[], str] | None = None) -> None:

@@ -29,21 +29,21 @@ def doctor() -> None:
 @click.command("status")
 @json_flag
 def status() -> None:
-    """Live schedulers and workers (host, pid, current runs), queue depth, mirror lag, Redis memory, loops and runs
+    """Live schedulers and workers (host, pid, clock offset to Redis's, current runs), queue depth, mirror lag, Redis memory, loops and runs
     by status, and the fleet: each worker's labels and busy slots, each queue's waiting runs (those no live worker
     can take marked unserved), timers overdue."""
-    from loopsq.ops.health import memory_line, status_report
+    from loopsq.ops.health import clock_text, memory_line, status_report
 
     app = get_app()
     report = status_report(app.client(), app.keys, app.mirror())
 
     def human() -> str:
         lines = [f"schedulers: {len(report['schedulers'])}"]
-        lines += [f"  {p['id']}  host={p['host']} pid={p['pid']}" for p in report["schedulers"]]
+        lines += [f"  {p['id']}  host={p['host']} pid={p['pid']} clock={clock_text(p)}" for p in report["schedulers"]]
         lines.append(f"workers: {len(report['workers'])}")
         for p in report["workers"]:
             runs = ",".join(p.get("runs") or []) or "-"
-            lines.append(f"  {p['id']}  host={p['host']} pid={p['pid']} runs={runs}")
+            lines.append(f"  {p['id']}  host={p['host']} pid={p['pid']} clock={clock_text(p)} runs={runs}")
         lines.append(f"queue: {report['queueDepth']}  timers: {report['timersArmed']}  mirror lag: {report['mirrorLag']}")
         lines.append(f"redis memory: {memory_line(report['redisMemory'])}")
         lines.append("loops: " + (" ".join(f"{k}={v}" for k, v in sorted(report["loops"].items())) or "none"))

@@ -18,9 +18,10 @@ from loopsq.errors import LoopsqError, RedisNotConfiguredError, ValidationError
 from loopsq.mirror.identity import configured_name
 from loopsq.ops import install
 from loopsq.ops.fleet_config import worker_concurrency
-from loopsq.ops.up import API_TOKEN_ENV, API_TOKEN_FILENAME, UpConfig, api_token, run_up
+from loopsq.ops.up import API_TOKEN_ENV, UpConfig, api_token_setting, run_up
 from loopsq.system import config, limits
 from loopsq.system.exec_path import normalize_execution_path
+from loopsq.system.secrets import secret_from_env
 
 
 def _root_param(name: str) -> str | None:
@@ -67,11 +68,14 @@ def up(workers: str, concurrency: str, demo: bool, stop_timeout: str, web_port: 
 
         per_loop_from_env()
         allowed_tools_from_env()
-        if os.environ.get(API_TOKEN_ENV, "").strip():
+        if secret_from_env(API_TOKEN_ENV) is not None:
             resolve_token(False)
+    configured = config.configured_redis(app.redis_flag)
     cfg = UpConfig(
         data_dir=app.data_dir,
-        redis_url=config.configured_redis_url(app.redis_flag),
+        redis_url=configured.url if configured is not None else None,
+        redis_url_file=os.environ["LOOPSQ_REDIS_URL_FILE"].strip()
+        if configured is not None and configured.source == "LOOPSQ_REDIS_URL_FILE" else None,
         workers=count,
         concurrency=slots,
         demo=demo,
@@ -115,9 +119,10 @@ def install_services(target: str, enable: bool, directory: str | None) -> None:
         env["LOOPSQ_DATA_DIR"] = str(app.data_dir)
     default = install.default_dir(target)
     where = Path(directory).expanduser().absolute() if directory else default
-    token_from_env = bool(os.environ.get(API_TOKEN_ENV, "").strip())
     app.data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-    web_env = {"web": {API_TOKEN_ENV: api_token(app.data_dir)}}
+    token, token_file = api_token_setting(app.data_dir)
+    token_from_env = token_file is None
+    web_env = {"web": {API_TOKEN_ENV: token}}
     done = install.write_services(target, where, env, app.data_dir / "logs", default_location=where == default,
                                   service_env=web_env, data_dir=app.data_dir)
     warnings = [] if configured is not None else [
@@ -130,12 +135,12 @@ def install_services(target: str, enable: bool, directory: str | None) -> None:
         "files": [str(p) for p in done.files],
         "commands": [*(shlex.join(c) for c in done.commands), *done.notes],
         "warnings": warnings,
-        "tokenFile": None if token_from_env else str(app.data_dir / API_TOKEN_FILENAME),
+        "tokenFile": token_file,
         "enabled": [{"command": r.command, "status": r.status, "stdout": r.stdout, "stderr": r.stderr}
                     for r in results],
     }
     token_note = (f"web API token: {API_TOKEN_ENV} from the environment" if token_from_env
-                  else f"web API token: in {app.data_dir / API_TOKEN_FILENAME}")
+                  else f"web API token: in {token_file}")
     lines = [f"wrote {p}" for p in done.files] + [token_note]
     lines += [f"warning: {w}" for w in warnings]
     lines += [shlex.join(c) for c in done.commands] + done.notes

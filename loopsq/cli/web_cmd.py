@@ -23,6 +23,7 @@ from loopsq.cli.options import at_least, duration_flag
 from loopsq.domain import limits
 from loopsq.errors import LoopsqError, RedisUnavailableError, ValidationError
 from loopsq.state.connection import mask_url
+from loopsq.system.secrets import secret_from_env
 
 TOKEN_ENV = "LOOPSQ_API_TOKEN"
 PORT_ENV = "PORT"
@@ -36,21 +37,23 @@ log = logging.getLogger("loopsq.web")
 
 
 def resolve_token(generate: bool) -> tuple[str, bool]:
-    """The API token: ``LOOPSQ_API_TOKEN``, else a new one with ``--generate-token``; ``(token, generated)``.
+    """The API token: ``LOOPSQ_API_TOKEN`` (or the file ``LOOPSQ_API_TOKEN_FILE`` names), else a new one with
+    ``--generate-token``; ``(token, generated)``.
 
     Raises:
         ValidationError: when there is none, or it is shorter than 16 characters.
     """
     from loopsq.web.auth import MIN_TOKEN_LENGTH
 
-    token = os.environ.get(TOKEN_ENV, "").strip()
-    if token:
+    found = secret_from_env(TOKEN_ENV)
+    if found is not None:
+        token, source = found
         if len(token) < MIN_TOKEN_LENGTH:
-            raise ValidationError(f"{TOKEN_ENV} must be at least {MIN_TOKEN_LENGTH} characters, got {len(token)}")
+            raise ValidationError(f"{source} must be at least {MIN_TOKEN_LENGTH} characters, got {len(token)}")
         return token, False
     if not generate:
-        raise ValidationError(f"{TOKEN_ENV} is not set: set it to a secret of at least {MIN_TOKEN_LENGTH} "
-                              "characters, or pass --generate-token to have one made and printed")
+        raise ValidationError(f"{TOKEN_ENV} is not set: set it (or {TOKEN_ENV}_FILE) to a secret of at least "
+                              f"{MIN_TOKEN_LENGTH} characters, or pass --generate-token to have one made and printed")
     return secrets.token_urlsafe(32), True
 
 

@@ -2,6 +2,11 @@
 
 Every timestamp loopsq stores or prints is ``YYYY-MM-DDTHH:MM:SS.sssZ`` in UTC, so that lexicographic order is
 time order (the reference schema compares timestamps as strings). ``now()`` is the one patchable clock.
+
+``now()`` is Redis's clock as this process last measured it: the host's time plus an offset that
+``state.clock`` measures (``TIME``) at start and periodically and sets here, so that due slots, lease expiry and
+lag are judged on one clock for every host (a host 30 s fast would otherwise run slots 30 s early). Until a
+measurement it is the host's own time.
 """
 
 from __future__ import annotations
@@ -13,9 +18,30 @@ from datetime import UTC, datetime, timedelta
 _ISO_Z = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}\.\d{3}Z$")
 
 
+#: Redis's clock less this host's, as last measured (``set_clock_offset``); zero until then.
+_offset = timedelta(0)
+
+
 def now() -> datetime:
-    """Return the current time, UTC, truncated to milliseconds. Tests patch this function."""
-    return truncate_ms(datetime.now(UTC))
+    """Return the current time on Redis's clock (the host's, corrected by the measured offset), UTC, truncated to
+    milliseconds. Tests patch this function."""
+    return truncate_ms(datetime.now(UTC) + _offset)
+
+
+def host_now() -> datetime:
+    """This host's own clock, uncorrected (what the offset is measured against)."""
+    return datetime.now(UTC)
+
+
+def set_clock_offset(ms: float) -> None:
+    """Set the offset of Redis's clock from this host's (``state.clock`` measures it), in milliseconds."""
+    global _offset
+    _offset = timedelta(milliseconds=ms)
+
+
+def clock_offset_ms() -> float:
+    """The offset ``now()`` applies: Redis's clock less this host's, in milliseconds."""
+    return _offset / timedelta(milliseconds=1)
 
 
 def truncate_ms(dt: datetime) -> datetime:

@@ -31,6 +31,7 @@ from loopsq.domain.timeutil import gen_id
 from loopsq.engine.timers import raw_from
 from loopsq.executor import SpawnInfo
 from loopsq.executor.capabilities import published
+from loopsq.state.clock import OFFSET_FIELD, RedisClock, published_offset_ms
 from loopsq.state.commit import Committer
 from loopsq.state.connection import connect
 from loopsq.state.keys import Keys
@@ -165,6 +166,8 @@ class Runtime:
         #: This process's labels (``engine.routing.worker_labels``); None: not a fleet worker (``run-now --local``,
         #: ``tick``, a plain ``rq worker``), which runs whatever it is handed.
         self.labels: list[str] | None = None
+        #: This process's measurement of Redis's clock (``state.clock``): at ``start`` and again on the beat.
+        self.clock = RedisClock()
         self.started_at = timeutil.to_iso(timeutil.now())
 
     @property
@@ -178,7 +181,9 @@ class Runtime:
 
     # -- lifecycle ------------------------------------------------------------------------------------------
     def start(self) -> Runtime:
-        """Register this process as live and start the beat thread."""
+        """Measure the offset to Redis's clock, register this process as live and start the beat thread."""
+        self.clock.measure(self.client)
+        self.started_at = timeutil.to_iso(timeutil.now())
         self.client.sadd(self._registry(), self.owner.worker_id)
         self._refresh_liveness()
         self._thread = threading.Thread(target=self._run, name=f"loopsq-beat-{self.role}", daemon=True)
@@ -285,6 +290,7 @@ class Runtime:
         record = {
             "id": self.owner.worker_id, "role": self.role, "host": self.owner.host, "pid": self.owner.pid,
             "startedAt": self.started_at, "runs": self.held_ids(), "beatAt": timeutil.to_iso(timeutil.now()),
+            OFFSET_FIELD: published_offset_ms(),
         }
         if self.role == "worker":
             record["can"] = published()  # what its targets can find: PATH, provider CLIs, accounts CLI
@@ -310,6 +316,7 @@ class Runtime:
         """One beat: liveness when due, lease renewals when due, cancel requests always; the reaper (a worker's
         share of recovery on its host) when due."""
         now_mono = time.monotonic()
+        self.clock.measure_if_due(self.client)
         if now_mono >= self._next_liveness:
             self._refresh_liveness()
         if self._reaper is not None and now_mono >= self._next_reap:

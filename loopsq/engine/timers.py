@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 import logging
-import time
 from collections.abc import Iterable
 from datetime import UTC, datetime
 from typing import Any, NamedTuple
@@ -75,7 +74,13 @@ class MsScheduler(Scheduler):  # type: ignore[misc]
         return created
 
     def get_jobs_to_queue(self, with_times: bool = False) -> Any:
-        return self.get_jobs(time.time(), with_times=with_times)
+        return self.get_jobs(_now_s(), with_times=with_times)
+
+
+def _now_s() -> float:
+    """Now in epoch seconds on Redis's clock (``timeutil.now``), as rq-scheduler scores timers: a host whose clock
+    is fast must not move a timer early."""
+    return to_ms(now()) / 1000.0
 
 
 def raw_from(client: redis.Redis) -> redis.Redis:
@@ -178,7 +183,7 @@ def _arm_command(raw: redis.Redis, keys: Keys, loop_id: str, at: datetime, expec
     script."""
     sched = scheduler(raw)
     prefix = f"{FIRE_PREFIX}{loop_id}-{to_ms(at)}-"
-    watch = str(armed_score_ms(to_ms(at), int(time.time() * 1000)))
+    watch = str(armed_score_ms(to_ms(at), to_ms(now())))
     job_id = f"{prefix}{gen_id()[:6]}"
     job = sched._create_job(FIRE, args=(loop_id,), timeout=-1, id=job_id, result_ttl=NO_RESULT_TTL,
                             queue_name=queue_name, commit=False)
@@ -333,7 +338,7 @@ def move_due(raw: redis.Redis, now_s: float | None = None) -> int:
     """Move every due timer onto the queue in batches of ``MOVE_BATCH`` (one scripted round trip each; cost grows
     with what is due, not with what is armed). Safe to run from several schedulers at once. Returns how many."""
     sched, q = scheduler(raw), queue(raw)
-    until = repr(time.time() if now_s is None else now_s)
+    until = repr(_now_s() if now_s is None else now_s)
     moved = 0
     while True:
         done, seen = raw.eval(_MOVE_DUE, 3, sched.scheduled_jobs_key, q.key, q.redis_queues_keys, until,
@@ -529,7 +534,7 @@ def next_due_in(raw: redis.Redis) -> float | None:
     first = raw.zrange(scheduler(raw).scheduled_jobs_key, 0, 0, withscores=True)
     if not first:
         return None
-    return float(first[0][1]) - time.time()
+    return float(first[0][1]) - _now_s()
 
 
 def enqueue(raw: redis.Redis, func: str, *args: Any, job_id: str | None = None, result_ttl: int = RESULT_TTL,

@@ -31,6 +31,7 @@ from loopsq.errors import LoopsqError
 from loopsq.executor import PROVIDER_EXECUTABLES
 from loopsq.ops.fit import WorkflowSource, describe_worker, executable_targets, fit
 from loopsq.ops.health import writes_refused
+from loopsq.state import clock
 from loopsq.state.connection import connect, server_version
 from loopsq.state.keys import Keys
 from loopsq.state.outages import describe_refusal, refusal
@@ -145,8 +146,10 @@ def _redis_checks(client: redis.Redis, keys: Keys, data_dir: Path, age_warn_ms: 
     else:
         checks.append(Check("mirror", "ok", "mirror not created yet (any read creates it)", str(path)))
     workers: list[dict[str, Any]] = []
+    processes: list[dict[str, Any]] = []
     for role in ("scheduler", "worker"):
         live = live_processes(client, keys, role)
+        processes += live
         if live:
             hosts = ", ".join(sorted({f"{p['host']}:{p['pid']}" for p in live}))
             checks.append(Check(role, "ok", f"{len(live)} {role}(s) alive", hosts))
@@ -161,6 +164,7 @@ def _redis_checks(client: redis.Redis, keys: Keys, data_dir: Path, age_warn_ms: 
                 rid = str(record["id"])
                 checks.append(Check(rid if rid.startswith("worker:") else f"worker:{rid}", "ok", describe_worker(record),
                                     f"PATH {search}" if search else None))
+    checks.extend(clock_checks(processes))
     checks.extend(memory_checks(client, keys))
     failed = sum(1 for run in _recent_failed(client, keys))
     checks.append(Check("loop-runs", "ok", "no failed loop runs recorded") if failed == 0 else
@@ -206,6 +210,26 @@ def stall_checks(records: Mapping[str, Stall], names: Mapping[str, str], at: dat
             checks.append(Check(check_id, "warn", f"loop was stalled and has been repaired: {name}",
                                 f"{stall.text()}; repaired at {stall.at}"))
     return checks or [Check("stalls", "ok", "no loop stalled within the last hour")]
+
+
+def clock_checks(records: list[dict[str, Any]]) -> list[Check]:
+    """Each live process whose host clock is off Redis's by more than ``clock.WARN_MS`` (its published offset)
+    **warns**, one line naming it and the offset: loopsq judges time on Redis's clock, so nothing runs early, but
+    the host's other software does not. Otherwise one ``ok`` line with the largest offset."""
+    checks: list[Check] = []
+    largest = 0.0
+    for record in records:
+        offset = record.get(clock.OFFSET_FIELD)
+        if not isinstance(offset, int | float):
+            continue
+        largest = max(largest, abs(offset))
+        if abs(offset) > clock.WARN_MS:
+            rid, role = str(record["id"]), str(record.get("role", "process"))
+            name = rid if rid.startswith(f"{role}:") else f"{role}:{rid}"
+            checks.append(Check(f"clock:{name}", "warn", f"{name} clock is {clock.offset_text(offset)} off Redis's "
+                                f"(over {clock.WARN_MS / 1000:.0f} s); fix the time sync of host {record.get('host')}"))
+    return checks or [Check("clock", "ok", f"process clocks within {clock.WARN_MS / 1000:.0f} s of Redis's "
+                            f"(largest offset {clock.offset_text(largest).lstrip('+')})")]
 
 
 #: Memory use (of ``maxmemory``) from which doctor warns.

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
+from collections.abc import Mapping
 from typing import Any
 
 import redis
@@ -17,6 +18,7 @@ import redis
 from loopsq.engine import timers
 from loopsq.mirror.follow import mirror_lag
 from loopsq.state import run_codec
+from loopsq.state.clock import OFFSET_FIELD, offset_text
 from loopsq.state.keys import Keys
 from loopsq.state.outages import WRITE_PROBE, describe_refusal, refusal
 
@@ -117,6 +119,13 @@ def live_processes(client: redis.Redis, keys: Keys, role: str) -> list[dict[str,
     key = keys.scheduler if role == "scheduler" else keys.worker
     records = client.mget([key(i) for i in ids])
     return [json.loads(_text(r)) for r in records if r]
+
+
+def clock_text(record: Mapping[str, Any]) -> str:
+    """A liveness record's clock offset (how far its host's clock is ahead of Redis's) for people: ``+30.0 s``;
+    ``?`` for a process that publishes none (an older loopsq)."""
+    offset = record.get(OFFSET_FIELD)
+    return offset_text(float(offset)) if isinstance(offset, int | float) else "?"
 
 
 def prune_dead(client: redis.Redis, keys: Keys) -> int:

@@ -5,9 +5,11 @@ Adapted from the reference's ``daemon install`` (§3.12), with its defects fixed
 parses it (an interpreter path with a space used to break the unit), units are not ordered ``After`` the target
 that wants them (an ordering cycle), and every file is mode 0600 in a directory created 0700.
 
-Secrets (the Redis URL with its password, the web app's API token) are not in the units: each service reads them
-from ``loopsq-<service>.env`` (mode 0600) next to its unit, through systemd's ``EnvironmentFile=`` or, for
-launchd, which has no such thing, a ``/bin/sh`` that sources the file and execs the service.
+Secrets (the Redis URL with its password, the web app's API token) are in no unit, plist or environment: each is
+a file of its own next to the unit (``loopsq-<service>.redis-url``, ``loopsq-web.api-token``, mode 0600) that the
+service reads through the ``*_FILE`` variables (``system.secrets``). systemd hands it over as a credential
+(``LoadCredential=``: the service reads its own copy in ``$CREDENTIALS_DIRECTORY``, ``%d`` in the unit); launchd,
+which has no credentials, names the file itself.
 
 The web app and the scheduler are sandboxed (``systemd-analyze security`` rates them "OK"); the worker only as
 far as running the user's commands and agents in the user's repositories allows (see ``WORKER_HARDENING``).
@@ -25,11 +27,13 @@ from pathlib import Path
 
 from loopsq.errors import ValidationError
 from loopsq.ops.embedded_redis import write_private
+from loopsq.system.secrets import FILE_SUFFIX
 
 TARGETS = ("systemd", "launchd")
 SERVICES = ("scheduler", "worker", "web")
-#: Variables that go to the 0600 environment file, never into a unit or a plist.
-SECRET_KEYS = frozenset({"LOOPSQ_REDIS_URL", "REDIS_URL", "LOOPSQ_API_TOKEN"})
+#: Variables whose value goes to a 0600 file of its own (named by the credential), never into a unit, a plist or
+#: an environment: the service is given ``<KEY>_FILE`` instead.
+SECRET_KEYS = {"LOOPSQ_REDIS_URL": "redis-url", "LOOPSQ_API_TOKEN": "api-token"}
 #: systemd's stop timeout in the units, and the kill timeout a worker derives its grace from (``ops.shutdown``).
 SYSTEMD_STOP_TIMEOUT_S = 30
 #: launchd's default ``ExitTimeOut``: SIGKILL this long after SIGTERM.
@@ -161,28 +165,21 @@ def systemd_quote(arg: str, *, expand: bool = True) -> str:
     return '"' + escaped.replace("\r", "\\r") + '"'
 
 
-def env_file_name(service: str) -> str:
-    """``loopsq-<service>.env``."""
-    return f"loopsq-{service}.env"
+def secret_file_name(service: str, credential: str) -> str:
+    """``loopsq-<service>.<credential>`` (``loopsq-web.api-token``)."""
+    return f"loopsq-{service}.{credential}"
 
 
-def env_file_text(env: Mapping[str, str]) -> str:
-    """``KEY="value"`` lines, read alike by systemd's ``EnvironmentFile=`` and by ``sh``'s ``.``.
-
-    Inside double quotes both treat a backslash before a backslash, a double quote, a dollar sign or a backquote
-    as an escape, and every other character as itself: those four are escaped, nothing else.
+def secret_text(key: str, value: str) -> str:
+    """The content of a secret's file: the value and a newline (``system.secrets`` strips it when it reads it).
 
     Raises:
-        ValidationError: a value holds a line break or a NUL, which neither reads back.
+        ValidationError: the value holds a line break or a NUL (it would not read back as written).
     """
-    lines = ["# Written by `loopsq install`: secrets of one service (mode 0600)."]
-    for key, value in env.items():
-        if any(ch in value for ch in "\n\r\0"):
-            # The value is a secret: named, never shown.
-            raise ValidationError(f"{key} must not contain a line break or NUL (its value is not shown: a secret)")
-        escaped = "".join(f"\\{ch}" if ch in '\\"$`' else ch for ch in value)
-        lines.append(f'{key}="{escaped}"')
-    return "\n".join(lines) + "\n"
+    if any(ch in value for ch in "\n\r\0"):
+        # The value is a secret: named, never shown.
+        raise ValidationError(f"{key} must not contain a line break or NUL (its value is not shown: a secret)")
+    return value + "\n"
 
 
 def _in_tmp(path: Path) -> bool:
@@ -201,10 +198,11 @@ def hardening(service: str, data_dir: Path | None) -> list[str]:
     return lines
 
 
-def systemd_unit(service: str, argv: Sequence[str], env: Mapping[str, str], *, env_file: Path | None = None,
-                 data_dir: Path | None = None) -> str:
-    """A systemd user unit running ``argv`` with ``env`` (and the variables of ``env_file``), restarted always,
-    with the service's hardening directives."""
+def systemd_unit(service: str, argv: Sequence[str], env: Mapping[str, str], *,
+                 credentials: Mapping[str, Path] | None = None, data_dir: Path | None = None) -> str:
+    """A systemd user unit running ``argv`` with ``env``, restarted always, with the service's hardening
+    directives; ``credentials`` maps a secret's variable (``LOOPSQ_REDIS_URL``) to its file, loaded as a credential
+    (``LoadCredential=``) that the service finds through ``<KEY>_FILE=%d/<credential>``."""
     lines = [
         "# Written by `loopsq install systemd`.",
         "[Unit]",
@@ -219,32 +217,25 @@ def systemd_unit(service: str, argv: Sequence[str], env: Mapping[str, str], *, e
         "KillMode=mixed",
         f"TimeoutStopSec={SYSTEMD_STOP_TIMEOUT_S}",
     ]
-    if env_file is not None:
+    for key, path in (credentials or {}).items():
         # A path, taken as it stands (no quotes): only specifiers are expanded.
-        lines.append(f"EnvironmentFile={str(env_file).replace('%', '%%')}")
+        lines.append(f"LoadCredential={SECRET_KEYS[key]}:{str(path).replace('%', '%%')}")
+        lines.append(f"Environment={key}{FILE_SUFFIX}=%d/{SECRET_KEYS[key]}")
     lines += [f"Environment={systemd_quote(f'{k}={v}', expand=False)}" for k, v in env.items()]
     lines += hardening(service, data_dir)
     lines += ["", "[Install]", "WantedBy=default.target", ""]
     return "\n".join(lines)
 
 
-#: launchd has no environment file: ``/bin/sh`` sources it (``set -a`` exports what it sets), then execs the service.
-LAUNCHD_SOURCE = 'set -a; . "$0"; set +a; exec "$@"'
-
-
-def launchd_argv(argv: Sequence[str], env_file: Path | None) -> list[str]:
-    """What a plist runs: ``argv``, behind a shell that sources ``env_file`` when there is one."""
-    return [*(["/bin/sh", "-c", LAUNCHD_SOURCE, str(env_file)] if env_file is not None else []), *argv]
-
-
 def launchd_plist(service: str, argv: Sequence[str], env: Mapping[str, str], log_path: Path,
-                  env_file: Path | None = None) -> bytes:
-    """A launchd agent running ``argv`` with ``env`` (and the variables of ``env_file``), at load and kept alive,
-    logging to ``log_path``."""
+                  credentials: Mapping[str, Path] | None = None) -> bytes:
+    """A launchd agent running ``argv`` with ``env``, at load and kept alive, logging to ``log_path``;
+    ``credentials`` maps a secret's variable to its file, named by ``<KEY>_FILE`` (launchd has no credentials)."""
+    files = {f"{key}{FILE_SUFFIX}": str(path) for key, path in (credentials or {}).items()}
     return plistlib.dumps({
         "Label": plist_label(service),
-        "ProgramArguments": launchd_argv(argv, env_file),
-        "EnvironmentVariables": dict(env),
+        "ProgramArguments": list(argv),
+        "EnvironmentVariables": {**env, **files},
         "RunAtLoad": True,
         "KeepAlive": True,
         "ExitTimeOut": LAUNCHD_EXIT_TIMEOUT_S,
@@ -264,15 +255,15 @@ def write_services(
     service_env: Mapping[str, Mapping[str, str]] | None = None,
     data_dir: Path | None = None,
 ) -> Installation:
-    """Write one file per service, and one environment file per service that has secrets (all mode 0600, in
-    ``directory``, created 0700), and return them with the commands that enable them.
+    """Write one file per service, and one file per secret of a service (all mode 0600, in ``directory``, created
+    0700), and return them with the commands that enable them.
 
     ``service_env`` adds variables to one service's environment (the web app's API token). ``data_dir`` is the
     one directory the sandboxed services may write. ``default_location`` False means ``directory`` is not where
     systemd looks: the enable command then names the files by path (``systemctl --user enable`` links them in).
 
     Raises:
-        ValidationError: a secret holds a line break or a NUL (before anything is written).
+        ValidationError: a secret is empty or holds a line break or a NUL (before anything is written).
     """
     validate_target(target)
     kill_timeout = SYSTEMD_STOP_TIMEOUT_S if target == "systemd" else LAUNCHD_EXIT_TIMEOUT_S
@@ -281,24 +272,24 @@ def write_services(
         full_env = {**env, **(service_env or {}).get(service, {})}
         if service == "worker":
             full_env["LOOPSQ_KILL_TIMEOUT"] = f"{kill_timeout}s"  # its grace ends before the SIGKILL
-        secrets = {k: v for k, v in full_env.items() if k in SECRET_KEYS}
+        secrets = {k: secret_text(k, v) for k, v in full_env.items() if k in SECRET_KEYS}
         public = {k: v for k, v in full_env.items() if k not in SECRET_KEYS}
-        plans.append((service, public, env_file_text(secrets) if secrets else None))
+        plans.append((service, public, secrets))
     directory.mkdir(mode=0o700, parents=True, exist_ok=True)
     done = Installation(target)
-    for service, public, secret_text in plans:
+    for service, public, secrets in plans:
         argv = service_argv(service, python)
-        env_file = directory / env_file_name(service) if secret_text is not None else None
+        files = {key: directory / secret_file_name(service, SECRET_KEYS[key]) for key in secrets}
         if target == "systemd":
             path = directory / unit_name(service)
-            write_private(path, systemd_unit(service, argv, public, env_file=env_file, data_dir=data_dir))
+            write_private(path, systemd_unit(service, argv, public, credentials=files, data_dir=data_dir))
         else:
             path = directory / f"{plist_label(service)}.plist"
-            write_private(path, launchd_plist(service, argv, public, log_dir / f"{service}.log", env_file))
+            write_private(path, launchd_plist(service, argv, public, log_dir / f"{service}.log", files))
         done.files.append(path)
-        if env_file is not None and secret_text is not None:
-            write_private(env_file, secret_text)
-            done.files.append(env_file)
+        for key, file in files.items():
+            write_private(file, secrets[key])
+            done.files.append(file)
     if target == "systemd":
         unit_files = [p for p in done.files if p.suffix == ".service"]
         units = [unit_name(s) for s in SERVICES] if default_location else [str(p) for p in unit_files]

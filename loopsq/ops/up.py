@@ -25,8 +25,10 @@ from loopsq.state.connection import connect, mask_url
 from loopsq.state.connection import server_version as redis_version
 from loopsq.state.outages import OutageLog, wait_for_redis
 from loopsq.system import config
+from loopsq.system.secrets import FILE_SUFFIX, secret_from_env
 
 API_TOKEN_ENV = "LOOPSQ_API_TOKEN"
+API_TOKEN_FILE_ENV = API_TOKEN_ENV + FILE_SUFFIX
 API_TOKEN_FILENAME = "api.token"
 
 
@@ -83,6 +85,8 @@ class UpConfig:
 
     data_dir: Path
     redis_url: str | None = None
+    #: The file ``redis_url`` was read from (``LOOPSQ_REDIS_URL_FILE``): the children get the path, not the URL.
+    redis_url_file: str | None = None
     workers: int = 1
     #: Slots of each worker (``loopsq worker --concurrency``): one process holds several runs.
     concurrency: int = DEFAULT_CONCURRENCY
@@ -93,10 +97,20 @@ class UpConfig:
 
 
 def api_token(data_dir: Path) -> str:
-    """``LOOPSQ_API_TOKEN``, else the token kept in ``<data-dir>/api.token`` (made once, mode 0600)."""
-    token = os.environ.get(API_TOKEN_ENV, "").strip()
-    if token:
-        return token
+    """``LOOPSQ_API_TOKEN`` (or the file ``LOOPSQ_API_TOKEN_FILE`` names), else the token kept in
+    ``<data-dir>/api.token`` (made once, mode 0600)."""
+    return api_token_setting(data_dir)[0]
+
+
+def api_token_setting(data_dir: Path) -> tuple[str, str | None]:
+    """``(token, file)`` as ``api_token`` finds it; ``file`` is where it is kept (None: ``LOOPSQ_API_TOKEN``).
+
+    Raises:
+        ValidationError: ``LOOPSQ_API_TOKEN_FILE`` cannot be read, or is set beside ``LOOPSQ_API_TOKEN``.
+    """
+    found = secret_from_env(API_TOKEN_ENV)
+    if found is not None:
+        return found[0], (None if found[1] == API_TOKEN_ENV else os.environ[API_TOKEN_FILE_ENV].strip())
     path = data_dir / API_TOKEN_FILENAME
     try:
         token = path.read_text(encoding="utf-8").strip()
@@ -105,7 +119,14 @@ def api_token(data_dir: Path) -> str:
     if not token:
         token = secrets.token_urlsafe(32)
         write_private(path, token + "\n")
-    return token
+    return token, str(path)
+
+
+def web_token_env(data_dir: Path) -> dict[str, str]:
+    """How up's web app gets its token: the file's path (``LOOPSQ_API_TOKEN_FILE``) when it is kept in one, so that
+    it is in no process's environment; ``LOOPSQ_API_TOKEN`` only when that is how up was given it."""
+    token, path = api_token_setting(data_dir)
+    return {API_TOKEN_ENV: token} if path is None else {API_TOKEN_FILE_ENV: path}
 
 
 #: What any child needs from up's environment: to find Python and loopsq, and the locale, zone and home.
@@ -121,10 +142,13 @@ PASSED_LOOPSQ_KEYS = {
 }
 
 
-def child_env(role: str, url: str | None, data_dir: Path, environ: dict[str, str] | None = None) -> dict[str, str]:
+def child_env(role: str, url: str | None, data_dir: Path, environ: dict[str, str] | None = None,
+              url_file: str | None = None) -> dict[str, str]:
     """The environment of one of up's children: only what it needs.
 
-    Every child gets ``BASE_ENV_KEYS`` and ``LC_*``, the Redis URL and the data dir (the embedded Redis gets neither);
+    Every child gets ``BASE_ENV_KEYS`` and ``LC_*``, the Redis URL (``LOOPSQ_REDIS_URL_FILE``, the file's path, when
+    ``url_file`` holds it: the embedded Redis's ``redis.url``, or the file up was given) and the data dir (the
+    embedded Redis gets neither);
     ``LOOPSQ_HOST`` and the Redis connection settings (``LOOPSQ_REDIS_SSL_CERT_REQS``, ``LOOPSQ_CLAIM_REPLICAS``);
     the web app its token (added by the caller), ``LOOPSQ_METRICS_PER_LOOP``, ``LOOPSQ_MCP_ALLOW_MUTATIONS`` and
     ``LOOPSQ_MCP_ALLOW_TOOLS``; the mirror ``LOOPSQ_MIRROR_NAME``; the scheduler the retention settings
@@ -142,26 +166,32 @@ def child_env(role: str, url: str | None, data_dir: Path, environ: dict[str, str
         for key in (*PASSED_LOOPSQ_KEYS["all"], *PASSED_LOOPSQ_KEYS.get(role, ())):
             if source.get(key):
                 env[key] = source[key]
-        env.update(LOOPSQ_REDIS_URL=url, LOOPSQ_DATA_DIR=str(data_dir))
+        env.update({"LOOPSQ_REDIS_URL_FILE": url_file} if url_file is not None else {"LOOPSQ_REDIS_URL": url})
+        env["LOOPSQ_DATA_DIR"] = str(data_dir)
     env["PYTHONUNBUFFERED"] = "1"
     return env
 
 
-def app_specs(cfg: UpConfig, url: str) -> list[ChildSpec]:
-    """The scheduler, the workers, the mirror (and the web app), each a ``python -m loopsq`` child."""
+def app_specs(cfg: UpConfig, url: str, url_file: str | None = None) -> list[ChildSpec]:
+    """The scheduler, the workers, the mirror (and the web app), each a ``python -m loopsq`` child; ``url_file``
+    holds ``url`` (the children are given its path)."""
     loopsq = (sys.executable, "-m", "loopsq")
-    specs = [ChildSpec("scheduler", (*loopsq, "scheduler"), child_env("scheduler", url, cfg.data_dir))]
+
+    def env_of(role: str) -> dict[str, str]:
+        return child_env(role, url, cfg.data_dir, url_file=url_file)
+
+    specs = [ChildSpec("scheduler", (*loopsq, "scheduler"), env_of("scheduler"))]
     # A worker's grace must end before up's stop timeout does, so its current run is recorded and handed on
     # rather than killed with it.
     grace = f"{grace_for(int(cfg.stop_grace_s * 1000))}ms"
-    worker_env = child_env("worker", url, cfg.data_dir)
+    worker_env = env_of("worker")
     specs += [ChildSpec(f"worker.{i}", (*loopsq, "worker", "--grace", grace, "--concurrency", str(cfg.concurrency)),
                         worker_env)
               for i in range(1, cfg.workers + 1)]
-    specs.append(ChildSpec("mirror", (*loopsq, "mirror"), child_env("mirror", url, cfg.data_dir)))
+    specs.append(ChildSpec("mirror", (*loopsq, "mirror"), env_of("mirror")))
     if cfg.web:
         # The mirror above already follows the change stream into this data dir (one follower per data dir).
-        web_env = {**child_env("web", url, cfg.data_dir), API_TOKEN_ENV: api_token(cfg.data_dir)}
+        web_env = {**env_of("web"), **web_token_env(cfg.data_dir)}
         specs.append(ChildSpec("web", (*loopsq, "web", "--port", str(cfg.web_port), "--no-mirror"), web_env))
     return specs
 
@@ -298,11 +328,11 @@ def run_up(cfg: UpConfig, stop: threading.Event, force: threading.Event | None =
                     sup.say(line)
             finally:
                 client.close()
-        for spec in app_specs(cfg, url):
+        url_file = str(embedded.url_file) if embedded is not None else cfg.redis_url_file
+        for spec in app_specs(cfg, url, url_file):
             sup.start(sup.add(spec))
         if cfg.web:
-            where = "LOOPSQ_API_TOKEN" if os.environ.get(API_TOKEN_ENV, "").strip() else \
-                cfg.data_dir / API_TOKEN_FILENAME
+            where = api_token_setting(cfg.data_dir)[1] or API_TOKEN_ENV
             sup.say(f"web: http://127.0.0.1:{cfg.web_port}/ (API token in {where})")
         hint = "; try `loopsq runs demo-hello` in another terminal" if cfg.demo else ""
         sup.say(f"running; Ctrl-C stops everything{hint}")

@@ -100,6 +100,10 @@ def refusal(exc: BaseException) -> str | None:
 WRITE_PROBE = "#!lua\nreturn 1"
 #: While Redis refuses writes, how often a process checks whether it takes them again (``OutageLog.recovered``).
 PROBE_EVERY_S = 0.5
+#: How long after Redis came back a dropped connection is taken for a socket of the old server still held by
+#: another thread (a call in flight at the switch, or a process stopped through the whole outage) and logged only if
+#: Redis stays unreachable this long (``OutageLog.failed``).
+SETTLE_S = 1.0
 
 
 def accepts_writes(client: redis.Redis) -> bool:
@@ -153,7 +157,9 @@ class OutageLog:
     """One process's record of Redis being away or refusing: a line when an episode starts, a line when it ends.
 
     Every thread of the process reports here (``failed`` on a transient error, ``recovered`` on a success); only
-    the first failure of an episode and the first success after it are logged. The first line names the cause:
+    the first failure of an episode and the first success after it are logged. A connection dropped within
+    ``SETTLE_S`` of a recovery is logged only once it lasts that long: several threads each meet a socket of the
+    old server when Redis comes back, and that is one outage, not several. The first line names the cause:
     ``redis unavailable (...)`` when Redis cannot be reached, ``Redis refuses writes: OOM ...`` when it answers
     with a refusal; ``reason`` says it while the episode lasts (for ``/api/health``).
     """
@@ -167,6 +173,8 @@ class OutageLog:
         self._since: float | None = None
         self._refused: str | None = None
         self._next_probe = 0.0
+        self._recovered_at: float | None = None
+        self._quiet = False
         self._lock = threading.Lock()
 
     @property
@@ -180,10 +188,17 @@ class OutageLog:
             return
         refused = refusal(exc)
         with self._lock:
+            now = self.clock()
             if self._since is not None:
-                return
-            self._since = self.clock()
-            self._refused = refused
+                if not self._quiet or now - self._since < SETTLE_S:
+                    return
+                self._quiet = False  # a quiet episode that lasted: an outage after all
+            else:
+                self._since = now
+                self._refused = refused
+                if refused is None and self._recovered_at is not None and now - self._recovered_at < SETTLE_S:
+                    self._quiet = True
+                    return
             self.outages += 1
         if refused is None:
             self.log.warning("redis unavailable (%s); waiting for it (capped backoff)",
@@ -215,8 +230,13 @@ class OutageLog:
         with self._lock:
             if self._since is None:
                 return
-            took = self.clock() - self._since
+            now = self.clock()
+            took = now - self._since
             self._since, refused, self._refused = None, self._refused, None
+            self._recovered_at = now
+            if self._quiet:
+                self._quiet = False
+                return
         if refused is None:
             self.log.info("redis reachable again after %.1fs", took)
         else:

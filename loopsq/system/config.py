@@ -14,6 +14,7 @@ from pathlib import Path
 
 from loopsq.domain.redis_url import CERT_REQS_ENV, RedisUrl, apply_cert_reqs_default, parse_redis_url
 from loopsq.errors import RedisNotConfiguredError
+from loopsq.system.secrets import secret_from_env
 
 MIRROR_FILENAME = "loops.db"
 #: Written by ``loopsq up`` (mode 0600) while its embedded Redis runs: the URL, password included.
@@ -24,8 +25,8 @@ UP_LOCK_FILENAME = "up.lock"
 MIRROR_LOCK_FILENAME = "mirror.lock"
 
 
-#: Where a Redis URL can come from, in order; the first one set wins.
-REDIS_URL_ENVS = ("LOOPSQ_REDIS_URL", "REDIS_URL")
+#: Where a Redis URL can come from, in order; the first one set wins. ``LOOPSQ_REDIS_URL_FILE`` (a file holding
+#: the URL: Docker secrets, systemd credentials) stands for ``LOOPSQ_REDIS_URL`` (``system.secrets``).
 
 
 @dataclass(frozen=True)
@@ -47,21 +48,23 @@ class RedisSetting:
 
 
 def configured_redis(flag: str | None = None) -> RedisSetting | None:
-    """``--redis-url``, else ``LOOPSQ_REDIS_URL``, else ``REDIS_URL``, validated; None when none is set.
+    """``--redis-url``, else ``LOOPSQ_REDIS_URL`` (or the file ``LOOPSQ_REDIS_URL_FILE`` names), else
+    ``REDIS_URL``, validated; None when none is set.
 
     An empty environment variable counts as unset (an empty ``--redis-url`` is an error).
 
     Raises:
         RedisUrlError: when the URL that wins is malformed (it names its source; the password is masked).
-        ValidationError: when ``LOOPSQ_REDIS_SSL_CERT_REQS`` is not none, optional or required.
+        ValidationError: when ``LOOPSQ_REDIS_SSL_CERT_REQS`` is not none, optional or required; when
+            ``LOOPSQ_REDIS_URL_FILE`` cannot be read, or is set beside ``LOOPSQ_REDIS_URL``.
     """
     if flag is not None:
         return _setting(flag, "--redis-url")
-    for name in REDIS_URL_ENVS:
-        value = os.environ.get(name)
-        if value:
-            return _setting(value, name)
-    return None
+    found = secret_from_env("LOOPSQ_REDIS_URL")
+    if found is not None:
+        return _setting(*found)
+    value = os.environ.get("REDIS_URL")
+    return _setting(value, "REDIS_URL") if value else None
 
 
 def configured_redis_url(flag: str | None = None) -> str | None:

@@ -29,6 +29,7 @@ from loopsq.mirror.follow import catch_up, follow
 from loopsq.mirror.follower_lock import WEB_ROLE, FollowerLock, following
 from loopsq.mirror.identity import mirror_group
 from loopsq.mirror.schema import open_db
+from loopsq.state.clock import RedisClock
 from loopsq.state.connection import connect, mask_url, unavailable
 from loopsq.state.keys import Keys
 from loopsq.state.outages import OutageLog, is_transient, wait_for_redis
@@ -85,6 +86,8 @@ class WebContext:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._follower_lock = FollowerLock(settings.data_dir, WEB_ROLE)
+        #: This process's measurement of Redis's clock (``now``).
+        self.clock = RedisClock()
 
     @property
     def following(self) -> bool:
@@ -104,7 +107,10 @@ class WebContext:
             return self._raw
 
     def now(self) -> datetime:
-        """The clock (``loopsq.domain.timeutil.now``, which tests patch)."""
+        """The clock (``loopsq.domain.timeutil.now``, which tests patch): Redis's, the offset to it measured on the
+        first call and again every ``clock.MEASURE_EVERY_S`` (a Redis error leaves the last measurement)."""
+        with contextlib.suppress(redis.RedisError):
+            self.clock.measure_if_due(self.client)
         return timeutil.now()
 
     @contextlib.contextmanager

@@ -202,15 +202,19 @@ class Cluster:
                                  f"stderr: {done.stderr}\n{self.logs()}")
         return done
 
-    def create_fast(self, name: str, cmd: str, every_ms: int) -> None:
-        """What ``create command NAME --cmd CMD --every <every_ms>ms`` stores, through the SDK in this process
-        (a CLI process per loop costs half a second)."""
+    def create_fast(self, name: str, cmd: str, every_ms: int, catch_up: str | None = None) -> None:
+        """What ``create command NAME --cmd CMD --every <every_ms>ms [--catch-up POLICY]`` stores, through the SDK
+        in this process (a CLI process per loop costs half a second)."""
         from loopsq.sdk import LoopsClient
 
+        body: dict[str, object] = {
+            "name": name, "schedule": {"type": "interval", "everyMs": every_ms, "anchor": "fixed_rate"},
+            "target": {"type": "command", "command": cmd, "shell": True}}
+        if catch_up is not None:
+            body["catchUp"] = catch_up
         client = LoopsClient(self.url)
         try:
-            client.create({"name": name, "schedule": {"type": "interval", "everyMs": every_ms, "anchor": "fixed_rate"},
-                           "target": {"type": "command", "command": cmd, "shell": True}})
+            client.create(body)
         finally:
             client.close()
 

@@ -116,12 +116,18 @@ def test_compose_runs_the_scheduler_workers_and_web_on_that_redis_as_real_loopsq
         assert service["build"] == "."
 
 
-def test_the_web_service_listens_beyond_its_container_and_needs_a_token() -> None:
-    web = compose()["services"]["web"]
+def test_the_web_service_listens_beyond_its_container_and_reads_its_token_from_a_secret() -> None:
+    spec = compose()
+    web = spec["services"]["web"]
     command = web["command"]
     assert command[command.index("--host") + 1] == "0.0.0.0"
     assert web["ports"] == [f"127.0.0.1:8080:{command[command.index('--port') + 1]}"]
-    assert web["environment"]["LOOPSQ_API_TOKEN"].startswith("${LOOPSQ_API_TOKEN:?")
+    # A Compose secret, mounted at /run/secrets/<name>: the token is a file in the container, in no environment.
+    assert web["secrets"] == ["api_token"]
+    assert web["environment"]["LOOPSQ_API_TOKEN_FILE"] == "/run/secrets/api_token"
+    assert spec["secrets"]["api_token"] == {"environment": "LOOPSQ_API_TOKEN"}
+    assert not any("LOOPSQ_API_TOKEN" in service.get("environment", {})
+                   for service in spec["services"].values())
 
 
 def test_the_worker_service_can_be_scaled() -> None:

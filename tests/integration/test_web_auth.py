@@ -191,9 +191,9 @@ def cli_env(redis_server: RedisServer, tmp_path: Path, monkeypatch: pytest.Monke
 
 def test_web_refuses_to_start_without_a_token(cli_env: dict[str, Any]) -> None:
     result = CliRunner().invoke(cli, ["web"])
-    assert (result.exit_code, result.stderr) == (2, "error: LOOPSQ_API_TOKEN is not set: set it to a secret of at "
-                                                    "least 16 characters, or pass --generate-token to have one made "
-                                                    "and printed\n")
+    assert (result.exit_code, result.stderr) == (2, "error: LOOPSQ_API_TOKEN is not set: set it (or "
+                                                    "LOOPSQ_API_TOKEN_FILE) to a secret of at least 16 characters, or "
+                                                    "pass --generate-token to have one made and printed\n")
     assert cli_env == {}
 
 

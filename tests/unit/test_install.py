@@ -63,14 +63,16 @@ def test_install_systemd_writes_three_private_units_and_prints_how_to_enable_the
                  "install", "systemd", "--dir", str(out))
     assert result.exit_code == 0, result.stderr
     paths = [out / name for name in UNITS]
-    env_files = [out / f"loopsq-{name}.env" for name in ("scheduler", "worker", "web")]
-    assert result.stdout == "".join(f"wrote {p}\nwrote {e}\n" for p, e in zip(paths, env_files, strict=True)) + (
+    secret_files = [out / f"loopsq-{name}.redis-url" for name in ("scheduler", "worker", "web")]
+    token_file = out / "loopsq-web.api-token"
+    assert result.stdout == "".join(f"wrote {p}\nwrote {e}\n" for p, e in zip(paths, secret_files, strict=True)) + (
+        f"wrote {token_file}\n"
         f"web API token: in {data / 'api.token'}\n"
         "systemctl --user daemon-reload\n"
         f"systemctl --user enable --now {paths[0]} {paths[1]} {paths[2]}\n"
         "loginctl enable-linger $USER\n"
     )
-    assert [mode(p) for p in (*paths, *env_files)] == [0o600] * 6
+    assert [mode(p) for p in (*paths, *secret_files, token_file)] == [0o600] * 7
     assert mode(out) == 0o700
     assert paths[0].read_text() == (
         "# Written by `loopsq install systemd`.\n"
@@ -84,7 +86,9 @@ def test_install_systemd_writes_three_private_units_and_prints_how_to_enable_the
         "RestartSec=5\n"
         "KillMode=mixed\n"
         "TimeoutStopSec=30\n"
-        f"EnvironmentFile={env_files[0]}\n"
+        # A credential: the service reads its own copy, through the file variable (no secret in any environment).
+        f"LoadCredential=redis-url:{secret_files[0]}\n"
+        "Environment=LOOPSQ_REDIS_URL_FILE=%d/redis-url\n"
         f"Environment=PATH={service_path(tmp_path)}\n"
         f"Environment=LOOPSQ_DATA_DIR={data}\n"
         + "".join(f"{line}\n" for line in install.SANDBOX_HARDENING)
@@ -93,8 +97,7 @@ def test_install_systemd_writes_three_private_units_and_prints_how_to_enable_the
         "[Install]\n"
         "WantedBy=default.target\n"
     )
-    assert env_files[0].read_text() == ("# Written by `loopsq install`: secrets of one service (mode 0600).\n"
-                                        'LOOPSQ_REDIS_URL="redis://:s3cret@db.example:6379/0"\n')
+    assert secret_files[0].read_text() == "redis://:s3cret@db.example:6379/0\n"
     worker = paths[1].read_text()
     assert "Environment=LOOPSQ_KILL_TIMEOUT=30s\n" in worker  # its grace ends before systemd's SIGKILL
     assert "".join(f"{line}\n" for line in install.WORKER_HARDENING) in worker
@@ -103,22 +106,23 @@ def test_install_systemd_writes_three_private_units_and_prints_how_to_enable_the
         assert "s3cret" not in unit.read_text()
 
 
-def test_the_web_env_file_carries_the_api_token_that_up_keeps_in_the_data_dir(tmp_path: Path) -> None:
+def test_the_web_credential_is_the_api_token_that_up_keeps_in_the_data_dir(tmp_path: Path) -> None:
     data = tmp_path / "data"
     result = run("--redis-url", URL, "--data-dir", str(data), "install", "systemd", "--dir", str(tmp_path / "u"))
     assert result.exit_code == 0, result.stderr
     token = (data / "api.token").read_text().strip()
     assert len(token) >= 32
     assert stat.S_IMODE((data / "api.token").stat().st_mode) == 0o600
-    web_env = tmp_path / "u" / "loopsq-web.env"
-    assert f'LOOPSQ_API_TOKEN="{token}"\n' in web_env.read_text()
-    assert token not in (tmp_path / "u" / "loopsq-web.service").read_text()
-    assert token not in (tmp_path / "u" / "loopsq-worker.env").read_text()  # the worker's secret is the URL only
-    assert "LOOPSQ_API_TOKEN" not in (tmp_path / "u" / "loopsq-worker.env").read_text()
+    web_token = tmp_path / "u" / "loopsq-web.api-token"
+    assert web_token.read_text() == f"{token}\n"
+    web_unit = (tmp_path / "u" / "loopsq-web.service").read_text()
+    assert token not in web_unit
+    assert f"LoadCredential=api-token:{web_token}\nEnvironment=LOOPSQ_API_TOKEN_FILE=%d/api-token\n" in web_unit
+    assert not (tmp_path / "u" / "loopsq-worker.api-token").exists()  # the worker's secret is the URL only
     assert "LOOPSQ_API_TOKEN" not in (tmp_path / "u" / "loopsq-worker.service").read_text()
     again = run("--redis-url", URL, "--data-dir", str(data), "install", "systemd", "--dir", str(tmp_path / "u"))
     assert again.exit_code == 0, again.stderr
-    assert f'LOOPSQ_API_TOKEN="{token}"\n' in web_env.read_text()
+    assert web_token.read_text() == f"{token}\n"
 
 
 def test_a_token_in_the_environment_is_the_one_written(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -127,7 +131,7 @@ def test_a_token_in_the_environment_is_the_one_written(tmp_path: Path, monkeypat
                  str(tmp_path / "u"))
     assert result.exit_code == 0, result.stderr
     assert "web API token: LOOPSQ_API_TOKEN from the environment\n" in result.stdout
-    assert 'LOOPSQ_API_TOKEN="from-the-environment-0123456789"\n' in (tmp_path / "u" / "loopsq-web.env").read_text()
+    assert (tmp_path / "u" / "loopsq-web.api-token").read_text() == "from-the-environment-0123456789\n"
     assert not (tmp_path / "data" / "api.token").exists()
 
 
@@ -135,10 +139,11 @@ def test_units_in_the_default_directory_are_enabled_by_name() -> None:
     result = run("--redis-url", URL, "install", "systemd")
     assert result.exit_code == 0, result.stderr
     unit_dir = Path(os.environ["HOME"]) / ".config/systemd/user"
-    env_files = ("loopsq-scheduler.env", "loopsq-worker.env", "loopsq-web.env")
-    assert sorted(p.name for p in unit_dir.iterdir()) == sorted((*UNITS, *env_files))
+    secret_files = ("loopsq-scheduler.redis-url", "loopsq-worker.redis-url", "loopsq-web.redis-url",
+                    "loopsq-web.api-token")
+    assert sorted(p.name for p in unit_dir.iterdir()) == sorted((*UNITS, *secret_files))
     assert mode(unit_dir) == 0o700
-    assert result.stdout.splitlines()[6:] == [
+    assert result.stdout.splitlines()[7:] == [
         f"web API token: in {Path(os.environ['HOME']) / '.loopsq' / 'api.token'}",
         "systemctl --user daemon-reload",
         "systemctl --user enable --now loopsq-scheduler.service loopsq-worker.service loopsq-web.service",
@@ -146,17 +151,14 @@ def test_units_in_the_default_directory_are_enabled_by_name() -> None:
     ]
 
 
-def test_an_env_file_reads_back_in_sh_exactly_as_written(tmp_path: Path) -> None:
-    secrets = {"LOOPSQ_REDIS_URL": 'redis://:p$a`s"s\\w\'o rd%@h:1/0', "LOOPSQ_API_TOKEN": "t$HOME"}
-    env_file = tmp_path / "x.env"
-    env_file.write_text(install.env_file_text(secrets))
-    # What a launchd agent runs: /bin/sh sources the file, then execs the service (here: env).
-    done = subprocess.run(install.launchd_argv(["/usr/bin/env"], env_file), capture_output=True, text=True,
-                          env={"PATH": "/usr/bin:/bin"}, timeout=30)
-    assert done.returncode == 0, done.stderr
-    lines = done.stdout.splitlines()
-    for key, value in secrets.items():
-        assert f"{key}={value}" in lines
+def test_a_secret_file_reads_back_exactly_as_written(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from loopsq.system.secrets import secret_from_env
+
+    value = 'redis://:p$a`s"s\\w\'o rd%@h:1/0'
+    path = tmp_path / "x.redis-url"
+    path.write_text(install.secret_text("LOOPSQ_REDIS_URL", value))
+    assert secret_from_env("LOOPSQ_REDIS_URL", {"LOOPSQ_REDIS_URL_FILE": str(path)}) == (value,
+                                                                                       "LOOPSQ_REDIS_URL_FILE")
 
 
 def test_a_secret_with_a_line_break_is_refused_and_nothing_is_written(tmp_path: Path) -> None:
@@ -283,20 +285,22 @@ def test_install_launchd_writes_private_plists_that_keep_each_service_alive(tmp_
                  "install", "launchd", "--dir", str(out))
     assert result.exit_code == 0, result.stderr
     paths = [out / name for name in PLISTS]
-    env_files = [out / f"loopsq-{name}.env" for name in ("scheduler", "worker", "web")]
-    assert result.stdout == "".join(f"wrote {p}\nwrote {e}\n" for p, e in zip(paths, env_files, strict=True)) + (
-        f"web API token: in {data / 'api.token'}\n") + "".join(f"launchctl load -w {p}\n" for p in paths)
-    assert [mode(p) for p in (*paths, *env_files)] == [0o600] * 6
+    secret_files = [out / f"loopsq-{name}.redis-url" for name in ("scheduler", "worker", "web")]
+    token_file = out / "loopsq-web.api-token"
+    assert result.stdout == "".join(f"wrote {p}\nwrote {e}\n" for p, e in zip(paths, secret_files, strict=True)) + (
+        f"wrote {token_file}\nweb API token: in {data / 'api.token'}\n") + "".join(
+        f"launchctl load -w {p}\n" for p in paths)
+    assert [mode(p) for p in (*paths, *secret_files, token_file)] == [0o600] * 7
     assert mode(out) == 0o700
     assert plistlib.loads(paths[1].read_bytes()) == {
         "Label": "com.loopsq.worker",
-        # launchd has no environment file: a shell sources it, then execs the worker.
-        "ProgramArguments": ["/bin/sh", "-c", 'set -a; . "$0"; set +a; exec "$@"', str(env_files[1]),
-                             sys.executable, "-m", "loopsq", "worker"],
+        "ProgramArguments": [sys.executable, "-m", "loopsq", "worker"],
+        # launchd has no credentials: the worker is given the secret's file, not its value.
         "EnvironmentVariables": {
             "PATH": service_path(tmp_path),
             "LOOPSQ_DATA_DIR": str(data),
             "LOOPSQ_KILL_TIMEOUT": "20s",
+            "LOOPSQ_REDIS_URL_FILE": str(secret_files[1]),
         },
         "RunAtLoad": True,
         "KeepAlive": True,
@@ -355,7 +359,8 @@ def test_json_output_lists_the_files_the_commands_and_the_enable_results(tmp_pat
     result = run("--redis-url", "redis://h:6379/0", "install", "systemd", "--dir", str(out), "--enable", "--json")
     assert result.exit_code == 0, result.stderr
     payload = json.loads(result.stdout)
-    assert payload["files"] == [str(out / f) for u in UNITS for f in (u, u.replace(".service", ".env"))]
+    assert payload["files"] == [*(str(out / f) for u in UNITS for f in (u, u.replace(".service", ".redis-url"))),
+                                str(out / "loopsq-web.api-token")]
     assert payload["commands"][0] == "systemctl --user daemon-reload"
     assert payload["enabled"][0] == {"command": ["systemctl", "--user", "daemon-reload"], "status": 0,
                                      "stdout": "systemctl says hi\n", "stderr": ""}

@@ -95,8 +95,50 @@ def test_an_outage_is_logged_once_when_it_starts_and_once_when_it_ends_with_the_
         "redis reachable again after 12.3s",
     ]
     assert (outage.outages, outage.down) == (1, False)
+    clock.now += 1.0
     outage.failed(redis.TimeoutError("Timeout reading from socket"))
     assert (outage.outages, outage.down, len(caplog.records)) == (2, True, 3)
+
+
+def test_a_connection_dropped_right_after_a_recovery_is_logged_only_if_redis_stays_away(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # A process stopped through an outage resumes with a call in flight on each of two threads: both meet a socket
+    # of the old server. The first is the outage as this process sees it; the second, a moment after Redis answered
+    # again, is the same outage and is not logged, unless Redis stays away.
+    clock = Clock()
+    outage = OutageLog(URL, logging.getLogger("test.settle"), clock=clock)
+    caplog.set_level(logging.INFO, "test.settle")
+    closed = redis.ConnectionError("Connection closed by server.")
+    outage.failed(closed)
+    outage.recovered()
+    clock.now += 0.2
+    outage.failed(closed)
+    assert outage.down
+    outage.recovered()
+    assert [r.getMessage() for r in caplog.records] == [
+        "redis unavailable (cannot reach Redis at redis://:***@10.0.0.9:6390/0: Connection closed by server.); "
+        "waiting for it (capped backoff)",
+        "redis reachable again after 0.0s",
+    ]
+    assert (outage.outages, outage.down) == (1, False)
+    # The same a moment later, but Redis stays away: logged once it has lasted SETTLE_S, and its end too.
+    clock.now += 0.2
+    outage.failed(closed)
+    clock.now += 0.5
+    outage.failed(closed)
+    assert len(caplog.records) == 2
+    clock.now += 0.6
+    outage.failed(closed)
+    outage.failed(closed)
+    clock.now += 2.0
+    outage.recovered()
+    assert [r.getMessage() for r in caplog.records][2:] == [
+        "redis unavailable (cannot reach Redis at redis://:***@10.0.0.9:6390/0: Connection closed by server.); "
+        "waiting for it (capped backoff)",
+        "redis reachable again after 3.1s",  # from its first failure
+    ]
+    assert (outage.outages, outage.down) == (2, False)
 
 
 def test_ride_waits_out_transient_failures_and_raises_anything_else_at_once() -> None:
