@@ -1,5 +1,5 @@
 """A job kept for no time (``result_ttl=0``, as every timer fire job is) is deleted by loopsq's worker in one
-script inside RQ's end-of-job transaction (``rq_worker._LeanJob``) instead of RQ's ``Job.delete``, which reads
+script inside RQ's end-of-job transaction (``rqcompat.worker.LeanJob``) instead of RQ's ``Job.delete``, which reads
 the job's status three times and its executions twice first. What is left in Redis must be exactly what RQ's own
 ``SimpleWorker`` leaves, and the reads must be gone. Real redis-server, in this process."""
 
