@@ -33,9 +33,11 @@ def raw(real_redis: redis.Redis) -> Iterator[redis.Redis]:
 
 
 def keys_left(raw: redis.Redis, worker: str) -> set[str]:
-    """Every key but the worker's own (its name differs between the sides) and RQ's worker sets."""
+    """Every key but the worker's own (its name differs between the sides), RQ's worker sets and RQ 3's group
+    maintenance lock (``rq:clean_groups``, taken by whichever worker's maintenance runs first: no job's state)."""
     names = {k.decode() for k in raw.keys("*")}
-    return {k.replace(worker, "<worker>") for k in names if worker not in k and not k.startswith("rq:workers")}
+    return {k.replace(worker, "<worker>") for k in names
+            if worker not in k and not k.startswith("rq:workers") and k != "rq:clean_groups"}
 
 
 def run_side(raw: redis.Redis, worker_class: type[SimpleWorker], name: str) -> tuple[set[str], dict[str, int]]:

@@ -86,6 +86,9 @@ def fail_job(raw: redis.Redis, job_id: str, worker: str, error: str, failure_ttl
         job.set_status(JobStatus.FAILED, pipeline=pipe)
         job._handle_failure(error, pipe, worker_name=worker)
         pipe.hdel(job.key, "loopsq_taken")
+        if names.WORKER_HAS_EXECUTIONS:  # (the execution that showed it running: ``scripts.SHOW``)
+            pipe.delete(names.taken_execution_key(job_id))
+            pipe.srem(names.worker_executions_key(worker), f"{job_id}:{names.TAKEN_EXECUTION_ID}")
         pipe.execute()
     if worker and raw.exists(wkey):
         pipe = raw.pipeline()

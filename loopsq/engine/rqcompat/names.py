@@ -103,3 +103,18 @@ def parse_rq_time(text: str) -> datetime:
     """A time in RQ's format as an aware UTC datetime (ValueError when it is not)."""
     value: datetime = utcparse(text)
     return value
+
+
+#: On RQ 3, a timer job loopsq runs without RQ's worker bookkeeping (taken, or dequeued and started by loopsq) is
+#: shown as its worker's current job by an execution of this id (``<job id>:loopsq`` in the worker's executions
+#: set, its hash under ``EXECUTION_PREFIX``): what RQ's ``Worker.get_current_job`` and rq-dashboard read. RQ 2
+#: reads the worker hash's ``current_job`` field instead.
+TAKEN_EXECUTION_ID = "loopsq"
+#: How long such an execution's hash outlives a worker killed while it ran the job (RQ 3 drops the worker's
+#: executions set with the worker; the hash alone would stay).
+TAKEN_EXECUTION_TTL_S = 24 * 3600
+
+
+def taken_execution_key(job_id: str) -> str:
+    """The hash of the execution that shows a taken timer job (``TAKEN_EXECUTION_ID``) on RQ 3."""
+    return f"{EXECUTION_PREFIX}{job_id}:{TAKEN_EXECUTION_ID}"

@@ -4,6 +4,8 @@ its contract test (``tests/contract``) holds it to what the installed RQ leaves.
 
 from __future__ import annotations
 
+from loopsq.engine.rqcompat import names
+
 # Arm a loop's timer in one round trip. When the entry armed already is for the same millisecond and still
 # scheduled, nothing is written but the loop's maintenance watch, which moves past the timer's time as a new arm
 # would move it. Otherwise: the new job hash, its rq-scheduler entry, the swap of the loop's timer, and the drop of
@@ -85,14 +87,45 @@ end
 return {moved, #ids}
 """
 
+# What RQ's views read as a worker's current job, for a job loopsq runs without RQ's worker bookkeeping:
+# ``show_running(worker key, job id, worker name)`` when it starts, ``hide_running(worker key, job id)`` when it is
+# settled. RQ 2: the worker hash's ``current_job`` field (set by the start of a dequeued job only: a worker with
+# slots writes it for the jobs it takes, ``CompatWorker._show_state``). RQ 3: an execution of the job
+# (``names.TAKEN_EXECUTION_ID``) in the worker's executions set, its hash as RQ's ``Execution.save`` writes it
+# (times in epoch seconds), for a taken job too (``TAKE_SHOWS``).
+_SHOW_RQ2 = """
+local TAKE_SHOWS = false
+local function show_running(wkey, id, worker) redis.call('HSET', wkey, 'current_job', id) end
+local function hide_running(wkey, id) end
+"""
+_SHOW_RQ3 = f"""
+local TAKE_SHOWS = true
+local function show_running(wkey, id, worker)
+  local t = redis.call('TIME')
+  local ts = t[1] .. '.' .. string.format('%06d', tonumber(t[2]))
+  local ekey = '{names.EXECUTION_PREFIX}' .. id .. ':{names.TAKEN_EXECUTION_ID}'
+  redis.call('HSET', ekey, 'id', '{names.TAKEN_EXECUTION_ID}', 'job_id', id, 'created_at', ts, 'last_heartbeat', ts, 'worker_name', worker)
+  redis.call('EXPIRE', ekey, {names.TAKEN_EXECUTION_TTL_S})
+  local skey = wkey .. ':executions'
+  redis.call('SADD', skey, id .. ':{names.TAKEN_EXECUTION_ID}')
+  if redis.call('TTL', skey) < 0 then redis.call('EXPIRE', skey, {names.TAKEN_EXECUTION_TTL_S}) end
+end
+local function hide_running(wkey, id)
+  redis.call('DEL', '{names.EXECUTION_PREFIX}' .. id .. ':{names.TAKEN_EXECUTION_ID}')
+  redis.call('SREM', wkey .. ':executions', id .. ':{names.TAKEN_EXECUTION_ID}')
+end
+"""
+SHOW = _SHOW_RQ3 if names.WORKER_HAS_EXECUTIONS else _SHOW_RQ2
+
 # Settle the job a worker took before (ARGV[4]; ARGV[6]: seconds it took) as RQ settles a finished job: the worker's
 # successful count and working time go up (when it is an RQ worker), and the job, by its own result_ttl, is
 # deleted (0, what timer jobs carry) or kept that long as finished, listed in the finished registry (KEYS[2],
 # whose expired entries go on the way; no result stream: a fire's return value is in its run).
-SETTLE = """
+SETTLE = SHOW + """
 local function settle(id, worker, now, took)
   local key = ARGV[1] .. id
   local wkey = ARGV[7] .. worker
+  hide_running(wkey, id)
   if redis.call('EXISTS', wkey) == 1 then
     redis.call('HINCRBY', wkey, 'successful_job_count', 1)
     redis.call('HINCRBYFLOAT', wkey, 'total_working_time', took)
@@ -124,6 +157,7 @@ while true do
   local key = ARGV[1] .. id
   if redis.call('EXISTS', key) == 1 then
     redis.call('HSET', key, 'status', 'started', 'worker_name', ARGV[3], 'started_at', ARGV[5], 'loopsq_taken', '1')
+    if TAKE_SHOWS and redis.call('EXISTS', ARGV[7] .. ARGV[3]) == 1 then show_running(ARGV[7] .. ARGV[3], id, ARGV[3]) end
     return {id, redis.call('HGET', key, 'enqueued_at') or ''}
   end
 end
@@ -137,12 +171,15 @@ return 1
 # A timer job that RQ dequeued for this worker is run as loopsq runs the ones it takes (``take_fire``), without RQ's
 # per-job bookkeeping: out of RQ's intermediate list (RQ's dequeue moved it there), marked started by this worker,
 # and the worker shown busy with it, as RQ would show it. KEYS: the intermediate list, the job, the RQ worker.
-START_DEQUEUED = """
+START_DEQUEUED = SHOW + """
 redis.call('LREM', KEYS[1], 1, ARGV[1])
 if redis.call('EXISTS', KEYS[2]) == 1 then
   redis.call('HSET', KEYS[2], 'status', 'started', 'worker_name', ARGV[2], 'started_at', ARGV[3], 'loopsq_taken', '1')
 end
-if redis.call('EXISTS', KEYS[3]) == 1 then redis.call('HSET', KEYS[3], 'state', 'busy', 'current_job', ARGV[1]) end
+if redis.call('EXISTS', KEYS[3]) == 1 then
+  redis.call('HSET', KEYS[3], 'state', 'busy')
+  show_running(KEYS[3], ARGV[1], ARGV[2])
+end
 return 1
 """
 

@@ -212,6 +212,8 @@ class CompatWorker(SimpleWorker):
         jobs = [job for job in self.slots.jobs() if job != without]
         self._state = WorkerStatus.BUSY if jobs else WorkerStatus.IDLE
         shown = ("busy", jobs[-1]) if jobs else ("idle", None)
+        if names.WORKER_HAS_EXECUTIONS:
+            shown = (shown[0], None)  # (RQ 3 shows the jobs by their executions, which RQ and the scripts write)
         now = time.monotonic()
         if shown == self._shown or (self._shown is not None and shown[0] == self._shown[0]
                                     and now < self._shown_at + SHOW_JOB_EVERY_S):
@@ -221,7 +223,9 @@ class CompatWorker(SimpleWorker):
         def write() -> None:
             with self.connection.pipeline() as pipe:
                 pipe.hset(self.key, "state", shown[0])
-                if shown[1] is not None:
+                if names.WORKER_HAS_EXECUTIONS:
+                    pass
+                elif shown[1] is not None:
                     pipe.hset(self.key, "current_job", shown[1])
                 else:
                     pipe.hdel(self.key, "current_job")
@@ -275,13 +279,17 @@ class CompatWorker(SimpleWorker):
     def _idle(self) -> None:
         with self.connection.pipeline() as pipe:
             self.set_state(WorkerStatus.IDLE, pipeline=pipe)
-            self.set_current_job_id(None, pipeline=pipe)
+            if not names.WORKER_HAS_EXECUTIONS:  # (RQ 3: the job's settling dropped its execution)
+                self.set_current_job_id(None, pipeline=pipe)
             pipe.execute()
 
-    def perform_job(self, job: Job, queue: Queue) -> bool:
-        self._beat = JobBeat(self, job, self.job_monitoring_interval)
+    def perform_job(self, job: Job, queue: Queue, *execution: Any) -> bool:
+        """RQ's ``perform_job`` (RQ 3 passes the job's execution, which its heartbeats need; RQ 2 keeps it on the
+        worker), with the job's heartbeats renewed meanwhile."""
+        self._beat = JobBeat(self, job, self.job_monitoring_interval,
+                             beat=lambda: self.maintain_heartbeats(job, *execution))
         try:
-            return bool(super().perform_job(job, queue))
+            return bool(super().perform_job(job, queue, *execution))
         finally:
             self._stop_beat()
 
@@ -294,6 +302,8 @@ class CompatWorker(SimpleWorker):
         """RQ's bookkeeping of a job, retried until Redis takes it (each try starts from the same execution)."""
         if self.outage is None:
             return fn()
+        if names.WORKER_HAS_EXECUTIONS:
+            return ride(fn, self.outage)  # (RQ 3 passes the execution along: nothing on the worker to restore)
         execution = self.execution
 
         def attempt() -> Any:
