@@ -372,7 +372,7 @@ class SlotMixin(CompatWorker):
             super().set_state(state, pipeline)
 
 
-class _OutageFilter(logging.Filter):
+class OutageFilter(logging.Filter):
     """Drops RQ's per-try lines about an unreachable Redis, and reports the failure to the ``OutageLog``."""
 
     PER_TRY = ("Worker %s: could not connect to Redis instance", "Worker %s: Redis connection timeout")
@@ -401,9 +401,9 @@ class _OutageFilter(logging.Filter):
 
 def install_filter(outage: OutageLog) -> None:
     rq_log = logging.getLogger("rq.worker")
-    for old in [f for f in rq_log.filters if isinstance(f, _OutageFilter)]:
+    for old in [f for f in rq_log.filters if isinstance(f, OutageFilter)]:
         rq_log.removeFilter(old)
-    rq_log.addFilter(_OutageFilter(outage))
+    rq_log.addFilter(OutageFilter(outage))
 
 
 
