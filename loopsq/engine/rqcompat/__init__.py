@@ -10,5 +10,6 @@ imported by this package alone.
 - ``names``: key names, hash fields, registries' layout, RQ's time format, the version in use.
 - ``scripts``: Lua scripts that do RQ's or rq-scheduler's bookkeeping in one round trip.
 - ``jobs``: RQ's queues and jobs, rq-scheduler's timer store (``MsScheduler``), a failed job as RQ records it.
-- ``worker``: the RQ worker class loopsq's worker builds on (``CompatWorker``), its job heartbeats, its log texts.
+- ``worker``: the RQ worker class loopsq's worker builds on (``CompatWorker``); ``worker_parts``: its job heartbeats,
+  its lean job delete, the log texts of RQ's it filters.
 """

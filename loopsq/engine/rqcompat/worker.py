@@ -7,7 +7,6 @@ deleted without reads. What RQ's worker is and does is described in ``engine.rq_
 from __future__ import annotations
 
 import contextlib
-import logging
 import threading
 import time
 from collections.abc import Callable
@@ -17,14 +16,14 @@ import redis
 from rq import Queue, SimpleWorker
 from rq.exceptions import DequeueTimeout, StopRequested
 from rq.job import Job
-from rq.timeouts import BaseDeathPenalty
 from rq.worker import WorkerStatus
 
-from loopsq.engine.rqcompat import jobs, names, scripts
+from loopsq.engine.rqcompat import jobs, names
+from loopsq.engine.rqcompat.worker_parts import JobBeat, LeanJob, NoDeathPenalty, OutageFilter, install_filter
 from loopsq.engine.slots import Slots
 from loopsq.state.outages import OutageLog, errors, is_configuration_error, is_transient, ride
 
-__all__ = ["SimpleWorker", "WorkerStatus"]
+__all__ = ["JobBeat", "LeanJob", "OutageFilter", "SimpleWorker", "WorkerStatus", "install_filter"]
 
 #: The longest one blocking dequeue waits (whole seconds: RQ's BLPOP/BLMOVE timeout).
 DEQUEUE_BLOCK_S = 1
@@ -32,69 +31,6 @@ DEQUEUE_BLOCK_S = 1
 HEARTBEAT_EVERY_S = 5.0
 #: How often RQ's worker hash gets the newest job while the worker stays busy (busy/idle is written at once).
 SHOW_JOB_EVERY_S = 1.0
-
-
-
-class NoDeathPenalty(BaseDeathPenalty):
-    """No RQ job timeout on a slot's thread (RQ's default uses SIGALRM, main thread only): loopsq's jobs never
-    time out in RQ (``timers.queue``), their targets' timeouts are loopsq's own."""
-
-    def setup_death_penalty(self) -> None:
-        return None
-
-    def cancel_death_penalty(self) -> None:
-        return None
-
-
-class JobBeat:
-    """Renews RQ's heartbeats of the job a ``SimpleWorker`` executes (its own, its execution's, the worker's),
-    as RQ's forking worker does from its parent process. Without it RQ keeps them for 420 s only: a longer run
-    (an agent, a workflow) has its job marked failed with ``AbandonedJobError`` by another worker's registry
-    cleanup while it still runs, and the worker drops out of RQ's worker list."""
-
-    def __init__(self, worker: SimpleWorker, job: Job, every_s: float,
-                 beat: Callable[[], object] | None = None) -> None:
-        self._worker, self._job, self._every_s = worker, job, every_s
-        #: What each beat renews (default: RQ's heartbeats of the job, its execution and the worker).
-        self._beat_fn = beat or (lambda: worker.maintain_heartbeats(job))
-        self._stop = threading.Event()
-        self._lock = threading.Lock()
-        self._thread = threading.Thread(target=self._run, name="loopsq-rq-job-beat", daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        while not self._stop.wait(self._every_s):
-            with self._lock:
-                if self._stop.is_set():
-                    return
-                try:
-                    self._beat_fn()
-                except redis.RedisError as exc:
-                    outage = getattr(self._worker, "outage", None)
-                    if outage is not None and is_transient(exc):
-                        outage.failed(exc)  # logged once per outage
-                    else:
-                        errors.report("the renewal of RQ's heartbeat of a job", exc)
-
-    def stop(self) -> None:
-        """No heartbeat after this returns (RQ is about to record the job's end)."""
-        self._stop.set()
-        with self._lock:
-            pass
-
-
-class LeanJob(Job):
-    """RQ's job, deleted without reads when that happens inside a transaction (see ``scripts.LEAN_DELETE``)."""
-
-    def delete(self, pipeline: Any = None, remove_from_queue: bool = True, delete_dependents: bool = False) -> None:
-        if pipeline is None or remove_from_queue or delete_dependents or self.group_id:
-            super().delete(pipeline=pipeline, remove_from_queue=remove_from_queue,
-                           delete_dependents=delete_dependents)
-            return
-        keys = [self.key, self.dependents_key, self.dependencies_key, names.executions_registry_key(self.id),
-                names.started_registry_key(self.origin), *names.job_registry_keys(self.origin)]
-        prefix = f"{names.EXECUTION_PREFIX}{self.id}:"
-        pipeline.eval(scripts.LEAN_DELETE, len(keys), *keys, prefix, self.id)
 
 
 
@@ -370,41 +306,6 @@ class SlotMixin(CompatWorker):
     def set_state(self, state: str, pipeline: Any = None) -> None:
         if str(getattr(state, "value", state)) == "busy":
             super().set_state(state, pipeline)
-
-
-class OutageFilter(logging.Filter):
-    """Drops RQ's per-try lines about an unreachable Redis, and reports the failure to the ``OutageLog``."""
-
-    PER_TRY = ("Worker %s: could not connect to Redis instance", "Worker %s: Redis connection timeout")
-    QUIT = "Worker %s: found an unhandled exception, quitting"
-
-    def __init__(self, outage: OutageLog) -> None:
-        super().__init__("rq.worker")
-        self.outage = outage
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        msg = str(record.msg)
-        if msg.startswith(self.PER_TRY):
-            exc = next((a for a in record.args or () if isinstance(a, BaseException)), None)
-            self.outage.failed(exc or redis.ConnectionError(msg % record.args if record.args else msg))
-            return False
-        exc = record.exc_info[1] if msg.startswith(self.QUIT) and record.exc_info else None
-        if exc is not None and is_transient(exc):
-            self.outage.failed(exc)
-            return False
-        if isinstance(exc, redis.RedisError) and not is_configuration_error(exc):
-            # (loopsq starts RQ's loop again: a WRONGTYPE there is logged once per kind, not once per restart)
-            errors.report("RQ's work loop", exc)
-            return False
-        return True
-
-
-def install_filter(outage: OutageLog) -> None:
-    rq_log = logging.getLogger("rq.worker")
-    for old in [f for f in rq_log.filters if isinstance(f, OutageFilter)]:
-        rq_log.removeFilter(old)
-    rq_log.addFilter(OutageFilter(outage))
-
 
 
 def work(worker: SimpleWorker, *, burst: bool = False) -> bool:
