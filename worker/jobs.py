@@ -16,11 +16,10 @@ def _runtime() -> Runtime:
     rt = current_runtime()
     if rt is None:
         # Executed by a plain ``rq worker``: derive our client from the job's connection.
-        from rq import get_current_job
-
+        from loopsq.engine.rqcompat.jobs import running_job
         from loopsq.state.connection import sibling
 
-        job = get_current_job()
+        job = running_job()
         if job is None:
             raise RuntimeError("worker.jobs must run inside an RQ worker")
         # A pool like the job's (through the same sentinels, for a Sentinel connection) with decoded responses.
@@ -37,9 +36,9 @@ def fire(loop_id: str) -> dict[str, int]:
     (``fire_queue.fire_queued``)."""
     rt = _runtime()
     result = runner.fire(rt, loop_id)
-    from rq import get_current_job
+    from loopsq.engine.rqcompat.jobs import running_job
 
-    job = get_current_job()
+    job = running_job()
     result.absorb(fire_queue.fire_queued(rt, queue_name=job.origin if job is not None else "loopsq"))
     return {"claimed": result.claimed, "completed": result.completed, "skipped": result.skipped,
             "taken": result.taken}

@@ -1,4 +1,5 @@
-"""The one module that imports rq-scheduler: timers, and loopsq's RQ queue.
+"""Timers (rq-scheduler entries), and loopsq's RQ queues. What they assume of RQ's and rq-scheduler's internals
+is in ``engine.rqcompat``.
 
 - A loop's timer is a one-shot rq-scheduler entry at the loop's next due time that enqueues
   ``worker.jobs.fire(loop_id)``. rq-scheduler stores whole seconds (``calendar.timegm``); ``MsScheduler`` keeps
@@ -12,7 +13,8 @@
 
 loopsq's RQ worker class is in ``rq_worker`` (RQ only, no rq-scheduler).
 
-Switching the timer (for example to RQ's own scheduler) touches this file only.
+Switching the timer (for example to RQ's own scheduler) touches this file and ``engine.rqcompat`` only
+(docs/timer.md).
 """
 
 from __future__ import annotations
@@ -25,16 +27,12 @@ from typing import Any, NamedTuple
 
 import redis
 from redis.client import Pipeline
-from rq import Queue
-from rq.exceptions import NoSuchJobError
-from rq.job import Job, JobStatus
-from rq.utils import now as utcnow
-from rq.utils import utcformat, utcparse
-from rq.worker import Worker
-from rq_scheduler import Scheduler
 
 from loopsq.domain import labels
 from loopsq.domain.timeutil import gen_id, now, to_iso, to_ms
+from loopsq.engine.rqcompat import jobs as rqjobs
+from loopsq.engine.rqcompat import names, scripts
+from loopsq.engine.rqcompat.jobs import Job, MsScheduler, Queue
 from loopsq.state.connection import sibling
 from loopsq.state.keys import Keys
 from loopsq.state.loop_watch import TIMER_PREFIX, armed_score_ms
@@ -56,27 +54,6 @@ NO_RESULT_TTL = 0
 FAILURE_TTL = 7 * 24 * 3600
 
 
-class MsScheduler(Scheduler):  # type: ignore[misc]
-    """rq-scheduler with millisecond scores instead of whole seconds."""
-
-    def enqueue_at(self, scheduled_time: datetime, func: Any, *args: Any, **kwargs: Any) -> Job:
-        timeout = kwargs.pop("timeout", None)
-        job_id = kwargs.pop("job_id", None)
-        result_ttl = kwargs.pop("job_result_ttl", None)
-        queue_name = kwargs.pop("queue_name", None)
-        meta = kwargs.pop("meta", None)
-        job = self._create_job(
-            func, args=args, kwargs=kwargs, timeout=timeout, id=job_id, result_ttl=result_ttl,
-            queue_name=queue_name, meta=meta,
-        )
-        self.connection.zadd(self.scheduled_jobs_key, {job.id: to_ms(scheduled_time) / 1000.0})
-        created: Job = job
-        return created
-
-    def get_jobs_to_queue(self, with_times: bool = False) -> Any:
-        return self.get_jobs(_now_s(), with_times=with_times)
-
-
 def _now_s() -> float:
     """Now in epoch seconds on Redis's clock (``timeutil.now``), as rq-scheduler scores timers: a host whose clock
     is fast must not move a timer early."""
@@ -91,13 +68,13 @@ def raw_from(client: redis.Redis) -> redis.Redis:
 
 def scheduler(raw: redis.Redis) -> MsScheduler:
     """The timer store (no loop of its own is run)."""
-    return MsScheduler(queue_name=QUEUE_NAME, connection=raw, interval=1)
+    return rqjobs.scheduler(raw, QUEUE_NAME)
 
 
 def queue(raw: redis.Redis, name: str = QUEUE_NAME) -> Queue:
     """One of loopsq's RQ queues (the base one by default). Jobs never time out in RQ: loopsq enforces target
     timeouts itself."""
-    return Queue(name, connection=raw, default_timeout=-1)
+    return rqjobs.queue(raw, name)
 
 
 def queue_entry(name: str) -> str:
@@ -129,71 +106,20 @@ def queues_named(names: Iterable[bytes | str]) -> dict[str, tuple[str, ...]]:
     return found
 
 
-# Arm a loop's timer in one round trip. When the entry armed already is for the same millisecond and still
-# scheduled, nothing is written but the loop's maintenance watch, which moves past the timer's time as a new arm
-# would move it. Otherwise: the new job hash, its rq-scheduler entry, the swap of the loop's timer, and the drop of
-# the entry it replaces if that is still scheduled, or if it was taken by a worker that is gone (``take_fire``; RQ
-# never saw it, so nothing else would delete it). A scheduled entry rq-scheduler is moving right now (it enqueues
-# the job before it removes the entry) keeps its job hash: a worker may be running it, and RQ deletes it when done
-# (fire jobs keep no result).
-#
-# With an expected loop (ARGV[8] not empty) the timer is armed only while the loop's JSON is exactly that: the
-# arm that follows a claim or a finalize in the same round trip (``arm_after``) then applies only when that
-# transition's loop is the loop now, so it can never arm a loop that someone else has moved since.
-#
-# The job's queue (its ``origin``) is the loop's requirement set's (``domain.labels.queue_name``); a queue other
-# than the base one is listed in loopsq's queue registry (``keys.queues``), where workers find what to listen on.
-#
-# KEYS: the loop's timer key, the scheduled set, the loop watch, the new job's hash, the loop, the queue registry.
-# ARGV: job id prefix (loop and ms), watch score, loop id, new job id, score (s), job key prefix, worker key
-#       prefix, expected loop JSON or '', the queue to list ('' for the base one) and its registry entry, then
-#       the job hash's fields and values.
-# Returns the armed job id, or 0 when the loop was not the one expected.
-_ARM = """
-if ARGV[8] ~= '' and redis.call('GET', KEYS[5]) ~= ARGV[8] then return 0 end
-local id = redis.call('GET', KEYS[1])
-if id and string.sub(id, 1, #ARGV[1]) == ARGV[1] and redis.call('ZSCORE', KEYS[2], id) then
-  redis.call('ZADD', KEYS[3], ARGV[2], ARGV[3])
-  return id
-end
-if ARGV[9] ~= '' then redis.call('HSETNX', KEYS[6], ARGV[9], ARGV[10]) end
-redis.call('HSET', KEYS[4], unpack(ARGV, 11))
-redis.call('ZADD', KEYS[2], ARGV[5], ARGV[4])
-redis.call('SET', KEYS[1], ARGV[4])
-if id and id ~= ARGV[4] then
-  if redis.call('ZREM', KEYS[2], id) == 1 then
-    local status = redis.call('HGET', ARGV[6] .. id, 'status')
-    if status ~= 'queued' and status ~= 'started' then redis.call('DEL', ARGV[6] .. id) end
-  else
-    local taken = redis.call('HMGET', ARGV[6] .. id, 'loopsq_taken', 'worker_name')
-    if taken[1] and taken[2] and redis.call('EXISTS', ARGV[7] .. taken[2]) == 0 then
-      redis.call('DEL', ARGV[6] .. id)
-    end
-  end
-end
-redis.call('ZADD', KEYS[3], ARGV[2], ARGV[3])
-return ARGV[4]
-"""
-
 
 def _arm_command(raw: redis.Redis, keys: Keys, loop_id: str, at: datetime, expect_loop: str | None,
                  queue_name: str) -> tuple[list[str], list[Any]]:
-    """KEYS and ARGV of ``_ARM`` for the loop's timer at ``at`` on ``queue_name``: the job is made as
+    """KEYS and ARGV of ``scripts.ARM`` for the loop's timer at ``at`` on ``queue_name``: the job is made as
     ``MsScheduler.enqueue_at`` makes it (rq-scheduler's ``_create_job``), not saved, its hash written by the
     script."""
-    sched = scheduler(raw)
     prefix = f"{FIRE_PREFIX}{loop_id}-{to_ms(at)}-"
     watch = str(armed_score_ms(to_ms(at), to_ms(now())))
     job_id = f"{prefix}{gen_id()[:6]}"
-    job = sched._create_job(FIRE, args=(loop_id,), timeout=-1, id=job_id, result_ttl=NO_RESULT_TTL,
-                            queue_name=queue_name, commit=False)
-    fields: list[Any] = []
-    for name, value in job.to_dict(include_meta=True).items():
-        fields += (name, value)
-    keys_ = [keys.timer(loop_id), sched.scheduled_jobs_key, keys.loop_watch, job.key, keys.loop(loop_id),
+    fields = rqjobs.unsaved_job_fields(raw, queue_name, FIRE, (loop_id,), job_id, NO_RESULT_TTL)
+    keys_ = [keys.timer(loop_id), names.SCHEDULED_KEY, keys.loop_watch, names.job_key(job_id), keys.loop(loop_id),
              keys.queues]
     listed = "" if queue_name == QUEUE_NAME else queue_name
-    args = [prefix, watch, loop_id, job_id, str(to_ms(at) / 1000.0), Job.key_for(""), keys.worker(""),
+    args = [prefix, watch, loop_id, job_id, str(to_ms(at) / 1000.0), names.JOB_PREFIX, keys.worker(""),
             expect_loop or "", listed, queue_entry(queue_name) if listed else "", *fields]
     return keys_, args
 
@@ -207,42 +133,29 @@ def arm(raw: redis.Redis, keys: Keys, loop_id: str, at: datetime, *, expect_loop
     the loop's maintenance watch (``state.loop_watch``) moves to a grace after ``at``.
     """
     keys_, args = _arm_command(raw, keys, loop_id, at, expect_loop, queue_name)
-    armed = raw.eval(_ARM, len(keys_), *keys_, *args)
+    armed = raw.eval(scripts.ARM, len(keys_), *keys_, *args)
     return _text(armed) if armed else None
 
 
 def arm_after(pipe: Pipeline, raw: redis.Redis, keys: Keys, loop_id: str, at: datetime, loop_json: str,
               queue_name: str = QUEUE_NAME) -> None:
     """Queue ``arm`` of the loop's timer at ``at`` on ``pipe``, right behind the transition that wrote the loop
-    as ``loop_json``: it applies only while the loop is exactly that (see ``_ARM``). The pipeline's reply for it
+    as ``loop_json``: it applies only while the loop is exactly that (see ``scripts.ARM``). The pipeline's reply for it
     is the armed job id, or 0. ``raw``: RQ's client, for the job's serializer."""
     keys_, args = _arm_command(raw, keys, loop_id, at, loop_json, queue_name)
-    pipe.eval(_ARM, len(keys_), *keys_, *args)
+    pipe.eval(scripts.ARM, len(keys_), *keys_, *args)
 
 
 def disarm(raw: redis.Redis, keys: Keys, loop_id: str) -> None:
     """Remove the loop's timer entry, if any."""
     previous = raw.getdel(keys.timer(loop_id))
     if previous:
-        _drop(raw, scheduler(raw), _text(previous))
+        raw.eval(scripts.DROP, 2, names.SCHEDULED_KEY, names.job_key(_text(previous)), _text(previous))
 
 
 def _text(value: bytes | str) -> str:
     return value.decode() if isinstance(value, bytes) else value
 
-
-# Unschedule a timer entry; its job hash goes too unless rq-scheduler is moving it onto the queue right now.
-_DROP = """
-if redis.call('ZREM', KEYS[1], ARGV[1]) == 1 then
-  local status = redis.call('HGET', KEYS[2], 'status')
-  if status ~= 'queued' and status ~= 'started' then redis.call('DEL', KEYS[2]) end
-end
-return 1
-"""
-
-
-def _drop(raw: redis.Redis, sched: MsScheduler, job_id: str) -> None:
-    raw.eval(_DROP, 2, sched.scheduled_jobs_key, Job.key_for(job_id), job_id)
 
 
 def armed_state(raw: redis.Redis, keys: Keys, loop_ids: list[str]) -> dict[str, tuple[float | None, str | None]]:
@@ -253,7 +166,7 @@ def armed_state(raw: redis.Redis, keys: Keys, loop_ids: list[str]) -> dict[str, 
     use the RQ worker's name as their worker id) is gone is reported ``orphaned``: its worker was killed while it
     ran the job, nobody will finish it, so nothing it would have re-armed gets armed.
     """
-    sched_key = scheduler(raw).scheduled_jobs_key
+    sched_key = names.SCHEDULED_KEY
     pipe = raw.pipeline(transaction=False)
     for loop_id in loop_ids:
         pipe.get(keys.timer(loop_id))
@@ -262,7 +175,7 @@ def armed_state(raw: redis.Redis, keys: Keys, loop_ids: list[str]) -> dict[str, 
     for job_id in job_ids:
         if job_id:
             pipe.zscore(sched_key, job_id)
-            pipe.hmget(Job.key_for(job_id), ["status", "worker_name"])
+            pipe.hmget(names.job_key(job_id), ["status", "worker_name"])
     replies = pipe.execute()
     found: dict[str, tuple[float | None, str | None, str | None]] = {}
     it = iter(replies)
@@ -289,46 +202,20 @@ def queued_in_place(raw: redis.Redis, job_id: str) -> bool | None:
     intermediate list of that queue, where a dequeue moves it for a moment). None when its hash says anything
     else or is gone: nothing to judge. False: the job is stranded, no worker will ever take it (lost in a failover,
     say) while its loop counts it in flight."""
-    status, origin = raw.hmget(Job.key_for(job_id), ["status", "origin"])
-    if status is None or _text(status) != JobStatus.QUEUED.value:
+    status, origin = raw.hmget(names.job_key(job_id), ["status", "origin"])
+    if status is None or _text(status) != "queued":
         return None
-    q = queue(raw, _text(origin) if origin else QUEUE_NAME)
+    name = _text(origin) if origin else QUEUE_NAME
     pipe = raw.pipeline(transaction=False)
-    pipe.lpos(q.key, job_id)
-    pipe.lpos(q.intermediate_queue_key, job_id)
+    pipe.lpos(names.queue_key(name), job_id)
+    pipe.lpos(names.intermediate_queue_key(name), job_id)
     return any(found is not None for found in pipe.execute())
 
 
 def drop_stranded(raw: redis.Redis, job_id: str) -> None:
     """Delete the hash of a fire job ``queued_in_place`` found in no queue."""
-    raw.delete(Job.key_for(job_id))
+    raw.delete(names.job_key(job_id))
 
-
-# Move due timers onto their queues: what rq-scheduler's ``enqueue_jobs`` does (the job marked queued with its
-# enqueue time, its id pushed onto its queue, the one its ``origin`` names, the entry removed), for a batch in one
-# round trip and atomically
-# per entry: ZREM decides who moves an entry, so any number of schedulers may move at once without duplicating
-# one. (Stock rq-scheduler fetches and unpickles each job, saves it whole, then ZREMs it: ~3 round trips a timer,
-# and two schedulers can both enqueue one entry.)
-_MOVE_DUE = """
-local ids = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1], 'LIMIT', 0, tonumber(ARGV[2]))
-local moved = 0
-for _, id in ipairs(ids) do
-  if redis.call('ZREM', KEYS[1], id) == 1 then
-    local key = ARGV[3] .. id
-    local origin = redis.call('HGET', key, 'origin')
-    if origin then
-      if origin == '' then origin = ARGV[5] end
-      redis.call('HSET', key, 'status', 'queued', 'enqueued_at', ARGV[4])
-      local qkey = ARGV[6] .. origin
-      redis.call('RPUSH', qkey, id)
-      redis.call('SADD', KEYS[3], qkey)
-      moved = moved + 1
-    end
-  end
-end
-return {moved, #ids}
-"""
 
 #: Timers moved per round trip at most (a backlog is moved in several).
 MOVE_BATCH = 500
@@ -337,13 +224,12 @@ MOVE_BATCH = 500
 def move_due(raw: redis.Redis, now_s: float | None = None) -> int:
     """Move every due timer onto the queue in batches of ``MOVE_BATCH`` (one scripted round trip each; cost grows
     with what is due, not with what is armed). Safe to run from several schedulers at once. Returns how many."""
-    sched, q = scheduler(raw), queue(raw)
     until = repr(_now_s() if now_s is None else now_s)
     moved = 0
     while True:
-        done, seen = raw.eval(_MOVE_DUE, 3, sched.scheduled_jobs_key, q.key, q.redis_queues_keys, until,
-                              MOVE_BATCH, Job.key_for(""), utcformat(utcnow()), q.name,
-                              Queue.redis_queue_namespace_prefix)
+        done, seen = raw.eval(scripts.MOVE_DUE, 3, names.SCHEDULED_KEY, names.queue_key(QUEUE_NAME),
+                              names.QUEUES_KEY, until, MOVE_BATCH, names.JOB_PREFIX, names.rq_now_text(),
+                              QUEUE_NAME, names.QUEUE_PREFIX)
         moved += int(done)
         if int(seen) < MOVE_BATCH:
             return moved
@@ -360,67 +246,6 @@ def move_due_stock(raw: redis.Redis) -> int:
     return moved
 
 
-# Settle the job a worker took before (ARGV[4]; ARGV[6]: seconds it took) as RQ settles a finished job: the worker's
-# successful count and working time go up (when it is an RQ worker), and the job, by its own result_ttl, is
-# deleted (0, what timer jobs carry) or kept that long as finished, listed in the finished registry (KEYS[2],
-# whose expired entries go on the way; no result stream: a fire's return value is in its run).
-_SETTLE = """
-local function settle(id, worker, now, took)
-  local key = ARGV[1] .. id
-  local wkey = ARGV[7] .. worker
-  if redis.call('EXISTS', wkey) == 1 then
-    redis.call('HINCRBY', wkey, 'successful_job_count', 1)
-    redis.call('HINCRBYFLOAT', wkey, 'total_working_time', took)
-  end
-  local ttl = tonumber(redis.call('HGET', key, 'result_ttl') or '0') or 0
-  if ttl <= 0 then
-    redis.call('DEL', key)
-    return
-  end
-  redis.call('HSET', key, 'status', 'finished', 'ended_at', ARGV[5])
-  redis.call('HDEL', key, 'loopsq_taken')
-  redis.call('EXPIRE', key, ttl)
-  local t = redis.call('TIME')
-  local now_s = tonumber(t[1])
-  redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now_s)
-  redis.call('ZADD', KEYS[2], now_s + ttl, id)
-end
-"""
-
-# Take the fire entry at the head of the queue, if the head is one (anything else is left for RQ, in order): pop
-# it and mark its job started by this worker, as RQ would, so maintenance counts the timer in flight while this
-# live worker runs it. The job taken before (ARGV[4]) is done: settled in the same round trip.
-_TAKE_FIRE = _SETTLE + """
-if ARGV[4] ~= '' then settle(ARGV[4], ARGV[3], ARGV[5], ARGV[6]) end
-while true do
-  local id = redis.call('LINDEX', KEYS[1], 0)
-  if not id or string.sub(id, 1, #ARGV[2]) ~= ARGV[2] then return false end
-  redis.call('LPOP', KEYS[1])
-  local key = ARGV[1] .. id
-  if redis.call('EXISTS', key) == 1 then
-    redis.call('HSET', key, 'status', 'started', 'worker_name', ARGV[3], 'started_at', ARGV[5], 'loopsq_taken', '1')
-    return {id, redis.call('HGET', key, 'enqueued_at') or ''}
-  end
-end
-"""
-
-_FINISH = _SETTLE + """
-settle(ARGV[4], ARGV[3], ARGV[5], ARGV[6])
-return 1
-"""
-
-# A timer job that RQ dequeued for this worker is run as loopsq runs the ones it takes (``take_fire``), without RQ's
-# per-job bookkeeping: out of RQ's intermediate list (RQ's dequeue moved it there), marked started by this worker,
-# and the worker shown busy with it, as RQ would show it. KEYS: the intermediate list, the job, the RQ worker.
-_START_DEQUEUED = """
-redis.call('LREM', KEYS[1], 1, ARGV[1])
-if redis.call('EXISTS', KEYS[2]) == 1 then
-  redis.call('HSET', KEYS[2], 'status', 'started', 'worker_name', ARGV[2], 'started_at', ARGV[3], 'loopsq_taken', '1')
-end
-if redis.call('EXISTS', KEYS[3]) == 1 then redis.call('HSET', KEYS[3], 'state', 'busy', 'current_job', ARGV[1]) end
-return 1
-"""
-
 
 def is_fire_job(job: Job) -> bool:
     """Whether ``job`` is a loop timer's fire job."""
@@ -430,9 +255,8 @@ def is_fire_job(job: Job) -> bool:
 def start_dequeued(raw: redis.Redis, job: Job, worker: str) -> None:
     """Take a fire job RQ dequeued for ``worker`` as ``take_fire`` takes one (see ``_START_DEQUEUED``); it is
     settled the same way (``take_fire``'s ``done``, ``finish_taken``, ``fail_taken``)."""
-    q = queue(raw, job.origin or QUEUE_NAME)
-    raw.eval(_START_DEQUEUED, 3, q.intermediate_queue_key, job.key, f"{Worker.redis_worker_namespace_prefix}{worker}",
-             job.id, worker, utcformat(utcnow()))
+    raw.eval(scripts.START_DEQUEUED, 3, names.intermediate_queue_key(job.origin or QUEUE_NAME), job.key,
+             names.worker_key(worker), job.id, worker, names.rq_now_text())
 
 
 #: How long RQ's failed registry keeps a taken timer job that failed (its error and loop), as RQ's
@@ -462,9 +286,9 @@ def take_fire(raw: redis.Redis, worker: str, done: str | None = None, took_s: fl
     ``done``: the job this worker took before and has finished (in ``took_s`` seconds); it is settled in the same
     round trip as RQ would settle it (pass it to ``finish_taken`` instead when not taking another).
     """
-    q = queue(raw, queue_name)
-    taken = raw.eval(_TAKE_FIRE, 2, q.key, q.finished_job_registry.key, Job.key_for(""), FIRE_PREFIX, worker,
-                     done or "", utcformat(utcnow()), repr(took_s), Worker.redis_worker_namespace_prefix)
+    taken = raw.eval(scripts.TAKE_FIRE, 2, names.queue_key(queue_name), names.finished_registry_key(queue_name),
+                     names.JOB_PREFIX, FIRE_PREFIX, worker, done or "", names.rq_now_text(), repr(took_s),
+                     names.WORKER_PREFIX)
     if not taken:
         return None
     job_id, enqueued = _text(taken[0]), _text(taken[1])
@@ -473,39 +297,19 @@ def take_fire(raw: redis.Redis, worker: str, done: str | None = None, took_s: fl
 
 def finish_taken(raw: redis.Redis, job_id: str, worker: str = "", took_s: float = 0.0) -> None:
     """A job from ``take_fire`` is done: settled as RQ settles a finished job (see ``take_fire``)."""
-    q = queue(raw)
-    raw.eval(_FINISH, 2, q.key, q.finished_job_registry.key, Job.key_for(""), FIRE_PREFIX, worker, job_id,
-             utcformat(utcnow()), repr(took_s), Worker.redis_worker_namespace_prefix)
+    raw.eval(scripts.FINISH, 2, names.queue_key(QUEUE_NAME), names.finished_registry_key(QUEUE_NAME),
+             names.JOB_PREFIX, FIRE_PREFIX, worker, job_id, names.rq_now_text(), repr(took_s), names.WORKER_PREFIX)
 
 
 def fail_taken(raw: redis.Redis, job_id: str, worker: str, error: str, took_s: float = 0.0) -> None:
     """A job from ``take_fire`` failed with ``error`` (a traceback): recorded as RQ records a failed job, under its
     own id, in the failed registry for ``TAKEN_FAILURE_TTL``, and the worker's failed count goes up."""
-    try:
-        job = Job.fetch(job_id, connection=raw)
-    except NoSuchJobError:
-        return
-    job.failure_ttl = TAKEN_FAILURE_TTL
-    job.ended_at = utcnow()
-    wkey = f"{Worker.redis_worker_namespace_prefix}{worker}"
-    with raw.pipeline() as pipe:
-        job.set_status(JobStatus.FAILED, pipeline=pipe)
-        job._handle_failure(error, pipe, worker_name=worker)
-        pipe.hdel(job.key, "loopsq_taken")
-        pipe.execute()
-    if worker and raw.exists(wkey):
-        pipe = raw.pipeline()
-        pipe.hincrby(wkey, "failed_job_count", 1)
-        pipe.hincrbyfloat(wkey, "total_working_time", took_s)
-        pipe.execute()
+    rqjobs.fail_job(raw, job_id, worker, error, TAKEN_FAILURE_TTL, took_s)
 
 
 def taken_of(job: Job) -> Taken:
     """What ``take_fire`` tells of a fire job RQ dequeued."""
-    enqueued = job.enqueued_at
-    if enqueued is not None and enqueued.tzinfo is None:
-        enqueued = enqueued.replace(tzinfo=UTC)
-    return Taken(str(job.id), fire_loop_id(str(job.id)), enqueued)
+    return Taken(str(job.id), fire_loop_id(str(job.id)), rqjobs.enqueued_at(job))
 
 
 def _rq_time(text: str) -> datetime | None:
@@ -531,7 +335,7 @@ def fire_loop_id(job_id: str) -> str:
 
 def next_due_in(raw: redis.Redis) -> float | None:
     """Seconds until the earliest armed timer (negative when overdue), None when nothing is armed."""
-    first = raw.zrange(scheduler(raw).scheduled_jobs_key, 0, 0, withscores=True)
+    first = raw.zrange(names.SCHEDULED_KEY, 0, 0, withscores=True)
     if not first:
         return None
     return float(first[0][1]) - _now_s()
@@ -543,35 +347,32 @@ def enqueue(raw: redis.Redis, func: str, *args: Any, job_id: str | None = None, 
     registry of ``keys``); returns its id. ``result_ttl``: seconds RQ keeps the finished job and its result (0:
     deleted when done)."""
     register_queue(raw, keys or Keys(), queue_name)
-    job = queue(raw, queue_name).enqueue(
-        func, *args, job_id=job_id, job_timeout=-1, result_ttl=result_ttl, failure_ttl=FAILURE_TTL, **kwargs
-    )
-    return str(job.id)
+    return rqjobs.enqueue(raw, queue_name, func, *args, job_id=job_id, result_ttl=result_ttl,
+                          failure_ttl=FAILURE_TTL, **kwargs)
 
 
 def queue_depth(raw: redis.Redis) -> int:
     """Jobs waiting in loopsq's queue."""
-    return int(queue(raw).count)
+    return rqjobs.queue_count(raw, QUEUE_NAME)
 
 
 def scheduled_count(raw: redis.Redis) -> int:
     """Timers armed."""
-    return int(raw.zcard(scheduler(raw).scheduled_jobs_key))
+    return int(raw.zcard(names.SCHEDULED_KEY))
 
 
 # -- what the fleet view reads (``engine.fleet``, pipelined with its other reads): RQ's and rq-scheduler's keys ----
-#: The field of an RQ job's hash that holds when the job was put on its queue (RQ's time format, UTC).
-ENQUEUED_AT = "enqueued_at"
+ENQUEUED_AT = names.ENQUEUED_AT
 
 
 def queue_key(name: str) -> str:
     """RQ's list of the ids of the jobs waiting in queue ``name``; its head (index 0) is dequeued first."""
-    return f"{Queue.redis_queue_namespace_prefix}{name}"
+    return names.queue_key(name)
 
 
 def job_key(job_id: str) -> str:
     """RQ's hash of job ``job_id`` (``ENQUEUED_AT`` among its fields)."""
-    return str(Job.key_for(job_id))
+    return names.job_key(job_id)
 
 
 def enqueued_time(value: bytes | str | None) -> datetime | None:
@@ -579,7 +380,7 @@ def enqueued_time(value: bytes | str | None) -> datetime | None:
     if not value:
         return None
     try:
-        return utcparse(_text(value))
+        return names.parse_rq_time(_text(value))
     except ValueError:
         return None
 
@@ -587,4 +388,4 @@ def enqueued_time(value: bytes | str | None) -> datetime | None:
 def scheduled_key() -> str:
     """rq-scheduler's sorted set of armed timers: job id -> due time in epoch seconds (to the millisecond, as
     ``MsScheduler`` writes them)."""
-    return str(MsScheduler.scheduled_jobs_key)
+    return names.SCHEDULED_KEY

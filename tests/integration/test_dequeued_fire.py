@@ -15,6 +15,7 @@ import redis
 from rq import Queue
 from rq.job import Job
 from rq.registry import FailedJobRegistry, StartedJobRegistry
+from rq.worker import Worker
 
 from loopsq.domain import timeutil
 from loopsq.domain.loop_spec import new_loop
@@ -44,7 +45,14 @@ def queued_fire(rt: Runtime, name: str) -> tuple[str, str]:
 
 
 def worker_hash(rt: Runtime, name: str) -> dict[str, str]:
-    return {k.decode(): v.decode() for k, v in rt.raw.hgetall(f"rq:worker:{name}").items()}
+    """RQ's worker hash, and as ``current_job`` the job RQ's own API says the worker runs (RQ 2 reads it from the
+    hash, RQ 3 from the worker's executions)."""
+    found = {k.decode(): v.decode() for k, v in rt.raw.hgetall(f"rq:worker:{name}").items()}
+    found.pop("current_job", None)
+    current = Worker.find_by_key(f"rq:worker:{name}", connection=rt.raw).get_current_job_id()
+    if current is not None:
+        found["current_job"] = str(current)
+    return found
 
 
 def test_a_lone_fire_job_shows_in_rq_as_rqs_own_job_would(rt: Runtime, monkeypatch: pytest.MonkeyPatch) -> None:

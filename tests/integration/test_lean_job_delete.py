@@ -1,5 +1,5 @@
 """A job kept for no time (``result_ttl=0``, as every timer fire job is) is deleted by loopsq's worker in one
-script inside RQ's end-of-job transaction (``rq_worker._LeanJob``) instead of RQ's ``Job.delete``, which reads
+script inside RQ's end-of-job transaction (``rqcompat.worker.LeanJob``) instead of RQ's ``Job.delete``, which reads
 the job's status three times and its executions twice first. What is left in Redis must be exactly what RQ's own
 ``SimpleWorker`` leaves, and the reads must be gone. Real redis-server, in this process."""
 
@@ -33,9 +33,11 @@ def raw(real_redis: redis.Redis) -> Iterator[redis.Redis]:
 
 
 def keys_left(raw: redis.Redis, worker: str) -> set[str]:
-    """Every key but the worker's own (its name differs between the sides) and RQ's worker sets."""
+    """Every key but the worker's own (its name differs between the sides), RQ's worker sets and RQ 3's group
+    maintenance lock (``rq:clean_groups``, taken by whichever worker's maintenance runs first: no job's state)."""
     names = {k.decode() for k in raw.keys("*")}
-    return {k.replace(worker, "<worker>") for k in names if worker not in k and not k.startswith("rq:workers")}
+    return {k.replace(worker, "<worker>") for k in names
+            if worker not in k and not k.startswith("rq:workers") and k != "rq:clean_groups"}
 
 
 def run_side(raw: redis.Redis, worker_class: type[SimpleWorker], name: str) -> tuple[set[str], dict[str, int]]:
