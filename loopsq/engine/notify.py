@@ -38,9 +38,8 @@ import redis
 
 from loopsq.domain import notify as domain
 from loopsq.domain.durations import duration_setting
-from loopsq.domain.models import Loop
 from loopsq.domain.notify import Endpoint
-from loopsq.domain.schedules import cron_next
+from loopsq.domain.schedules import Schedule, cron_next
 from loopsq.domain.timeutil import from_ms, to_iso
 from loopsq.errors import LoopsqError
 from loopsq.state.keys import Keys
@@ -77,7 +76,7 @@ def cadence_ms(loop: Mapping[str, Any]) -> int | None:
     """A loop's cadence: its interval, the gap between its next two cron slots, a dynamic loop's minimum; None
     for a one-off."""
     try:
-        schedule = Loop.from_dict(dict(loop)).schedule
+        schedule = Schedule.from_dict(loop.get("schedule"))
     except (LoopsqError, KeyError, TypeError, ValueError):
         return None
     if schedule.type == "interval":
@@ -179,6 +178,8 @@ class Notifier:
             if loop.get("status") != "active":
                 self.client.zrem(self.keys.notify_due(endpoint.name), loop_id)
                 continue
+            if self.client.sismember(self.keys.notify_overdue(endpoint.name), loop_id):
+                continue  # alerted already: only its next success starts a new deadline
             after = endpoint.alert_after_ms or 2 * (cadence_ms(loop) or 0)
             if after > 0:  # a deadline from when it was first seen active; a success moves it
                 self.client.zadd(self.keys.notify_due(endpoint.name), {loop_id: now_ms + after}, nx=True)

@@ -75,7 +75,7 @@ def list_notifications(ctx: Ctx) -> JSONResponse:
     return JSONResponse({"items": [{**e.to_dict(), "pending": store.pending_count(e.name)} for e in store.list()]})
 
 
-@router.get("/notifications/{name}", tags=["notifications"], summary="Show a notification",
+@router.get("/notifications/{name:path}", tags=["notifications"], summary="Show a notification",
             responses=responses(200, NotificationOut, 400, 404))
 def show_notification(ctx: Ctx, name: NotificationName) -> JSONResponse:
     """The endpoint (never its secret) with how many events wait for delivery."""
@@ -86,7 +86,7 @@ def show_notification(ctx: Ctx, name: NotificationName) -> JSONResponse:
     return JSONResponse({**endpoint.to_dict(), "pending": store.pending_count(endpoint.name)})
 
 
-@router.put("/notifications/{name}", tags=["notifications"], summary="Create or replace a notification",
+@router.put("/notifications/{name:path}", tags=["notifications"], summary="Create or replace a notification",
             responses=responses(200, NotificationOut, 400),
             openapi_extra=schemas.json_body(SET_SCHEMA, "The endpoint."))
 def set_notification(ctx: Ctx, name: NotificationName, body: Annotated[Any, Body()]) -> JSONResponse:
@@ -100,6 +100,8 @@ def set_notification(ctx: Ctx, name: NotificationName, body: Annotated[Any, Body
     if "webhook" not in request:
         raise ValidationError("webhook is required")
     on = request.get("on")
+    if on is not None and not isinstance(on, list):
+        raise ValidationError(f"on must be a list of {', '.join(domain.EVENTS)}, got {quoted(on)}")
     after = request.get("alertAfterMs")
     endpoint = domain.Endpoint(
         name=name, url=domain.check_webhook(request["webhook"]),
@@ -111,7 +113,7 @@ def set_notification(ctx: Ctx, name: NotificationName, body: Annotated[Any, Body
     return JSONResponse(saved.to_dict(secret=created))
 
 
-@router.delete("/notifications/{name}", tags=["notifications"], summary="Remove a notification",
+@router.delete("/notifications/{name:path}", tags=["notifications"], summary="Remove a notification",
                responses=responses(200, NotificationRemoved, 400, 404))
 def delete_notification(ctx: Ctx, name: NotificationName) -> JSONResponse:
     """Remove the endpoint with its undelivered events and its log."""
