@@ -19,8 +19,8 @@ from typing import Any
 
 import redis
 
-from loopsq.domain.notify import Endpoint, check_endpoint_name
 from loopsq.domain import timeutil
+from loopsq.domain.notify import Endpoint, check_endpoint_name
 from loopsq.domain.timeutil import to_iso
 from loopsq.errors import ConflictError
 from loopsq.state.commit import Committer, Tx
