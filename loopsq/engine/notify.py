@@ -23,6 +23,7 @@ left for the rest of the pass, so a dead receiver costs one timeout a pass, not 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -30,7 +31,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -103,6 +104,9 @@ class Notifier:
         self.store = NotifyStore(client, keys)
         self.backoff_min, self.backoff_max, self.give_up = settings(env)
         self._loops: dict[str, dict[str, Any] | None] = {}
+        self._dropped = False
+        #: Polled between deliveries: a stopping scheduler does not wait for the rest of a pass.
+        self.stopping: Callable[[], bool] = lambda: False
 
     def now_ms(self) -> int:
         seconds, micros = self.client.time()
@@ -112,7 +116,12 @@ class Notifier:
         """One pass; returns how many events were delivered. Nothing happens while no endpoint exists."""
         endpoints = self.store.list()
         if not endpoints:
+            if not self._dropped:  # the last endpoint went: the group must not hold the stream back (``stream_trim``)
+                with contextlib.suppress(redis.ResponseError):
+                    self.client.xgroup_destroy(self.keys.changes, GROUP)
+                self._dropped = True
             return 0
+        self._dropped = False
         self._loops = {}
         now_ms = self.now_ms()
         self.read_changes(endpoints, now_ms)
@@ -251,7 +260,7 @@ class Notifier:
         started, delivered = time.monotonic(), 0
         for endpoint in endpoints:
             for event in self.store.due(endpoint.name, self.now_ms(), DELIVER_BATCH):
-                if time.monotonic() - started > budget_s:
+                if time.monotonic() - started > budget_s or self.stopping():
                     return delivered
                 if self._attempt(endpoint, event):
                     delivered += 1
@@ -303,6 +312,7 @@ class NotifierThread(threading.Thread):
                  every_s: float = 1.0) -> None:
         super().__init__(name="loopsq-notify", daemon=True)
         self.notifier = Notifier(client, keys)
+        self.notifier.stopping = stop.is_set
         self.leading, self.stop, self.every_s = leading, stop, every_s
 
     def run(self) -> None:

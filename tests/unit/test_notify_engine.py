@@ -225,3 +225,14 @@ def test_an_overdue_loop_rewritten_by_its_failing_runs_is_not_alerted_again(clie
         change(client, "run_failed", upsert={"loops": [loop()], "loop_runs": [run("failed", f"r{step}")]})
         notifier.run_pass()
     assert receiver.types() == ["loop.overdue"]
+
+
+def test_removing_the_last_endpoint_drops_the_group_so_it_holds_no_history(client: fakeredis.FakeRedis,
+                                                                          receiver: Receiver) -> None:
+    add(client, receiver)
+    notifier = Notifier(client, KEYS, ENV)
+    notifier.run_pass()
+    assert [g["name"] for g in client.xinfo_groups(KEYS.changes)] == ["notify"]
+    NotifyStore(client, KEYS).delete("ops")
+    notifier.run_pass()
+    assert client.xinfo_groups(KEYS.changes) == []
