@@ -81,8 +81,10 @@ def check_tags(value: Any, field: str = "tags") -> dict[str, str]:
     if value is None:
         return {}
     if isinstance(value, Mapping):
-        pairs = [check_tag_filter(f"{k}:{v}" if isinstance(k, str) and isinstance(v, str) else None, field)
-                 for k, v in value.items()]
+        for k, v in value.items():
+            if not isinstance(v, str):
+                raise ValidationError(f"{field}.{k} must be a string, got {quoted(v)}")
+        pairs = [check_tag_filter(f"{k}:{v}", field) for k, v in value.items()]
     elif isinstance(value, list | tuple):
         pairs = [check_tag_filter(item, field) for item in value]
     else:

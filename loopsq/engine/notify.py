@@ -93,6 +93,8 @@ def cadence_ms(loop: Mapping[str, Any]) -> int | None:
 
 def _tags(loop: Mapping[str, Any] | None) -> dict[str, Any]:
     tags = (loop or {}).get("tags")
+    if isinstance(tags, list):  # (``key:value`` texts, should loops ever store them so)
+        return dict(str(t).partition(":")[::2] for t in tags)
     return dict(tags) if isinstance(tags, Mapping) else {}
 
 

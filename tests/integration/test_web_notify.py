@@ -63,7 +63,7 @@ def test_delete_removes_it_and_an_unknown_one_is_404(api: TestClient) -> None:
     ({"webhook": "https://h.example.com", "on": "failed"}, f'on must be a list of {EVENTS}, got "failed"'),
     ({"webhook": "https://h.example.com", "alertAfterMs": 0},
      "alertAfterMs must be a duration greater than zero such as 2h, got 0"),
-    ({"webhook": "https://h.example.com", "tags": {"team": 1}}, "tags must be key:value, got null"),
+    ({"webhook": "https://h.example.com", "tags": {"team": 1}}, "tags.team must be a string, got 1"),
     ({"webhook": "https://h.example.com", "secret": "x"},
      'notification body takes only webhook, on, tags, alertAfterMs, got "secret"'),
 ])
