@@ -52,6 +52,8 @@ log = logging.getLogger("loopsq.notify")
 GROUP = "notify"
 CONSUMER = "notifier"
 READ_BATCH = 500
+#: Batches read per pass at most, so that delivery is not held up by a long backlog.
+READ_BATCHES = 10
 DELIVER_BATCH = 50
 OVERDUE_BATCH = 200
 #: Seconds one POST may take.
@@ -142,13 +144,14 @@ class Notifier:
         """Derive events from the changes not yet read (first this consumer's unacknowledged ones)."""
         self._ensure_group()
         for start in ("0", ">"):
-            while True:
+            for _ in range(READ_BATCHES):  # (a backlog is worked through over several passes)
                 reply: Any = self.client.xreadgroup(GROUP, CONSUMER, {self.keys.changes: start}, count=READ_BATCH)
                 entries: list[Any] = reply[0][1] if reply else []
                 if not entries:
                     break
                 for entry_id, fields in entries:
-                    self._on_change(endpoints, _s(entry_id), fields, now_ms)
+                    # (a pending entry the stream trimmed since comes back without fields: nothing to derive)
+                    self._on_change(endpoints, _s(entry_id), fields or {}, now_ms)
                 self.client.xack(self.keys.changes, GROUP, *[_s(e[0]) for e in entries])
                 if start == "0" or len(entries) < READ_BATCH:
                     break

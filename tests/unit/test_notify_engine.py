@@ -236,3 +236,24 @@ def test_removing_the_last_endpoint_drops_the_group_so_it_holds_no_history(clien
     NotifyStore(client, KEYS).delete("ops")
     notifier.run_pass()
     assert client.xinfo_groups(KEYS.changes) == []
+
+
+def test_a_notifier_that_dies_before_acknowledging_derives_the_same_event_once(client: fakeredis.FakeRedis,
+                                                                               receiver: Receiver) -> None:
+    add(client, receiver)
+    notifier = Notifier(client, KEYS, ENV)
+    notifier.run_pass()
+    change(client, "run_failed", upsert={"loop_runs": [run("failed", "r1")]})
+
+    def die(*_a: object) -> None:
+        raise RuntimeError("killed before XACK")
+
+    client.xack = die  # type: ignore[method-assign]
+    with pytest.raises(RuntimeError):
+        notifier.run_pass()
+    del client.xack
+    successor = Notifier(client, KEYS, ENV)  # (a new leader: the same consumer reads what is pending)
+    successor.run_pass()
+    successor.run_pass()
+    assert receiver.types() == ["loop.failed"]
+    assert client.xpending(KEYS.changes, "notify")["pending"] == 0
