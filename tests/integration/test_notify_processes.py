@@ -5,6 +5,7 @@ once it is back, each event under one id; ``overdue`` alerts once and ``recovere
 from __future__ import annotations
 
 import json
+import time
 from collections import defaultdict
 from collections.abc import Iterator
 from pathlib import Path
@@ -111,4 +112,27 @@ def test_overdue_alerts_once_and_the_next_success_is_recovered(cluster: Cluster,
     assert len(distinct(receiver, "loop.recovered")) == 1
     overdue = next(d for d in receiver.received() if d.body["type"] == "loop.overdue")
     assert overdue.body["text"] == "loopsq: loop silent is overdue: no success within 3s"
+    assert receiver.rejected == 0
+
+
+@pytest.mark.timeout(120)
+def test_slots_missed_while_no_scheduler_ran_are_told_once_by_the_next_scheduler(cluster: Cluster,
+                                                                                 receiver: Receiver) -> None:
+    add(cluster, receiver, "missed", "--on", "missed")
+    cluster.start("worker")
+    scheduler = cluster.start("scheduler", env=FAST)
+    cluster.create("tick", cluster.ledger_cmd(), "--every", "1s")
+    cluster.wait_until(lambda: len(cluster.ledger("tick")) >= 2, 30, "tick to run")
+    scheduler.terminate()
+    stopped = time.monotonic()
+    cluster.wait_until(lambda: time.monotonic() - stopped >= 5, 10, "five seconds without a scheduler")
+    cluster.start("scheduler", env=FAST)
+    cluster.wait_until(lambda: "loop.missed" in receiver.types(), 60, "the missed streak told")
+    ran = len(cluster.ledger("tick"))
+    cluster.wait_until(lambda: len(cluster.ledger("tick")) >= ran + 3, 30, "tick to run on")
+    assert len(distinct(receiver, "loop.missed")) == 1
+    told = next(d for d in receiver.received() if d.body["type"] == "loop.missed")
+    row = next(r for r in cluster.runs("tick") if r.status == "missed")
+    assert (told.body["data"]["run"], told.body["data"]["kind"]) == (row.id, "no_scheduler")
+    assert told.body["data"]["count"] >= 3
     assert receiver.rejected == 0
