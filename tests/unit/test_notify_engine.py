@@ -257,3 +257,13 @@ def test_a_notifier_that_dies_before_acknowledging_derives_the_same_event_once(c
     successor.run_pass()
     assert receiver.types() == ["loop.failed"]
     assert client.xpending(KEYS.changes, "notify")["pending"] == 0
+
+
+def test_cadence_is_the_interval_the_cron_gap_or_a_dynamic_minimum_and_none_for_a_one_off() -> None:
+    from loopsq.engine.notify import cadence_ms
+
+    assert cadence_ms({"schedule": {"type": "interval", "everyMs": 5_000}}) == 5_000
+    assert cadence_ms({"schedule": {"type": "cron", "expression": "*/5 * * * *"}, "timezone": "UTC"}) == 300_000
+    assert cadence_ms({"schedule": {"type": "dynamic"}}) == 60_000
+    assert cadence_ms({"schedule": {"type": "once", "at": "2026-01-01T00:00:00Z"}}) is None
+    assert cadence_ms({"schedule": {"type": "bogus"}}) is None
