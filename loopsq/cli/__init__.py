@@ -26,6 +26,7 @@ from loopsq.cli import (
     migrate_cmd,
     mirror_cmd,
     next_cmd,
+    notify_cmds,
     pool_cmds,
     process_cmds,
     prune_cmd,
@@ -134,8 +135,8 @@ for _command in (loops_cmds.list_loops, loops_cmds.show, loops_cmds.pause, loops
                  workflows_cmds.workflows, mirror_cmd.mirror, run_cmds.run_now, run_cmds.tick, run_cmds.cancel,
                  run_cmds.runs, run_cmds.trigger, process_cmds.scheduler, process_cmds.worker,
                  health_cmds.doctor, health_cmds.status, up_cmds.up, up_cmds.install_services, logs_cmd.logs,
-                 web_cmd.web, mcp_cmd.mcp, prune_cmd.prune, migrate_cmd.migrate, next_cmd.next_times, backfill_cmd.backfill,
-                 pool_cmds.pool):
+                 web_cmd.web, mcp_cmd.mcp, prune_cmd.prune, migrate_cmd.migrate, next_cmd.next_times,
+                 backfill_cmd.backfill, pool_cmds.pool, notify_cmds.notify):
     cli.add_command(_command)
 
 

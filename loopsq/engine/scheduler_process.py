@@ -19,6 +19,7 @@ import redis
 from loopsq.domain import timeutil
 from loopsq.engine import layout_guard, timers
 from loopsq.engine.maintenance import maintain
+from loopsq.engine.notify import NotifierThread
 from loopsq.engine.runtime import Runtime
 from loopsq.state.connection import sibling, unavailable
 from loopsq.state.outages import errors, is_configuration_error, is_transient, wait_for_redis
@@ -172,6 +173,9 @@ def _loop(rt: Runtime, stop: threading.Event, poll_s: float, maintenance_s: floa
     done = threading.Event()
     maintainer = _Maintainer(rt, leading, done, maintenance_s)
     maintainer.start()
+    # Notifications (``engine.notify``) on a thread of their own: a slow receiver never delays maintenance.
+    notifier = NotifierThread(maintainer.rt.client, rt.keys, leading, done)
+    notifier.start()
     try:
         next_lead_check = 0.0
         while not stop.is_set():
@@ -191,4 +195,5 @@ def _loop(rt: Runtime, stop: threading.Event, poll_s: float, maintenance_s: floa
         leading.clear()
         done.set()
         maintainer.join(timeout=10)
+        notifier.join(timeout=2)  # (an event whose POST it cuts short is sent again: at least once)
         lead.release()

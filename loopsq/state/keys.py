@@ -440,3 +440,39 @@ class Keys:
     def retention_seeded(self) -> str:
         """String: set once every loop and workflow that existed before history windows was marked due."""
         return self._k("retention", "seeded")
+
+    # -- notifications (``state.notify``) ------------------------------------------------------------------------
+    @property
+    def notify_endpoints(self) -> str:
+        """Hash: endpoint name -> JSON ``{webhook, on, tags, alertAfterMs, secret, createdAt}``."""
+        return self._k("notify", "endpoints")
+
+    def notify_outbox(self, name: str) -> str:
+        """Sorted set: an endpoint's undelivered event ids, scored by their next attempt (ms)."""
+        return self._k("notify", "outbox", self._part(name))
+
+    def notify_events(self, name: str) -> str:
+        """Hash: an endpoint's undelivered event id -> JSON ``{body, attempts, firstAt}``."""
+        return self._k("notify", "events", self._part(name))
+
+    def notify_log(self, name: str) -> str:
+        """List: an endpoint's last delivery attempts, newest first (bounded, ``state.notify.LOG_SIZE``)."""
+        return self._k("notify", "log", self._part(name))
+
+    def notify_due(self, name: str) -> str:
+        """Sorted set: loop id -> when it is overdue (ms) for an endpoint that subscribes to ``overdue``."""
+        return self._k("notify", "due", self._part(name))
+
+    def notify_overdue(self, name: str) -> str:
+        """Set: loops an endpoint was told are overdue (their next success tells it ``recovered``)."""
+        return self._k("notify", "overdue", self._part(name))
+
+    @property
+    def notify_failing(self) -> str:
+        """Hash: loop id -> the id of its failed run that was notified (its next success is ``recovered``)."""
+        return self._k("notify", "failing")
+
+    @property
+    def notify_paused(self) -> str:
+        """Set: loops seen paused (so a pause is notified once, however often the paused loop is rewritten)."""
+        return self._k("notify", "paused")
