@@ -39,6 +39,7 @@ from loopsq.web import (
 from loopsq.web.auth import TokenAuth
 from loopsq.web.body_limit import BodyLimit
 from loopsq.web.context import WebContext, WebSettings
+from loopsq.web.head import HeadAsGet
 
 OPENAPI_PATH = "/api/openapi.json"
 DESCRIPTION = """\
@@ -181,6 +182,7 @@ def create_app(settings: WebSettings, *, client: redis.Redis | None = None) -> F
     app.add_route(MCP_PATH, mcp, include_in_schema=False)  # type: ignore[arg-type]
     if settings.rq_dashboard:
         app.mount("/rq", rq_dashboard_app(settings.redis_url, ctx.raw(), settings.token))
+    app.add_middleware(HeadAsGet)  # innermost: a HEAD is checked and bounded as any request, then run as GET
     app.add_middleware(BodyLimit)  # inside the token check: an unauthenticated body is never read
     app.add_middleware(TokenAuth, token=settings.token, sessions=ctx.sessions)
     return app

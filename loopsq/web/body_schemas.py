@@ -51,6 +51,12 @@ def _sets() -> dict[str, frozenset[int]]:
     }
 
 
+def _literal(text: str) -> str:
+    """``text`` as a regex matching only itself: ECMA-262's syntax characters escaped (in its ``u`` mode no other
+    character may be)."""
+    return "".join("\\" + ch if ch in "^$\\.*+?()[]{}|" else ch for ch in text)
+
+
 def _escape(cp: int) -> str:
     return f"\\u{cp:04x}" if cp < 0x10000 else chr(cp)
 
@@ -72,6 +78,16 @@ def _name_pattern(ws: frozenset[int]) -> str:
     bad = _sets()["bad"]
     edge, inner, space = char_class(ws | bad, negate=True), char_class(bad, negate=True), char_class(ws)
     return f"^{space}*{edge}(?:{inner}*{edge})?{space}*$"
+
+
+def visible_text_pattern(*, non_blank: bool = False) -> str:
+    """Text without a control, format, bidi or zero-width character (``checks.INVISIBLE_CATEGORIES``): empty too,
+    or with ``non_blank`` holding a character that is not whitespace (Python's ``str.strip``)."""
+    sets = _sets()
+    inner = char_class(sets["bad"], negate=True)
+    if not non_blank:
+        return f"^{inner}*$"
+    return f"^{inner}*{char_class(sets['bad'] | sets['py_ws'], negate=True)}{inner}*$"
 
 
 @functools.cache
@@ -162,9 +178,9 @@ def _command_target() -> dict[str, Any]:
         "properties": {
             "type": {"const": "command"},
             "command": command,
-            "args": _args("Arguments, each passed literally."),
+            "args": _nullable(_args("Arguments, each passed literally.")),
             "shell": {"type": ["boolean", "null"], "description": "Run through /bin/sh -c (default false)."},
-            "cwd": _string(limits.MAX_CWD_LENGTH, "nonBlank"),
+            "cwd": _nullable(_string(limits.MAX_CWD_LENGTH, "nonBlank")),
             "env": _nullable(_env()),
             **_timeouts(),
             "account": _account(),
@@ -306,7 +322,10 @@ def components() -> dict[str, dict[str, Any]]:
             "name": _string(limits.MAX_NAME_LENGTH, "loopName", minLength=1,
                             description="Trimmed; unique, and never another loop's id (409)."),
             "description": _nullable(_string(limits.MAX_DESCRIPTION_LENGTH)),
-            "timezone": {"enum": [*zones, None], "description": "IANA zone; default the server's."},
+            # A pattern, not an enum: client generators name enum members after the values, and ~600 zones
+            # collide once turned into identifiers (GMT0, GMT+0, GMT-0: openapi-python-client refuses the document).
+            "timezone": _nullable({"type": "string", "pattern": "^(?:" + "|".join(map(_literal, zones)) + ")$",
+                                   "description": "An IANA zone of the server's database; default the server's."}),
             "schedule": {"$ref": REF + "Schedule"},
             "target": {"$ref": REF + "Target"},
             "catchUp": _enum(CATCH_UP_POLICIES),

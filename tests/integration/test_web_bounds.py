@@ -86,11 +86,11 @@ def test_413_is_documented_on_every_operation_with_a_body(api: TestClient) -> No
 
 # -- 405 ---------------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize(("method", "path", "allow"), [
-    ("PUT", "/api/loops", "GET, POST"),
-    ("PATCH", "/api/loops/x", "GET, DELETE"),
+    ("PUT", "/api/loops", "GET, HEAD, POST"),
+    ("PATCH", "/api/loops/x", "GET, HEAD, DELETE"),
     ("GET", "/api/loops/x/trigger", "POST"),
-    ("DELETE", "/api/workflows", "GET, POST"),
-    ("PUT", "/api/workflow-runs/x", "GET"),
+    ("DELETE", "/api/workflows", "GET, HEAD, POST"),
+    ("PUT", "/api/workflow-runs/x", "GET, HEAD"),
 ])
 def test_a_405_allow_header_lists_every_method_of_the_path(api: TestClient, method: str, path: str,
                                                            allow: str) -> None:
