@@ -3,7 +3,11 @@ server applies, so that the OpenAPI document says exactly what a request may hol
 
 Every bound comes from ``loopsq.domain.limits``; character rules are built from the same Unicode categories and
 whitespace sets the validators use (``checks.INVISIBLE_CATEGORIES``, Python's ``str.strip`` for loop names,
-JavaScript's trim for the reference's fields). Schedules and targets are discriminated unions by ``type``.
+JavaScript's trim for the reference's fields). Schedules and targets are discriminated unions by ``type``; a
+target has no field its type does not have (``additionalProperties: false``, as the server refuses them), and the
+later agent options carry their provider rules (``agent_options.option_problem``) as ``if``/``then``. Two of those
+rules are the server's alone: codewith's forbidden ``extraArgs`` and a prompt starting with ``-`` on the argv of
+a provider without ``--``.
 
 Two rules are documented as a subset: a cron ``expression``'s pattern covers lists of values and steps and the
 lowercase macros, while the server also takes ranges (``1-5``), names (``MON``), mixed case and extra spaces; a
@@ -20,8 +24,15 @@ import zoneinfo
 from typing import Any
 
 from loopsq.domain import limits
+from loopsq.domain.agent_options import (
+    CODEX_LIKE,
+    CODEX_SANDBOXES,
+    CURSOR_SANDBOXES,
+    PERMISSION_MODES,
+    SANDBOXES,
+)
 from loopsq.domain.budget import MAX_COST_USD, PERIODS
-from loopsq.domain.checks import INVISIBLE_CATEGORIES
+from loopsq.domain.checks import INVISIBLE_CATEGORIES, is_compatibility_form
 from loopsq.domain.cron import MACROS
 from loopsq.domain.jitter import JITTERED_TYPES, MAX_JITTER_MS
 from loopsq.domain.labels import LABEL_PATTERN, MAX_LABELS
@@ -31,8 +42,8 @@ from loopsq.domain.targets import CONFIG_ISOLATIONS, PROMPT_VIAS, PROVIDERS, is_
 
 #: Where the components live in the document.
 REF = "#/components/schemas/"
-# Control and format characters exist only in planes 0, 1 and 14 (surrogates are in plane 0): scanning those is
-# exact and six times faster than scanning all 1.1 million code points.
+# Control and format characters exist only in planes 0, 1 and 14 (surrogates are in plane 0), compatibility forms
+# in planes 0 and 1: scanning those is exact and six times faster than scanning all 1.1 million code points.
 _SCANNED = (range(0, 0x20000), range(0xE0000, 0xF0000))
 
 
@@ -48,6 +59,8 @@ def _sets() -> dict[str, frozenset[int]]:
         "bad": frozenset(_code_points(lambda ch: unicodedata.category(ch) in INVISIBLE_CATEGORIES)),
         "py_ws": frozenset(_code_points(str.isspace)),
         "js_ws": frozenset(cp for cp in range(0x10000) if is_js_whitespace(chr(cp))),
+        # Characters with a compatibility form (fullwidth, styled, ligatures): refused in loop names.
+        "compat": frozenset(_code_points(is_compatibility_form)),  # planes 0 and 1 only, as controls
     }
 
 
@@ -73,9 +86,10 @@ def char_class(code_points: frozenset[int], *, negate: bool = False) -> str:
     return f"[{'^' if negate else ''}{body}]"
 
 
-def _name_pattern(ws: frozenset[int]) -> str:
-    """A name: whitespace around it is trimmed; the rest is not empty and has no invisible character."""
-    bad = _sets()["bad"]
+def _name_pattern(ws: frozenset[int], extra_bad: frozenset[int] = frozenset()) -> str:
+    """A name: whitespace around it is trimmed; the rest is not empty and has no invisible character (nor one of
+    ``extra_bad``)."""
+    bad = _sets()["bad"] | extra_bad
     edge, inner, space = char_class(ws | bad, negate=True), char_class(bad, negate=True), char_class(ws)
     return f"^{space}*{edge}(?:{inner}*{edge})?{space}*$"
 
@@ -107,13 +121,21 @@ def patterns() -> dict[str, str]:
 
     macros = "|".join(name.lstrip("@") for name in MACROS)
     return {
-        "loopName": _name_pattern(sets["py_ws"]),
+        # A loop name also has no character with a compatibility form inside (around it, whitespace is trimmed).
+        "loopName": _name_pattern(sets["py_ws"], sets["compat"]),
+        "workspaceKey": _name_pattern(sets["py_ws"]),
         "workflowName": _name_pattern(js_ws),
         "noNul": f"^{no_nul}*$",
         "nonBlank": f"^{no_nul}*{solid}{no_nul}*$",
         # Blank as Python's str.strip sees it (the server's own checks of an opencode model and of a gate).
         "pyNonBlank": f"^{no_nul}*{char_class(sets['py_ws'] | {0}, negate=True)}{no_nul}*$",
         "noWhitespace": f"^{solid}+$",
+        # An agent prompt (``agent_output.prompt_problem``): a visible character (neither whitespace nor invisible),
+        # no NUL, and not a redacted copy as ``show`` prints one.
+        "prompt": (f"^(?!(?:{no_nul}{{0,80}}\\.\\.\\. )?\\[redacted [0-9]+ chars\\](?!{no_nul})){no_nul}*"
+                   f"{char_class(sets['bad'] | sets['py_ws'] | {0}, negate=True)}{no_nul}*$"),
+        # Not blank (JavaScript's trim), NUL allowed: the later agent options' check (``targets._non_empty``).
+        "nonBlankAny": f"^(?:[^\\u0000]|\\u0000)*{char_class(js_ws, negate=True)}(?:[^\\u0000]|\\u0000)*$",
         "cron": f"^(?:@(?:{macros})|{' '.join(field(v) for v in (minute, hour, dom, month, dow))})$",
         "stepId": f"^{limits.STEP_ID_PATTERN}$",
         "envKey": f"^{limits.ENV_KEY_PATTERN}$",
@@ -184,11 +206,41 @@ def _command_target() -> dict[str, Any]:
             "env": _nullable(_env()),
             **_timeouts(),
             "account": _account(),
+            "preflight": _preflight(),
         },
+        "additionalProperties": False,
         "if": {"required": ["shell"], "properties": {"shell": {"const": True}}},
         "then": {"properties": {"command": {"pattern": patterns()["nonBlank"]}}},
         "else": {"properties": {"command": {"pattern": patterns()["noWhitespace"]}}},
     }
+
+
+def _preflight() -> dict[str, Any]:
+    return _nullable({"type": "object", "properties": {"beforeRun": {"type": "boolean"}},
+                      "description": "beforeRun: check the executable, the account and the working directory "
+                                     "before each run."})
+
+
+def _agent_options() -> dict[str, Any]:
+    """The later 0.3.x agent options (``agent_options``), each nullable (null: not given)."""
+    text = {"type": "string", "pattern": patterns()["nonBlankAny"]}
+    return {
+        "env": _nullable(_env()),
+        "variant": _nullable(text),
+        "permissionMode": _enum(PERMISSION_MODES),
+        "sandbox": _enum(SANDBOXES),
+        "addDirs": _nullable({"type": "array", "maxItems": limits.MAX_ARGS,
+                              "items": _string(limits.MAX_ARG_LENGTH, "nonBlank")}),
+        "authProfile": _nullable(text),
+        "promptSource": _nullable({"type": "object", "required": ["type", "path"],
+                                   "properties": {"type": {"const": "file"}, "path": text}}),
+        "preflight": _preflight(),
+    }
+
+
+def _for_providers_other_than(providers: tuple[str, ...], properties: dict[str, Any]) -> dict[str, Any]:
+    return {"if": {"required": ["provider"], "properties": {"provider": {"enum": list(providers)}}},
+            "else": {"properties": properties}}
 
 
 def _agent_target() -> dict[str, Any]:
@@ -199,7 +251,7 @@ def _agent_target() -> dict[str, Any]:
         "properties": {
             "type": {"const": "agent"},
             "provider": _enum(PROVIDERS, nullable=False),
-            "prompt": _string(limits.MAX_PROMPT_LENGTH, "nonBlank"),
+            "prompt": _string(limits.MAX_PROMPT_LENGTH, "prompt"),
             "cwd": _nullable(_string(limits.MAX_CWD_LENGTH, "nonBlank")),
             "model": word,
             "agent": word,
@@ -208,14 +260,23 @@ def _agent_target() -> dict[str, Any]:
             "configIsolation": _enum(CONFIG_ISOLATIONS),
             "promptVia": _enum(PROMPT_VIAS),
             "account": _account(),
+            **_agent_options(),
         },
-        # Provider rules the server applies (0.3.60): opencode runs only with a model; codex and codewith take no
-        # agent name.
+        "additionalProperties": False,
+        # Provider rules the server applies (0.3.60, ``agent_options.option_problem``): opencode runs only with a
+        # model; codex and codewith take no agent name; the later options each for some providers only.
         "allOf": [
             {"if": {"required": ["provider"], "properties": {"provider": {"const": "opencode"}}},
              "then": {"required": ["model"], "properties": {"model": _string(limits.MAX_WORD_LENGTH, "pyNonBlank")}}},
-            {"if": {"required": ["provider"], "properties": {"provider": {"enum": ["codex", "codewith"]}}},
-             "then": {"properties": {"agent": {"type": "null"}}}},
+            {"if": {"required": ["provider"], "properties": {"provider": {"enum": list(CODEX_LIKE)}}},
+             "then": {"properties": {"agent": {"type": "null"}, "sandbox": _enum(CODEX_SANDBOXES)}}},
+            _for_providers_other_than(("codewith",), {"authProfile": {"type": "null"}}),
+            _for_providers_other_than(CODEX_LIKE, {"addDirs": {"type": ["null", "array"], "maxItems": 0}}),
+            _for_providers_other_than((*CODEX_LIKE, "cursor"), {"sandbox": {"type": "null"}}),
+            _for_providers_other_than(("claude", "cursor"), {"permissionMode": _enum(("default", "bypass"))}),
+            {"if": {"required": ["provider"], "properties": {"provider": {"const": "cursor"}}},
+             "then": {"properties": {"variant": {"type": "null"}, "sandbox": _enum(CURSOR_SANDBOXES),
+                                     "permissionMode": _enum(tuple(m for m in PERMISSION_MODES if m != "auto"))}}},
         ],
     }
 
@@ -233,7 +294,9 @@ def _workflow_target() -> dict[str, Any]:
                                 "additionalProperties": {"type": "string",
                                                          "maxLength": limits.MAX_ENV_VALUE_LENGTH}}),
             "timeoutMs": _timeouts()["timeoutMs"],
+            "preflight": _preflight(),
         },
+        "additionalProperties": False,
     }
 
 
@@ -287,7 +350,7 @@ def feature_properties() -> dict[str, Any]:
         "minIntervalMs": {**interval, "description": "Shortest nextIn (default 1000); needs steerable true."},
         "maxIntervalMs": {**interval, "description": "Longest nextIn (below minIntervalMs: minIntervalMs); needs steerable."},
         "gate": _nullable(gate),
-        "workspace": _nullable(_string(limits.MAX_WORD_LENGTH, "loopName", minLength=1,
+        "workspace": _nullable(_string(limits.MAX_WORD_LENGTH, "workspaceKey", minLength=1,
                                        description="Loops and steps sharing this key never run at once.")),
         "workspaceWaitMs": _int(1, limits.MAX_MS, nullable=True,
                                 description="How long an overlap-allow run waits for its busy workspace (600000)."),
