@@ -20,8 +20,8 @@ from loopsq.domain.missed import KINDS as MISSED_KINDS
 from loopsq.domain.models import LOOP_STATUSES
 from loopsq.domain.run_rules import RUN_STATUSES
 from loopsq.mirror.pages import CURSOR_PATTERN
-from loopsq.web.body_schemas import visible_text_pattern
 from loopsq.web.filters import TIME_PATTERN
+from loopsq.web.schema_patterns import visible_text_pattern
 
 # What the query parameters the server checks itself take, exactly (added to their schemas).
 #: ``since``/``until``: RFC 3339 in 1970..9998 (``filters.TIME_PATTERN``); an empty value is refused.
