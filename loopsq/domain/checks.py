@@ -30,6 +30,23 @@ def first_invisible(text: str) -> int | None:
     return None
 
 
+def is_compatibility_form(ch: str) -> bool:
+    """Whether ``ch`` is, or canonically decomposes into, a character with a compatibility decomposition
+    (fullwidth A U+FF21, mathematical bold A U+1D400, the fi ligature U+FB01, superscript two, the no-break space,
+    the en quad U+2000 that stands for the en space...): a character that looks like, or stands for, another. Judged
+    on the canonical decomposition, so that a text has one if and only if one of its characters is one, whatever
+    its normalisation form."""
+    return any(unicodedata.decomposition(part).startswith("<") for part in unicodedata.normalize("NFD", ch))
+
+
+def first_compatibility_form(text: str) -> int | None:
+    """The index of the first character of ``text`` that is a compatibility form (``is_compatibility_form``)."""
+    for index, ch in enumerate(text):
+        if is_compatibility_form(ch):
+            return index
+    return None
+
+
 def has_visible_text(text: str) -> bool:
     """Whether ``text`` holds a character that is neither whitespace nor invisible (``INVISIBLE_CATEGORIES``): a
     prompt of spaces, newlines and zero-width characters only says nothing."""

@@ -7,13 +7,14 @@ by this module.
 
 from __future__ import annotations
 
+import unicodedata
 from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
 
 from loopsq.domain import limits, models
 from loopsq.domain.agent_options import with_creation_defaults
-from loopsq.domain.checks import check_length, check_visible, whole
+from loopsq.domain.checks import check_length, check_visible, first_compatibility_form, whole
 from loopsq.domain.cron import host_timezone_name, validate_timezone
 from loopsq.domain.durations import format_duration
 from loopsq.domain.jitter import jittered, validate_jitter
@@ -35,11 +36,21 @@ def show(value: Any) -> str:
 
 def validate_name(value: Any, field: str = "name") -> str:
     """A loop name: a string of at most ``MAX_NAME_LENGTH`` characters that, trimmed of whitespace, is not empty
-    and has no control, format, bidi or zero-width character (``checks.INVISIBLE_CATEGORIES``); returned trimmed."""
+    and has no control, format, bidi or zero-width character (``checks.INVISIBLE_CATEGORIES``); returned trimmed
+    and in Unicode's composed form (NFC), so that a composed and a decomposed ``é`` name one loop. A character
+    with a compatibility form (``checks.is_compatibility_form``: fullwidth or styled letters, ligatures) would make
+    a second loop look like the first: it is refused, naming the plain spelling (NFKC)."""
     if not isinstance(value, str) or not value.strip():
         raise ValidationError(f"loop name must not be empty, got {show(value)}")
     check_length(value, field, MAX_NAME_LENGTH)
-    return check_visible(value.strip(), field)
+    trimmed = check_visible(value.strip(), field)
+    index = first_compatibility_form(trimmed)
+    if index is not None:
+        plain = unicodedata.normalize("NFKC", trimmed)
+        raise ValidationError(f"{field} must not contain compatibility characters such as fullwidth or styled "
+                              f"letters, ligatures or no-break spaces (U+{ord(trimmed[index]):04X} at position "
+                              f"{index + 1}): write {show(plain)}, got {show(value)}")
+    return unicodedata.normalize("NFC", trimmed)
 
 
 def _positive_int(body: Mapping[str, Any], key: str, default: int | None, maximum: int = limits.MAX_COUNT,

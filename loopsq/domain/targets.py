@@ -4,7 +4,8 @@ The reference's own checks (OpenLoops 0.3 §5.2 step 6) run first, in its order 
 extra type checks follow; each names the field and quotes the offending value. As with the reference's ``??``, an
 optional field given as ``null`` counts as absent and is dropped from the result, except ``timeoutMs``, where
 ``null`` means "no timeout" (0.3.55) and is kept, and ``idleTimeoutMs``, where ``null`` means "no idle timeout"
-(kept: a new agent target without one gets the default, ``agent_options.with_creation_defaults``).
+(kept: a new agent target without one gets the default, ``agent_options.with_creation_defaults``). A field that
+is not one of its type's is refused (the reference kept it, stored and shown back as if it meant something).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from typing import Any
 from loopsq.domain import agent_options, limits
 from loopsq.domain.agent_output import prompt_problem
 from loopsq.domain.checks import check_length, check_text, whole
-from loopsq.domain.text import quoted
+from loopsq.domain.text import quoted, shown
 from loopsq.errors import ValidationError
 
 PROVIDERS = ("claude", "cursor", "codewith", "aicopilot", "opencode", "codex")
@@ -343,6 +344,10 @@ _EXTRA_CHECKS: dict[str, tuple[tuple[str, _Check], ...]] = {
 }
 
 
+# The fields the reference's own checks read, per type (``_check_reference_rules``).
+_REFERENCE_FIELDS: dict[str, tuple[str, ...]] = {"command": ("command",), "agent": ("provider", "prompt"),
+                                                 "workflow": ("workflowId",)}
+
 # Fields where ``null`` is kept: it means "none" (no timeout, no idle timeout), not "the default".
 _NULL_MEANS_NONE = frozenset({"timeoutMs", "idleTimeoutMs"})
 
@@ -387,6 +392,11 @@ def _validate(target: Any, label: str, allow_workflow: bool) -> dict[str, Any]:
     if target.get("type") == "agent":
         _refuse_unread_prompt_file(target, label)
     kind = _check_reference_rules(target, label, allow_workflow)
+    known = {"type", *_REFERENCE_FIELDS[kind], *(field for field, _ in _EXTRA_CHECKS[kind])}
+    unknown = next((field for field in target if field not in known), None)
+    if unknown is not None:
+        # Stored, it would be shown back as if it meant something (a misspelt "timeoutMS" silently ignored).
+        raise ValidationError(f"{label}.{shown(str(unknown))} is not a known field of a {kind} target")
     result = dict(target)
     for field, check in _EXTRA_CHECKS[kind]:
         if field not in result:
@@ -408,7 +418,7 @@ def validate_executable_target(target: Any, label: str) -> dict[str, Any]:
         label: The path used in messages, e.g. ``workflow.steps[0].target`` or ``target``.
 
     Returns:
-        A shallow copy of the target: known optional fields that were ``null`` are dropped, unknown keys kept.
+        A shallow copy of the target: known optional fields that were ``null`` are dropped.
 
     Raises:
         ValidationError: On the first failed check; the reference's checks come first, in its order.

@@ -3,15 +3,17 @@
 Each page is ``limit`` rows after a cursor (the last row's sort key), never an ``OFFSET``: a page deep in a long
 history costs what the first one does. Runs are newest first (``created_at DESC, id DESC``; indexes
 ``idx_runs_created_id``, ``idx_runs_loop_created_id``, ``idx_runs_status_created_id``), loops by name
-(``name ASC, id ASC``; ``idx_loops_name_id``). A cursor is opaque text (URL-safe base64 of the key); one that
-does not decode is bad input naming the parameter.
+(``name ASC, id ASC``; ``idx_loops_name_id``). A cursor is opaque text: the key's two parts, each URL-safe
+base64 (unpadded) of its UTF-8, joined by a dot (``CURSOR_PATTERN``). Any text of that shape is a position to
+continue from (the API's schema can then say exactly which cursors it takes; bytes that are not UTF-8 read as
+U+FFFD); anything else is bad input naming the parameter.
 """
 
 from __future__ import annotations
 
 import base64
-import binascii
 import json
+import re
 import sqlite3
 from dataclasses import dataclass
 from typing import Any
@@ -20,7 +22,7 @@ from loopsq.errors import ValidationError
 from loopsq.mirror.page_indexes import DDL, MIGRATION
 from loopsq.mirror.queries import _ARCHIVED_SQL, Entity, _all
 
-__all__ = ["DDL", "LOOP_KEYSET", "MIGRATION", "RUN_KEYSET", "Page", "decode_cursor", "encode_cursor", "loops_page", "runs_page"]
+__all__ = ["CURSOR_PATTERN", "DDL", "LOOP_KEYSET", "MIGRATION", "RUN_KEYSET", "Page", "decode_cursor", "encode_cursor", "loops_page", "runs_page"]
 
 #: After a cursor: a row value, so the index seeks to it (the equivalent OR of two comparisons scans from the top).
 RUN_KEYSET = "(created_at, id) < (?, ?)"
@@ -35,21 +37,29 @@ class Page:
     next_cursor: str | None
 
 
+#: One part of a cursor: unpadded URL-safe base64 (a length of 1 modulo 4 decodes to nothing).
+_PART = "(?:[A-Za-z0-9_-]{4})*(?:[A-Za-z0-9_-]{2,3})?"
+#: Every cursor ``decode_cursor`` takes, and only those.
+CURSOR_PATTERN = f"^{_PART}\\.{_PART}$"
+_CURSOR = re.compile(CURSOR_PATTERN)
+
+
+def _part(text: str) -> str:
+    return base64.urlsafe_b64encode(text.encode("utf-8", "surrogatepass")).decode().rstrip("=")
+
+
 def encode_cursor(key: tuple[str, str]) -> str:
-    return base64.urlsafe_b64encode(json.dumps(list(key)).encode()).decode().rstrip("=")
+    return f"{_part(key[0])}.{_part(key[1])}"
 
 
 def decode_cursor(cursor: str, param: str = "cursor") -> tuple[str, str]:
-    """The key of a cursor; ``ValidationError`` naming ``param`` when it is not one this module made."""
-    try:
-        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
-        key = json.loads(raw)
-    except (ValueError, binascii.Error, UnicodeDecodeError):
-        key = None
-    if not (isinstance(key, list) and len(key) == 2 and all(isinstance(k, str) for k in key)):
+    """The key of a cursor; ``ValidationError`` naming ``param`` when it is not of a cursor's shape."""
+    if not _CURSOR.fullmatch(cursor):
         shown = cursor if len(cursor) <= 60 else cursor[:57] + "..."
         raise ValidationError(f"{param} is not a cursor from a previous page, got {json.dumps(shown)}")
-    return key[0], key[1]
+    first, second = (base64.urlsafe_b64decode(part + "=" * (-len(part) % 4)).decode("utf-8", "replace")
+                     for part in cursor.split("."))
+    return first, second
 
 
 def runs_page(conn: sqlite3.Connection, *, loop_id: str | None = None, loop_name: str | None = None,

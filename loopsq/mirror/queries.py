@@ -8,6 +8,7 @@ take the newest ``created_at``; workflows consider active ones only, newest ``up
 from __future__ import annotations
 
 import sqlite3
+import unicodedata
 from collections.abc import Sequence
 from typing import Any
 
@@ -45,7 +46,11 @@ def find_loop(conn: sqlite3.Connection, id_or_name: str) -> Entity | None:
     if found is not None:
         return found
     sql = "SELECT * FROM loops WHERE name = ? ORDER BY created_at DESC, id DESC LIMIT 1"
-    return _one(conn, "loops", sql, (id_or_name,))
+    found = _one(conn, "loops", sql, (id_or_name,))
+    composed = unicodedata.normalize("NFC", id_or_name)  # names are stored composed (``loop_spec.validate_name``)
+    if found is None and composed != id_or_name:
+        found = _one(conn, "loops", sql, (composed,))
+    return found
 
 
 def count_loops(conn: sqlite3.Connection, status: str | None = None) -> int:

@@ -6,6 +6,7 @@ stored JSON is still what was read; a lost race re-reads and tries again.
 
 from __future__ import annotations
 
+import unicodedata
 from collections.abc import Callable
 from datetime import datetime
 
@@ -48,11 +49,15 @@ class LoopStore:
         return Loop.from_json(str(raw)) if raw else None
 
     def find(self, id_or_name: str) -> Loop | None:
-        """Look a loop up by id first, then by name."""
+        """Look a loop up by id first, then by name: as given (a name stored before names were NFC), then in its
+        composed form (NFC), the form names are stored in."""
         loop = self.get(id_or_name)
         if loop is not None:
             return loop
         loop_id = self.client.hget(self.keys.loop_names, id_or_name)
+        composed = unicodedata.normalize("NFC", id_or_name)
+        if not loop_id and composed != id_or_name:
+            loop_id = self.client.hget(self.keys.loop_names, composed)
         return self.get(str(loop_id)) if loop_id else None
 
     def require(self, id_or_name: str) -> Loop:

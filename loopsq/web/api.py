@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Annotated, Any, Literal, get_args
 
 import redis
-from fastapi import APIRouter, Body, Header, Path, Query
+from fastapi import APIRouter, Body, Depends, Header, Path, Query
 from fastapi.responses import JSONResponse
 
 from loopsq import __version__
@@ -29,7 +29,7 @@ from loopsq.state.layout import LAYOUT
 from loopsq.state.loops import LoopStore
 from loopsq.state.workflows import WorkflowStore
 from loopsq.web import filters, schemas
-from loopsq.web.deps import Ctx, Limit, Offset, ShowOutput, json_object, responses
+from loopsq.web.deps import Ctx, Limit, Offset, ShowOutput, json_object, raw_body, responses
 
 router = APIRouter(prefix="/api")
 
@@ -75,10 +75,11 @@ def list_loops(ctx: Ctx, status: Annotated[LoopStatus | None, Query()] = None,
                limit: Annotated[int, Query(ge=1, le=limits.MAX_LIST_LIMIT)] = 200,
                archived: Annotated[Literal["exclude", "only", "include"], Query(
                    description="Archived loops: left out (default), only them, or included.")] = "exclude",
-               name: Annotated[str | None, Query(max_length=200, description=(
+               name: Annotated[str | None, Query(max_length=200, json_schema_extra=schemas.NAME_FILTER_SCHEMA,
+                                                 description=(
                    "Only loops whose name contains this (case-insensitive); the list is then by name, in keyset "
                    "pages (`nextCursor`)."))] = None,
-               cursor: Annotated[str | None, Query(max_length=400, description=(
+               cursor: Annotated[str | None, Query(max_length=400, json_schema_extra=schemas.CURSOR_SCHEMA, description=(
                    "With `name`: the `nextCursor` of the previous page."))] = None,
                ) -> JSONResponse:
     """Loops, by status then next run (the CLI's ``list``; ``archived=only`` is ``--archived``, ``include``
@@ -198,25 +199,30 @@ def remove_loop(ctx: Ctx, loop: LoopRef) -> JSONResponse:
 @router.post("/loops/{loop}/trigger", tags=["loops"], summary="Trigger a run now",
              responses={**responses(201, schemas.Triggered, 400, 404, 409, description="A new run was reserved."),
                         200: {"model": schemas.Triggered,
-                              "description": "The idempotency key already stood for this run; nothing new."}})
+                              "description": "The idempotency key already stood for this run; nothing new."}},
+             openapi_extra=schemas.json_body(schemas.TRIGGER_BODY_SCHEMA, "Optional: {\"retry\": false}.",
+                                             required=False))
 def trigger_loop(
     ctx: Ctx,
     loop: LoopRef,
     idempotency_key: Annotated[str | None, Header(alias="Idempotency-Key", min_length=1, max_length=MAX_KEY_LENGTH,
+                                                  json_schema_extra=schemas.KEY_SCHEMA,
                                                   description="The same key within 24 h returns the same run.")]
     = None,
     body: Annotated[Any, Body()] = None,
+    sent: Annotated[bytes, Depends(raw_body)] = b"",
 ) -> JSONResponse:
     """Start a run on a worker now. 201 with a new run id; 200 with the same run id for a repeated key. An optional
     body ``{"retry": false}`` keeps the loop's retry policy from applying to this run. 409: the loop is archived."""
-    retry = _trigger_retry(body)
+    retry = _trigger_retry(body, sent=bool(sent.strip()))
     run_id, created = trigger_with(ctx.client, ctx.keys, loop, idempotency_key, retry=retry)
     return JSONResponse({"runId": run_id, "created": created}, status_code=201 if created else 200)
 
 
-def _trigger_retry(body: Any) -> bool:
-    """``retry`` of a trigger's optional body (absent: true)."""
-    if body is None:
+def _trigger_retry(body: Any, *, sent: bool) -> bool:
+    """``retry`` of a trigger's optional body (absent: true). A body that was sent must be an object: JSON's
+    ``null`` is refused as the document says (FastAPI hands it over as None, as if nothing was sent)."""
+    if body is None and not sent:
         return True
     request = json_object(body)
     unknown = sorted(set(request) - {"retry"})
@@ -237,11 +243,12 @@ def list_runs(
     status: Annotated[RunStatus | None, Query()] = None,
     outcome: Annotated[RunOutcome | None, Query(description="Only runs whose control file said this outcome.")]
     = None,
-    since: Annotated[str | None, Query(max_length=64, description="Only runs created at or after this ISO time.")]
-    = None,
-    until: Annotated[str | None, Query(max_length=64, description="Only runs created before this ISO time.")]
-    = None,
-    cursor: Annotated[str | None, Query(max_length=400, description=(
+    since: Annotated[str | None, Query(max_length=64, description=(
+        "Only runs created at or after this time (before `until`: an empty range is 400)."),
+                                       json_schema_extra=schemas.TIME_SCHEMA)] = None,
+    until: Annotated[str | None, Query(max_length=64, description="Only runs created before this time.",
+                                       json_schema_extra=schemas.TIME_SCHEMA)] = None,
+    cursor: Annotated[str | None, Query(max_length=400, json_schema_extra=schemas.CURSOR_SCHEMA, description=(
         "The `nextCursor` of the previous page (keyset paging; cheaper than `offset` deep in a history)."))] = None,
     limit: Limit = 50,
     offset: Offset = 0,
@@ -249,7 +256,7 @@ def list_runs(
 ) -> JSONResponse:
     """Run history, newest first; stdout and stderr redacted unless ``showOutput``. ``nextCursor`` (null on the
     last page) continues after this page without an offset."""
-    start, end = filters.time_range(since, until)
+    start, end = filters.time_range(since, until, blank_is_none=False)
     with ctx.mirror() as conn:
         owner: dict[str, str] = {}
         if loop is not None:

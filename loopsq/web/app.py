@@ -34,11 +34,13 @@ from loopsq.web import (
     pages_fleet,
     pages_loops,
     pages_runs,
+    rq_guard,
     rq_view,
 )
 from loopsq.web.auth import TokenAuth
 from loopsq.web.body_limit import BodyLimit
 from loopsq.web.context import WebContext, WebSettings
+from loopsq.web.head import HeadAsGet
 
 OPENAPI_PATH = "/api/openapi.json"
 DESCRIPTION = """\
@@ -66,7 +68,7 @@ def _dashboard_connect(url: str, *args: Any, **kwargs: Any) -> tuple[Any, Any]:
 _DASHBOARD_FROM_URL: list[Any] = []
 
 
-def rq_dashboard_app(redis_url: str, raw: redis.Redis) -> ASGIApp:
+def rq_dashboard_app(redis_url: str, raw: redis.Redis, api_token: str) -> ASGIApp:
     """rq-dashboard (a Flask blueprint) on ``raw`` (the web app's bytes client), as an ASGI app through a2wsgi.
 
     rq-dashboard connects from its configured URL on every request, with a parser of its own that knows none of
@@ -96,6 +98,7 @@ def rq_dashboard_app(redis_url: str, raw: redis.Redis) -> ASGIApp:
     flask_app.before_request(refuse_state_changes_by_get)
     flask_app.before_request(rq_view.open_on_our_queue)
     flask_app.after_request(rq_view.link_back)
+    rq_guard.install(flask_app, api_token, rq_dashboard.web.NoSuchJobError)
     # A POST-only route's GET is refused by Flask's routing, before any hook: answer it the same way.
     flask_app.register_error_handler(405, lambda exc: _rq_405(sorted(getattr(exc, "valid_methods", None) or [])))
     setup_rq_connection(flask_app)
@@ -180,7 +183,8 @@ def create_app(settings: WebSettings, *, client: redis.Redis | None = None) -> F
     # Starlette routes an endpoint that is not a function as an ASGI app; its type hint names functions only.
     app.add_route(MCP_PATH, mcp, include_in_schema=False)  # type: ignore[arg-type]
     if settings.rq_dashboard:
-        app.mount("/rq", rq_dashboard_app(settings.redis_url, ctx.raw()))
+        app.mount("/rq", rq_dashboard_app(settings.redis_url, ctx.raw(), settings.token))
+    app.add_middleware(HeadAsGet)  # innermost: a HEAD is checked and bounded as any request, then run as GET
     app.add_middleware(BodyLimit)  # inside the token check: an unauthenticated body is never read
     app.add_middleware(TokenAuth, token=settings.token, sessions=ctx.sessions)
     return app

@@ -3,7 +3,11 @@ server applies, so that the OpenAPI document says exactly what a request may hol
 
 Every bound comes from ``loopsq.domain.limits``; character rules are built from the same Unicode categories and
 whitespace sets the validators use (``checks.INVISIBLE_CATEGORIES``, Python's ``str.strip`` for loop names,
-JavaScript's trim for the reference's fields). Schedules and targets are discriminated unions by ``type``.
+JavaScript's trim for the reference's fields). Schedules and targets are discriminated unions by ``type``; a
+target has no field its type does not have (``additionalProperties: false``, as the server refuses them), and the
+later agent options carry their provider rules (``agent_options.option_problem``) as ``if``/``then``. Two of those
+rules are the server's alone: codewith's forbidden ``extraArgs`` and a prompt starting with ``-`` on the argv of
+a provider without ``--``.
 
 Two rules are documented as a subset: a cron ``expression``'s pattern covers lists of values and steps and the
 lowercase macros, while the server also takes ranges (``1-5``), names (``MON``), mixed case and extra spaces; a
@@ -15,96 +19,28 @@ loads. Everything the patterns admit is accepted. Patterns are ECMA-262 with Uni
 from __future__ import annotations
 
 import functools
-import unicodedata
 import zoneinfo
 from typing import Any
 
 from loopsq.domain import limits
+from loopsq.domain.agent_options import (
+    CODEX_LIKE,
+    CODEX_SANDBOXES,
+    CURSOR_SANDBOXES,
+    PERMISSION_MODES,
+    SANDBOXES,
+)
 from loopsq.domain.budget import MAX_COST_USD, PERIODS
-from loopsq.domain.checks import INVISIBLE_CATEGORIES
-from loopsq.domain.cron import MACROS
 from loopsq.domain.jitter import JITTERED_TYPES, MAX_JITTER_MS
-from loopsq.domain.labels import LABEL_PATTERN, MAX_LABELS
+from loopsq.domain.labels import MAX_LABELS
 from loopsq.domain.models import OVERLAP_POLICIES, RETRY_BACKOFFS
 from loopsq.domain.schedules import ANCHORS, CATCH_UP_POLICIES
-from loopsq.domain.targets import CONFIG_ISOLATIONS, PROMPT_VIAS, PROVIDERS, is_js_whitespace
+from loopsq.domain.targets import CONFIG_ISOLATIONS, PROMPT_VIAS, PROVIDERS
+from loopsq.web.schema_patterns import SCANNED as _SCANNED  # noqa: F401  (tests scan the same planes)
+from loopsq.web.schema_patterns import literal, patterns
 
 #: Where the components live in the document.
 REF = "#/components/schemas/"
-# Control and format characters exist only in planes 0, 1 and 14 (surrogates are in plane 0): scanning those is
-# exact and six times faster than scanning all 1.1 million code points.
-_SCANNED = (range(0, 0x20000), range(0xE0000, 0xF0000))
-
-
-def _code_points(predicate: Any) -> list[int]:
-    # Lone surrogates are left out: no regex engine of a JSON Schema validator can name them (Rust's cannot
-    # compile such a class at all), and no valid Unicode string holds one. The server refuses them all the same.
-    return [cp for span in _SCANNED for cp in span if not 0xD800 <= cp <= 0xDFFF and predicate(chr(cp))]
-
-
-@functools.cache
-def _sets() -> dict[str, frozenset[int]]:
-    return {
-        "bad": frozenset(_code_points(lambda ch: unicodedata.category(ch) in INVISIBLE_CATEGORIES)),
-        "py_ws": frozenset(_code_points(str.isspace)),
-        "js_ws": frozenset(cp for cp in range(0x10000) if is_js_whitespace(chr(cp))),
-    }
-
-
-def _escape(cp: int) -> str:
-    return f"\\u{cp:04x}" if cp < 0x10000 else chr(cp)
-
-
-def char_class(code_points: frozenset[int], *, negate: bool = False) -> str:
-    """A regex character class of ``code_points`` (or of everything else), as ranges."""
-    ranges: list[tuple[int, int]] = []
-    for cp in sorted(code_points):
-        if ranges and cp == ranges[-1][1] + 1:
-            ranges[-1] = (ranges[-1][0], cp)
-        else:
-            ranges.append((cp, cp))
-    body = "".join(_escape(a) if a == b else f"{_escape(a)}-{_escape(b)}" for a, b in ranges)
-    return f"[{'^' if negate else ''}{body}]"
-
-
-def _name_pattern(ws: frozenset[int]) -> str:
-    """A name: whitespace around it is trimmed; the rest is not empty and has no invisible character."""
-    bad = _sets()["bad"]
-    edge, inner, space = char_class(ws | bad, negate=True), char_class(bad, negate=True), char_class(ws)
-    return f"^{space}*{edge}(?:{inner}*{edge})?{space}*$"
-
-
-@functools.cache
-def patterns() -> dict[str, str]:
-    """The patterns of the create bodies, by name (also what ``tests/unit/test_body_schemas.py`` checks)."""
-    sets = _sets()
-    js_ws = sets["js_ws"]
-    no_nul = "[^\\u0000]"
-    solid = char_class(js_ws | {0}, negate=True)
-    minute, hour, dom, month, dow = (r"[1-5]?[0-9]", r"1?[0-9]|2[0-3]", r"[1-9]|[12][0-9]|3[01]",
-                                     r"[1-9]|1[0-2]", r"[0-7]")
-    step = r"(?:/[1-9][0-9]{0,2})?"
-
-    def field(value: str) -> str:
-        part = f"(?:\\*|{value}){step}"
-        return f"{part}(?:,{part})*"
-
-    macros = "|".join(name.lstrip("@") for name in MACROS)
-    return {
-        "loopName": _name_pattern(sets["py_ws"]),
-        "workflowName": _name_pattern(js_ws),
-        "noNul": f"^{no_nul}*$",
-        "nonBlank": f"^{no_nul}*{solid}{no_nul}*$",
-        # Blank as Python's str.strip sees it (the server's own checks of an opencode model and of a gate).
-        "pyNonBlank": f"^{no_nul}*{char_class(sets['py_ws'] | {0}, negate=True)}{no_nul}*$",
-        "noWhitespace": f"^{solid}+$",
-        "cron": f"^(?:@(?:{macros})|{' '.join(field(v) for v in (minute, hour, dom, month, dow))})$",
-        "stepId": f"^{limits.STEP_ID_PATTERN}$",
-        "envKey": f"^{limits.ENV_KEY_PATTERN}$",
-        "label": f"^{LABEL_PATTERN}$",
-    }
-
-
 def _string(max_length: int, pattern: str | None = None, **extra: Any) -> dict[str, Any]:
     schema: dict[str, Any] = {"type": "string", "maxLength": max_length, **extra}
     if pattern is not None:
@@ -162,17 +98,47 @@ def _command_target() -> dict[str, Any]:
         "properties": {
             "type": {"const": "command"},
             "command": command,
-            "args": _args("Arguments, each passed literally."),
+            "args": _nullable(_args("Arguments, each passed literally.")),
             "shell": {"type": ["boolean", "null"], "description": "Run through /bin/sh -c (default false)."},
-            "cwd": _string(limits.MAX_CWD_LENGTH, "nonBlank"),
+            "cwd": _nullable(_string(limits.MAX_CWD_LENGTH, "nonBlank")),
             "env": _nullable(_env()),
             **_timeouts(),
             "account": _account(),
+            "preflight": _preflight(),
         },
+        "additionalProperties": False,
         "if": {"required": ["shell"], "properties": {"shell": {"const": True}}},
         "then": {"properties": {"command": {"pattern": patterns()["nonBlank"]}}},
         "else": {"properties": {"command": {"pattern": patterns()["noWhitespace"]}}},
     }
+
+
+def _preflight() -> dict[str, Any]:
+    return _nullable({"type": "object", "properties": {"beforeRun": {"type": "boolean"}},
+                      "description": "beforeRun: check the executable, the account and the working directory "
+                                     "before each run."})
+
+
+def _agent_options() -> dict[str, Any]:
+    """The later 0.3.x agent options (``agent_options``), each nullable (null: not given)."""
+    text = {"type": "string", "pattern": patterns()["nonBlankAny"]}
+    return {
+        "env": _nullable(_env()),
+        "variant": _nullable(text),
+        "permissionMode": _enum(PERMISSION_MODES),
+        "sandbox": _enum(SANDBOXES),
+        "addDirs": _nullable({"type": "array", "maxItems": limits.MAX_ARGS,
+                              "items": _string(limits.MAX_ARG_LENGTH, "nonBlank")}),
+        "authProfile": _nullable(text),
+        "promptSource": _nullable({"type": "object", "required": ["type", "path"],
+                                   "properties": {"type": {"const": "file"}, "path": text}}),
+        "preflight": _preflight(),
+    }
+
+
+def _for_providers_other_than(providers: tuple[str, ...], properties: dict[str, Any]) -> dict[str, Any]:
+    return {"if": {"required": ["provider"], "properties": {"provider": {"enum": list(providers)}}},
+            "else": {"properties": properties}}
 
 
 def _agent_target() -> dict[str, Any]:
@@ -183,7 +149,7 @@ def _agent_target() -> dict[str, Any]:
         "properties": {
             "type": {"const": "agent"},
             "provider": _enum(PROVIDERS, nullable=False),
-            "prompt": _string(limits.MAX_PROMPT_LENGTH, "nonBlank"),
+            "prompt": _string(limits.MAX_PROMPT_LENGTH, "prompt"),
             "cwd": _nullable(_string(limits.MAX_CWD_LENGTH, "nonBlank")),
             "model": word,
             "agent": word,
@@ -192,14 +158,23 @@ def _agent_target() -> dict[str, Any]:
             "configIsolation": _enum(CONFIG_ISOLATIONS),
             "promptVia": _enum(PROMPT_VIAS),
             "account": _account(),
+            **_agent_options(),
         },
-        # Provider rules the server applies (0.3.60): opencode runs only with a model; codex and codewith take no
-        # agent name.
+        "additionalProperties": False,
+        # Provider rules the server applies (0.3.60, ``agent_options.option_problem``): opencode runs only with a
+        # model; codex and codewith take no agent name; the later options each for some providers only.
         "allOf": [
             {"if": {"required": ["provider"], "properties": {"provider": {"const": "opencode"}}},
              "then": {"required": ["model"], "properties": {"model": _string(limits.MAX_WORD_LENGTH, "pyNonBlank")}}},
-            {"if": {"required": ["provider"], "properties": {"provider": {"enum": ["codex", "codewith"]}}},
-             "then": {"properties": {"agent": {"type": "null"}}}},
+            {"if": {"required": ["provider"], "properties": {"provider": {"enum": list(CODEX_LIKE)}}},
+             "then": {"properties": {"agent": {"type": "null"}, "sandbox": _enum(CODEX_SANDBOXES)}}},
+            _for_providers_other_than(("codewith",), {"authProfile": {"type": "null"}}),
+            _for_providers_other_than(CODEX_LIKE, {"addDirs": {"type": ["null", "array"], "maxItems": 0}}),
+            _for_providers_other_than((*CODEX_LIKE, "cursor"), {"sandbox": {"type": "null"}}),
+            _for_providers_other_than(("claude", "cursor"), {"permissionMode": _enum(("default", "bypass"))}),
+            {"if": {"required": ["provider"], "properties": {"provider": {"const": "cursor"}}},
+             "then": {"properties": {"variant": {"type": "null"}, "sandbox": _enum(CURSOR_SANDBOXES),
+                                     "permissionMode": _enum(tuple(m for m in PERMISSION_MODES if m != "auto"))}}},
         ],
     }
 
@@ -217,7 +192,9 @@ def _workflow_target() -> dict[str, Any]:
                                 "additionalProperties": {"type": "string",
                                                          "maxLength": limits.MAX_ENV_VALUE_LENGTH}}),
             "timeoutMs": _timeouts()["timeoutMs"],
+            "preflight": _preflight(),
         },
+        "additionalProperties": False,
     }
 
 
@@ -271,7 +248,7 @@ def feature_properties() -> dict[str, Any]:
         "minIntervalMs": {**interval, "description": "Shortest nextIn (default 1000); needs steerable true."},
         "maxIntervalMs": {**interval, "description": "Longest nextIn (below minIntervalMs: minIntervalMs); needs steerable."},
         "gate": _nullable(gate),
-        "workspace": _nullable(_string(limits.MAX_WORD_LENGTH, "loopName", minLength=1,
+        "workspace": _nullable(_string(limits.MAX_WORD_LENGTH, "workspaceKey", minLength=1,
                                        description="Loops and steps sharing this key never run at once.")),
         "workspaceWaitMs": _int(1, limits.MAX_MS, nullable=True,
                                 description="How long an overlap-allow run waits for its busy workspace (600000)."),
@@ -306,7 +283,10 @@ def components() -> dict[str, dict[str, Any]]:
             "name": _string(limits.MAX_NAME_LENGTH, "loopName", minLength=1,
                             description="Trimmed; unique, and never another loop's id (409)."),
             "description": _nullable(_string(limits.MAX_DESCRIPTION_LENGTH)),
-            "timezone": {"enum": [*zones, None], "description": "IANA zone; default the server's."},
+            # A pattern, not an enum: client generators name enum members after the values, and ~600 zones
+            # collide once turned into identifiers (GMT0, GMT+0, GMT-0: openapi-python-client refuses the document).
+            "timezone": _nullable({"type": "string", "pattern": "^(?:" + "|".join(map(literal, zones)) + ")$",
+                                   "description": "An IANA zone of the server's database; default the server's."}),
             "schedule": {"$ref": REF + "Schedule"},
             "target": {"$ref": REF + "Target"},
             "catchUp": _enum(CATCH_UP_POLICIES),

@@ -26,25 +26,32 @@ MISSING = "missing CSRF token: reload the page and submit its form again"
 WRONG = "invalid CSRF token: reload the page and submit its form again"
 
 
-def binding(request: Request) -> str | None:
-    """What the request's token is bound to: ``bearer``, ``session:<id>``, or None (no credentials)."""
-    if request.headers.get("authorization") is not None:
+def binding_of(authorization: str | None, cookie: str | None) -> str | None:
+    """What a request's token is bound to, from its ``Authorization`` header and session cookie: ``bearer``,
+    ``session:<id>``, or None (no credentials)."""
+    if authorization is not None:
         return "bearer"
-    cookie = request.cookies.get(auth.COOKIE_NAME)
     if not cookie:
         return None
     parts = cookie.split(".")
     return f"session:{parts[1]}" if len(parts) == 4 else None
 
 
+def binding(request: Request) -> str | None:
+    """What the request's token is bound to (``binding_of`` its header and cookie)."""
+    return binding_of(request.headers.get("authorization"), request.cookies.get(auth.COOKIE_NAME))
+
+
+def token_of(secret: str, bound: str) -> str:
+    """The CSRF token of binding ``bound`` under the API token ``secret``."""
+    return hmac.new(secret.encode("utf-8", "surrogateescape"), f"{_PURPOSE}|{bound}".encode(),
+                    hashlib.sha256).hexdigest()
+
+
 def token_for(request: Request) -> str:
     """The CSRF token for this request's session (empty when it has none: no form then works)."""
     bound = binding(request)
-    if bound is None:
-        return ""
-    secret = request.app.state.ctx.settings.token
-    return hmac.new(secret.encode("utf-8", "surrogateescape"), f"{_PURPOSE}|{bound}".encode(),
-                    hashlib.sha256).hexdigest()
+    return "" if bound is None else token_of(request.app.state.ctx.settings.token, bound)
 
 
 def problem(request: Request, presented: str | None) -> str | None:

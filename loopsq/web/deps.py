@@ -34,6 +34,11 @@ async def get_ctx(request: Request) -> WebContext:
 
 
 Ctx = Annotated[WebContext, Depends(get_ctx)]
+
+
+async def raw_body(request: Request) -> bytes:
+    """The request's body as sent (read once, before the route runs; ``BodyLimit`` bounds it)."""
+    return await request.body()
 Limit = Annotated[int, Query(ge=1, le=limits.MAX_PAGE_LIMIT, description="Page size.")]
 Offset = Annotated[int, Query(ge=0, le=limits.MAX_OFFSET, description="Items to skip (newest first).")]
 ShowOutput = Annotated[bool, Query(alias="showOutput", description="Include stdout and stderr.")]

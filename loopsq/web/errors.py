@@ -97,11 +97,14 @@ METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
 
 def allowed_methods(request: Request) -> str:
     """The ``Allow`` header of a 405: every method some route of the app takes on this path (Starlette's own
-    header names only the first route that matched the path). Mounted apps answer their own 405s."""
+    header names only the first route that matched the path), HEAD wherever GET. Mounted apps answer their own
+    405s."""
     routes = [route for route in request.app.router.routes if not isinstance(route, Mount)]
-    allowed = [method for method in METHODS
-               if any(route.matches({**request.scope, "method": method})[0] == Match.FULL for route in routes)]
-    return ", ".join(allowed)
+    takes = {method for method in METHODS
+             if any(route.matches({**request.scope, "method": method})[0] == Match.FULL for route in routes)}
+    if "GET" in takes:
+        takes.add("HEAD")  # every GET route answers HEAD too (``head.HeadAsGet``)
+    return ", ".join(method for method in METHODS if method in takes)
 
 
 def validation_message(errors: Sequence[Any]) -> str:

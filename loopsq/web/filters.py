@@ -5,6 +5,8 @@ Each bad value is a ``ValidationError`` (400, the one error body) naming the par
 
 from __future__ import annotations
 
+import re
+
 from loopsq.domain import limits
 from loopsq.domain.text import quoted
 from loopsq.domain.timeutil import from_iso, to_iso
@@ -20,20 +22,32 @@ def choice(name: str, value: str | None, allowed: tuple[str, ...]) -> str | None
     return value
 
 
-def time(name: str, value: str | None) -> str | None:
-    """An ISO 8601 time, normalised to loopsq's UTC form (milliseconds, ``Z``); None when empty."""
-    if value in (None, ""):
+#: The times a filter takes: RFC 3339 (``T`` and ``Z`` upper case, seconds required, up to 9 fraction digits,
+#: offsets ``±HH:MM``) in the years 1970 to 9998 (no offset can take those outside what Python's datetime holds).
+#: The API documents it with ``format: date-time`` (so a 30 February is outside the schema as it is outside what
+#: the server takes); ASCII digits only.
+TIME_PATTERN = (r"^(?:19[7-9][0-9]|[2-8][0-9]{3}|9[0-8][0-9]{2}|99[0-8][0-9])-(?:0[1-9]|1[0-2])-(?:0[1-9]|[12][0-9]|3[01])"
+                r"T(?:[01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](?:\.[0-9]{1,9})?(?:Z|[+-](?:[01][0-9]|2[0-3]):[0-5][0-9])$")
+_TIME = re.compile(TIME_PATTERN)
+
+
+def time(name: str, value: str | None, *, blank_is_none: bool = True) -> str | None:
+    """An RFC 3339 time (``TIME_PATTERN``), normalised to loopsq's UTC form (milliseconds, ``Z``); None when absent,
+    or empty with ``blank_is_none`` (a dashboard form's empty field; the API refuses it)."""
+    if value is None or (value == "" and blank_is_none):
         return None
     try:
+        if not _TIME.fullmatch(str(value)):
+            raise ValueError(value)
         return to_iso(from_iso(str(value)))
-    except (ValueError, TypeError):
+    except (ValueError, TypeError, OverflowError):
         raise ValidationError(f"{name} must be an ISO 8601 time (e.g. 2026-12-01T09:00:00Z), got {quoted(value)}") \
             from None
 
 
-def time_range(since: str | None, until: str | None) -> tuple[str | None, str | None]:
-    """``[since, until)`` checked: each an ISO time, since before until."""
-    start, end = time("since", since), time("until", until)
+def time_range(since: str | None, until: str | None, *, blank_is_none: bool = True) -> tuple[str | None, str | None]:
+    """``[since, until)`` checked: each an RFC 3339 time (``time``), since before until."""
+    start, end = time("since", since, blank_is_none=blank_is_none), time("until", until, blank_is_none=blank_is_none)
     if start and end and start >= end:
         raise ValidationError(f"since must be before until, got since={quoted(since)} until={quoted(until)}")
     return start, end

@@ -19,6 +19,23 @@ from loopsq.domain.limits import MAX_POOL_LIMIT, MAX_REASON_LENGTH
 from loopsq.domain.missed import KINDS as MISSED_KINDS
 from loopsq.domain.models import LOOP_STATUSES
 from loopsq.domain.run_rules import RUN_STATUSES
+from loopsq.mirror.pages import CURSOR_PATTERN
+from loopsq.web.filters import TIME_PATTERN
+from loopsq.web.schema_patterns import visible_text_pattern
+
+# What the query parameters the server checks itself take, exactly (added to their schemas).
+#: ``since``/``until``: RFC 3339 in 1970..9998 (``filters.TIME_PATTERN``); an empty value is refused.
+TIME_SCHEMA: dict[str, Any] = {"format": "date-time", "pattern": TIME_PATTERN}
+#: ``cursor``: any text of a cursor's shape (``pages.CURSOR_PATTERN``) is a position to continue from.
+CURSOR_SCHEMA: dict[str, Any] = {"pattern": CURSOR_PATTERN}
+#: A ``name`` filter: no control, format, bidi or zero-width character (``checks.check_visible``).
+NAME_FILTER_SCHEMA: dict[str, Any] = {"pattern": visible_text_pattern()}
+#: An ``Idempotency-Key``: visible text, not blank (``triggers.trigger_with``).
+KEY_SCHEMA: dict[str, Any] = {"pattern": visible_text_pattern(non_blank=True)}
+#: The trigger's optional body: ``{"retry": false}`` or nothing; no other field.
+TRIGGER_BODY_SCHEMA: dict[str, Any] = {
+    "type": "object", "additionalProperties": False,
+    "properties": {"retry": {"type": "boolean", "description": "false: no retry policy for this run."}}}
 
 
 class Entity(BaseModel):
@@ -344,7 +361,7 @@ RENAME_SCHEMA: dict[str, Any] = {
 }
 
 
-def json_body(schema: dict[str, Any], description: str) -> dict[str, Any]:
+def json_body(schema: dict[str, Any], description: str, *, required: bool = True) -> dict[str, Any]:
     """``openapi_extra`` documenting a JSON request body the route reads itself."""
-    return {"requestBody": {"required": True, "description": description,
+    return {"requestBody": {"required": required, "description": description,
                             "content": {"application/json": {"schema": schema}}}}

@@ -128,7 +128,7 @@ def test_unknown_routes_wrong_methods_and_bad_parameters_get_the_one_error_body(
     assert_error(web.client.get("/api/nothing-here"), 404, "no such endpoint: GET /api/nothing-here")
     response = web.client.delete("/api/runs")
     assert_error(response, 405, "method DELETE is not allowed on /api/runs")
-    assert response.headers["allow"] == "GET"
+    assert response.headers["allow"] == "GET, HEAD"
     assert_error(web.client.get("/api/runs?limit=0"), 400, 'limit must be >= 1, got "0"')
     assert_error(web.client.get("/api/runs?limit=1001"), 400, 'limit must be <= 1000, got "1001"')
     assert_error(web.client.get("/api/runs?offset=x"), 400, 'offset must be an integer, got "x"')

@@ -16,7 +16,7 @@ from fastapi.testclient import TestClient
 
 from loopsq.domain.limits import MAX_BODY_BYTES
 from loopsq.state.keys import Keys
-from loopsq.web import WebSettings, auth, create_app
+from loopsq.web import WebSettings, auth, create_app, csrf
 from tests.integration.test_web_api import AUTH, TOKEN, assert_error, loop_body, redis_state
 from tests.redis_server import RedisServer
 
@@ -86,11 +86,11 @@ def test_413_is_documented_on_every_operation_with_a_body(api: TestClient) -> No
 
 # -- 405 ---------------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize(("method", "path", "allow"), [
-    ("PUT", "/api/loops", "GET, POST"),
-    ("PATCH", "/api/loops/x", "GET, DELETE"),
+    ("PUT", "/api/loops", "GET, HEAD, POST"),
+    ("PATCH", "/api/loops/x", "GET, HEAD, DELETE"),
     ("GET", "/api/loops/x/trigger", "POST"),
-    ("DELETE", "/api/workflows", "GET, POST"),
-    ("PUT", "/api/workflow-runs/x", "GET"),
+    ("DELETE", "/api/workflows", "GET, HEAD, POST"),
+    ("PUT", "/api/workflow-runs/x", "GET, HEAD"),
 ])
 def test_a_405_allow_header_lists_every_method_of_the_path(api: TestClient, method: str, path: str,
                                                            allow: str) -> None:
@@ -207,7 +207,8 @@ def test_rq_dashboards_state_changing_routes_cannot_be_reached_by_get(
 def test_rq_dashboards_pages_and_its_post_routes_still_work(api: TestClient) -> None:
     assert api.get("/rq/").status_code == 200
     assert api.get("/rq/0/data/queues.json").status_code == 200
-    assert api.post("/rq/requeue/loopsq").json() == {"status": "OK", "count": 0}
+    assert api.post("/rq/requeue/loopsq", headers={"X-CSRF-Token": csrf.token_of(TOKEN, "bearer")}).json() == {
+        "status": "OK", "count": 0}
 
 
 # -- lifecycle through the API -----------------------------------------------------------------------------------

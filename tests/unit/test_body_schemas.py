@@ -115,7 +115,7 @@ def test_the_bounds_in_the_schemas_are_the_limits() -> None:
     assert parts["ScheduleCron"]["properties"]["expression"]["maxLength"] == limits.MAX_CRON_LENGTH
     command = parts["CommandTarget"]["properties"]
     assert command["command"]["maxLength"] == limits.MAX_COMMAND_LENGTH
-    assert command["args"]["maxItems"] == limits.MAX_ARGS
+    assert command["args"]["anyOf"][0]["maxItems"] == limits.MAX_ARGS
     env = command["env"]["anyOf"][0]
     assert (env["maxProperties"], env["propertyNames"]["pattern"]) == (limits.MAX_ENV_ENTRIES,
                                                                         f"^{limits.ENV_KEY_PATTERN}$")
