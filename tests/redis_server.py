@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import random
 import shutil
+import signal
 import socket
 import subprocess
 import tempfile
@@ -331,6 +332,23 @@ class SentinelGroup:
         wait_until(switched, f"the failover from port {old} to {new}", timeout=30)
         if settled:
             self.wait_settled()
+        self.failovers += 1
+        return old, new
+
+    def kill_master(self, timeout: float = 60.0) -> tuple[int, int]:
+        """SIGKILL the master; once the sentinels have promoted the replica, start it again (empty: it keeps no
+        data on disk) as a replica of the new master, as the sentinels would make it anyway, and wait until the
+        group has settled. Returns ``(killed port, new master port)``. (Started again before the promotion, it
+        would come back an empty master, and the replica would sync the empty data set from it.)"""
+        old = self.master_port()
+        server = self.server(old)
+        server.stop(signal.SIGKILL)
+        new = next(s.port for s in self.servers if s.port != old)
+        wait_until(lambda: self.master_ports() == {new}, f"the sentinels to promote port {new} after the kill",
+                   timeout=timeout)
+        server.replica_of = new
+        server.start()
+        self.wait_settled(timeout)
         self.failovers += 1
         return old, new
 
