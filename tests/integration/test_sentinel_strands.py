@@ -13,16 +13,21 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Iterator
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
 
+from loopsq.domain import timeutil
+from loopsq.domain.run_rules import LoopRun
 from loopsq.domain.timeutil import from_iso
-from loopsq.engine import timers
+from loopsq.engine import recovery, timers
 from loopsq.state import durability
 from loopsq.state.connection import connect
+from loopsq.state.runs import Claim, Owner, RunStore
+from loopsq.system.procs import hostname
 from tests.integration.processes import KEYS, Cluster, open_cluster
-from tests.redis_server import SentinelGroup
+from tests.redis_server import RedisServer, SentinelGroup
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
@@ -147,3 +152,38 @@ def test_noticing_a_failover_closes_no_connection_another_thread_is_reading_from
     client.rpush("strand:list", "x")
     reader.join(10)
     assert outcome == [("strand:list", "x")]
+
+
+
+@pytest.fixture
+def plain_cluster(redis_server: RedisServer, tmp_path: Path) -> Iterator[Cluster]:
+    yield from open_cluster(redis_server.url, tmp_path)
+
+
+def test_a_run_claimed_under_a_live_worker_that_does_not_run_it_is_abandoned_and_its_loop_goes_on(
+        plain_cluster: Cluster) -> None:
+    """What a lost reply or a discarded finalize leaves: a run recorded running under a live worker, its lease 30
+    minutes long, that the worker does not hold. The worker abandons it once its claim is ``UNHELD_GRACE_MS``
+    old, instead of leaving its loop to skip every slot until the lease expires."""
+    cluster = plain_cluster
+    worker = cluster.start("worker")
+    cluster.create_fast("orphan", cluster.ledger_cmd(), 3_600_000)
+    loop = cluster.loop("orphan")
+    owner = Owner(cluster.worker_id(worker), hostname(), worker.pid)
+    claimed_at = timeutil.now() - timedelta(milliseconds=recovery.UNHELD_GRACE_MS + 5_000)
+    claim = RunStore(cluster.client, KEYS).claim(loop["id"], from_iso(loop["nextRunAt"]), owner, claimed_at,
+                                                 source="scheduled")
+    assert isinstance(claim, Claim)
+    run_id = claim.run.id
+
+    def settled() -> LoopRun | None:
+        run = cluster.run(run_id)
+        return run if run is not None and run.status != "running" else None
+
+    run = cluster.wait_until(settled, 20, "the unheld run to be abandoned")
+    assert (run.status, run.error) == (
+        "abandoned", f"claimed by worker {owner.worker_id}, which does not run it (a reply or a write lost, "
+                     "as in a failover)")
+    assert cluster.client.smembers(KEYS.loop_active(loop["id"])) == set()
+    assert f"run {run_id} abandoned loop=orphan slot={loop['nextRunAt']} attempt=1: claimed by worker " \
+        in worker.text()
