@@ -6,6 +6,7 @@ invariants checked. Prints one summary line; exits 1 on any violation.
     .venv/bin/python bench/chaos.py --redis-faults  # and Redis itself SIGKILLed about every 30 s
     .venv/bin/python bench/chaos.py --keep-runs 3   # every loop with a history window of 3: trimming throughout
     .venv/bin/python bench/chaos.py --concurrency 4 --labels   # workers of 4 slots, one labelled gpu
+    .venv/bin/python bench/chaos.py --sentinel --duration 90 --failover-every 20   # Sentinel failovers, short
 
 Checks, after the faults stop:
   1. no (loop, slot, attempt[, step]) executed twice — from a ledger every command appends to;
@@ -21,6 +22,23 @@ same port. Also checked then:
      was one of the processes killed (then it is recorded abandoned) or it was replaced by a newer slot;
   6. no loopsq process exited (only the ones killed on purpose, each started again);
 and check 2 waits for the grace after the last outage (recovery waits for live workers to beat again).
+
+With ``--sentinel`` Redis is a master, a replica and three sentinels on loopback (``tests.redis_server.
+SentinelGroup``, no AOF), every process given only the ``redis+sentinel://`` URL; ``SENTINEL FAILOVER`` runs every
+``--failover-every`` seconds (default 30; counted from the start of the last one, which waits until the group has
+settled), and the second failover is a SIGKILL of the master instead (started again as a replica once the
+sentinels promoted the other). Not with ``--redis-faults``. Also
+checked then (issue 27, point 2):
+  8. no loop is stranded: every active loop executes a slot scheduled after the last failover settled, within
+     ``STRANDED_WAIT_S`` (the progress watchdog's repairs count, and are printed);
+  9. every slot of every loop, from its first record to its last, has a record in the mirror: a run, a skip, or
+     inside a ``missed`` streak; slots that fell due while the loop waited for (or ran) a retry of an earlier
+     slot are passed over without a record today (a gap of invariant 7 with or without failovers), counted apart
+     (``passed_over_for_retries=``) and not a violation here;
+and the summary prints how many failovers were done (``failovers=``) and the watchdog's repairs (``repaired=``).
+The figure for issue 27 (10 failovers, about 5 minutes) is, on a quiet machine:
+
+    .venv/bin/python bench/chaos.py --sentinel --duration 300 --failover-every 30
 
 ``--concurrency N`` starts every worker with N slots (``loopsq worker --concurrency N``; without it, loopsq's
 default); a worker picked for a kill is then killed once it holds 2 runs or more (it is waited for up to
@@ -63,18 +81,22 @@ from loopsq.engine import timers  # noqa: E402
 from loopsq.mirror.apply import row_to_entity  # noqa: E402
 from loopsq.mirror.follow import mirror_lag  # noqa: E402
 from loopsq.mirror.schema import MIRRORED_COLUMNS, open_db  # noqa: E402
+from loopsq.state.connection import client_for  # noqa: E402
 from loopsq.state.keys import Keys  # noqa: E402
 from loopsq.state.loops import LoopStore  # noqa: E402
 from loopsq.state.runs import RunStore  # noqa: E402
 from loopsq.state.snapshot import snapshot_tables  # noqa: E402
 from loopsq.state.workflows import WorkflowStore  # noqa: E402
-from tests.redis_server import RedisServer  # noqa: E402
+from tests.redis_server import RedisServer, SentinelGroup  # noqa: E402
 
 KEYS = Keys()
 #: With ``--labels``: the worker that carries it, and the label.
 GPU_WORKER, GPU = "worker.3", "gpu"
 #: How long a worker picked for a kill may be waited for to hold 2 runs or more (with ``--concurrency``).
 BUSY_WAIT_S = 3.0
+#: With ``--sentinel``: how long after the last failover settled every active loop has to execute a later slot
+#: (the progress watchdog's grace, 30 s, plus the slowest loop's cadence and a margin).
+STRANDED_WAIT_S = 60.0
 
 
 class Fleet:
@@ -250,7 +272,11 @@ def check_mirror(client: redis.Redis, db: Path, ledger: Path) -> tuple[list[str]
             bad.append(f"{table}: {len(unarchived)} row(s) not in Redis and not archived, e.g. {unarchived[0]}")
         differing = [i for i in want if rows[i] != want[i]]
         if differing:
-            bad.append(f"{table}: {len(differing)} row(s) differ, e.g. {differing[0]}")
+            first = differing[0]
+            fields = {k: (rows[first].get(k), want[first].get(k)) for k in want[first]
+                      if rows[first].get(k) != want[first].get(k)}
+            shown = ", ".join(f"{k}: mirror {str(a)[:60]!r} redis {str(b)[:60]!r}" for k, (a, b) in fields.items())
+            bad.append(f"{table}: {len(differing)} row(s) differ, e.g. {first} ({shown})")
     slots = {(str(r[0]), str(r[1])) for r in conn.execute("SELECT loop_id, scheduled_for FROM loop_runs")}
     executed = {tuple(line.split()[:2]) for line in ledger.read_text().splitlines() if line.strip()}
     lost = sorted(executed - slots)
@@ -340,6 +366,75 @@ def archived_step(conn: sqlite3.Connection, idempotency_key: str, step: str) -> 
     return {"status": row[0], "exitCode": row[1]} if row else None
 
 
+def check_stranded(client: redis.Redis, ledger: Path, since: float, timeout: float) -> list[str]:
+    """Every active loop executes (its ledger line) a slot scheduled after ``since`` (epoch seconds) within
+    ``timeout``; the ones that do not are stranded, named with what holds them."""
+    loops = {loop.id: loop for loop in LoopStore(client, KEYS).all() if loop.status == "active"}
+
+    def waiting() -> set[str]:
+        ran = set()
+        for line in ledger.read_text().splitlines():
+            parts = line.split()
+            if len(parts) >= 2 and parts[0] in loops and timeutil.from_iso(parts[1]).timestamp() > since:
+                ran.add(parts[0])
+        return set(loops) - ran
+
+    wait_until(lambda: not waiting(), timeout, step=1.0)
+    return [f"loop {loops[i].name} stranded: no slot after the last failover executed within {timeout:.0f}s "
+            f"({_holds(client, loops[i].id)})" for i in sorted(waiting())]
+
+
+def _holds(client: redis.Redis, loop_id: str) -> str:
+    """What a stranded loop's timer and runs look like, for the report."""
+    job_id = client.get(KEYS.timer(loop_id)) or ""
+    status = client.hget(timers.job_key(job_id), "status") if job_id else None
+    active = sorted(client.smembers(KEYS.loop_active(loop_id)))
+    return f"timer={job_id or '-'} status={status} active_runs={active}"
+
+
+def check_slots(db: Path, client: redis.Redis) -> tuple[list[str], int, int]:
+    """Every slot of every loop (fixed-rate intervals), from its first record to its last, has one in the mirror:
+    a run (any attempt), a skip, or a place in a ``missed`` streak; one that fell due while the loop waited for
+    or ran a retry of an earlier slot is counted apart (see check 9). Returns the violations, the slots recorded
+    missed and the slots passed over for retries."""
+    every = {loop.id: loop.schedule.every_ms for loop in LoopStore(client, KEYS).all()}
+    conn = open_db(db)
+    spans: dict[str, list[tuple[int, int]]] = {}
+    retries: dict[str, list[tuple[int, int]]] = {}  # (slot, until: its last attempt's end) of retried slots
+    missed = 0
+
+    def ms(text: object) -> int:
+        return int(timeutil.from_iso(str(text)).timestamp() * 1000)
+
+    for loop_id, slot, status, last, count, attempt, finished in conn.execute(
+            "SELECT loop_id, scheduled_for, status, missed_last, missed_count, attempt, finished_at FROM loop_runs"):
+        first = ms(slot)
+        end = ms(last) if status == "missed" and last else first
+        missed += int(count or 1) if status == "missed" else 0
+        spans.setdefault(str(loop_id), []).append((first, end))
+        if int(attempt or 1) >= 2:
+            retries.setdefault(str(loop_id), []).append((first, ms(finished) if finished else 1 << 62))
+    conn.close()
+    bad = []
+    passed_over = 0
+    for loop_id, found in spans.items():
+        step = every.get(loop_id)
+        if not step:
+            continue
+        start, stop = min(a for a, _ in found), max(b for _, b in found)
+        covered: set[int] = set()
+        for a, b in found:
+            covered.update(range(a, b + 1, step))
+        holes = [ms for ms in range(start, stop + 1, step) if ms not in covered]
+        waited = [h for h in holes if any(slot < h <= until for slot, until in retries.get(loop_id, []))]
+        passed_over += len(waited)
+        holes = [h for h in holes if h not in waited]
+        if holes:
+            first_hole = timeutil.to_iso(timeutil.from_ms(holes[0]))
+            bad.append(f"loop {loop_id}: {len(holes)} slot(s) with no record, the first {first_hole}")
+    return bad, missed, passed_over
+
+
 def check_placement(ledger: Path, gpu_loops: set[str]) -> tuple[list[str], Counter[str]]:
     """Every execution of a loop requiring ``GPU`` ran on a worker carrying it (from the "where" ledger), and one
     ran at least. Returns the violations and the executions per (worker, gpu loop or not)."""
@@ -407,15 +502,25 @@ def main() -> int:
                         help="slots of every worker (loopsq worker --concurrency N; default: loopsq's)")
     parser.add_argument("--labels", action="store_true",
                         help=f"a mixed fleet: {GPU_WORKER} labelled {GPU}, a share of the loops requiring it")
+    parser.add_argument("--sentinel", action="store_true",
+                        help="Redis as a master, a replica and three sentinels, with SENTINEL FAILOVER every "
+                             "--failover-every seconds and one SIGKILL of the master")
+    parser.add_argument("--failover-every", type=float, default=30.0,
+                        help="with --sentinel: seconds between failovers (default 30)")
     args = parser.parse_args()
+    if args.sentinel and args.redis_faults:
+        parser.error("--sentinel and --redis-faults do not go together")
     seed = args.seed if args.seed is not None else random.randrange(1 << 30)
     rng = random.Random(seed)
     kill_every = args.kill_every or min(20.0, max(5.0, args.duration / 4))
     redis_kill_every = args.redis_kill_every or (30.0 if args.duration >= 60 else None)
     work = Path(tempfile.mkdtemp(prefix="loopsq-chaos-"))
-    server = RedisServer(appendonly=True, appendfsync="always" if args.redis_faults else "everysec").start()
-    fleet = Fleet(server.url, work / "data", work, args.concurrency, {GPU_WORKER: GPU} if args.labels else None)
-    client = server.client()
+    group = SentinelGroup().start() if args.sentinel else None
+    server = None if group else RedisServer(appendonly=True,
+                                            appendfsync="always" if args.redis_faults else "everysec").start()
+    url = group.url if group else server.url  # type: ignore[union-attr]
+    fleet = Fleet(url, work / "data", work, args.concurrency, {GPU_WORKER: GPU} if args.labels else None)
+    client = client_for(url)
     ledger = work / "ledger"
     ledger.touch()
     violations: list[str] = []
@@ -424,20 +529,24 @@ def main() -> int:
     killed_pids: set[int] = set()
     outages: list[tuple[float, float]] = []  # (killed at, back at), epoch seconds
     exited: list[str] = []
+    failovers: list[str] = []  # "failover" or "kill", one per failover done
+    settled_at = 0.0  # when the last failover had settled (epoch seconds)
     try:
         gpu_loops = create_loops(client, ledger, args.loops, rng, args.keep_runs, args.labels)
         names = ["scheduler.1", "scheduler.2", "worker.1", "worker.2", "worker.3", "mirror.1"]
         for name in names:
             fleet.start(name)
-        started = time.monotonic()
+        started, started_wall = time.monotonic(), time.time()
         next_kill = started + kill_every * rng.uniform(0.7, 1.3)
         first_outage = redis_kill_every * rng.uniform(0.7, 1.3) if redis_kill_every else \
             args.duration * rng.uniform(0.2, 0.4)
         next_outage = started + first_outage if args.redis_faults else float("inf")
+        next_failover = started + args.failover_every if group else float("inf")
         while time.monotonic() - started < args.duration:
             exited += [f"{n} exited with {p.returncode}" for n, p in fleet.procs.items()
                        if p.poll() is not None and f"{n} exited with {p.returncode}" not in exited]
             if time.monotonic() >= next_outage:
+                assert server is not None
                 down_at = time.time()
                 server.stop(signal.SIGKILL)
                 time.sleep(rng.uniform(1.0, 8.0))
@@ -445,6 +554,17 @@ def main() -> int:
                 outages.append((down_at, time.time()))
                 next_outage = time.monotonic() + redis_kill_every * rng.uniform(0.7, 1.3) if redis_kill_every \
                     else float("inf")
+            if time.monotonic() >= next_failover and group is not None:
+                # The middle one of the planned failovers is a SIGKILL of the master.
+                began = time.monotonic()
+                if len(failovers) == 1:
+                    group.kill_master()
+                    failovers.append("kill")
+                else:
+                    group.failover(settled=True)
+                    failovers.append("failover")
+                settled_at = time.time()
+                next_failover = began + args.failover_every
             if time.monotonic() >= next_kill:
                 victim = rng.choice(names[:5])
                 if victim.startswith("worker"):
@@ -467,6 +587,10 @@ def main() -> int:
             violations += exited + check_alive(fleet)
         violations += check_timers(client)
         violations += check_leases(client)
+        stranded: list[str] = []
+        if group is not None:
+            stranded = check_stranded(client, ledger, max(settled_at, started_wall), STRANDED_WAIT_S)
+            violations += stranded
         # Quiesce: pause every loop, wait for every run to end and the mirror to catch up.
         store = LoopStore(client, KEYS)
         for loop in store.all():
@@ -486,6 +610,14 @@ def main() -> int:
         violations += dupes
         if args.redis_faults:
             violations += check_recorded(client, ledger, killed_pids, db)
+        sentinel_note = ""
+        if group is not None:
+            holes, missed_slots, passed_over = check_slots(db, client)
+            violations += holes
+            repaired = ",".join(f"{k}={v}" for k, v in sorted(client.hgetall(KEYS.repaired_counts).items()))
+            sentinel_note = (f" failovers={len(failovers)} (master_kills={failovers.count('kill')}) "
+                             f"duplicates={len(dupes)} stranded={len(stranded)} slots_without_record={len(holes)} "
+                             f"missed_slots={missed_slots} passed_over_for_retries={passed_over} repaired=[{repaired}]")
         placement = ""
         if args.labels:
             bad, where = check_placement(ledger, gpu_loops)
@@ -512,7 +644,7 @@ def main() -> int:
         fleet_note += f" runs_held_by_killed_workers=[{','.join(held)}]" if held else ""
         print(f"chaos: seed={seed} duration={args.duration:.0f}s loops={args.loops} kills={len(kills)}{faults} "
               f"runs={len(all_runs)} ({statuses}) workflow_runs={wf_runs} archived={archived} executions={executed}{rec}"
-              f"{fleet_note}{placement} violations={len(violations)}")
+              f"{fleet_note}{placement}{sentinel_note} violations={len(violations)}")
         if (args.concurrency or 0) > 1 and held and not any(h.isdigit() and int(h) >= 2 for h in held):
             print("  note: no worker was killed while holding 2 runs or more")
         for violation in violations[:20]:
@@ -523,7 +655,10 @@ def main() -> int:
     finally:
         fleet.stop_all()
         client.close()
-        server.cleanup()
+        if server is not None:
+            server.cleanup()
+        if group is not None:
+            group.cleanup()
 
 
 if __name__ == "__main__":

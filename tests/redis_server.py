@@ -9,9 +9,11 @@ same binary run with ``--sentinel``.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import shutil
+import signal
 import socket
 import subprocess
 import tempfile
@@ -272,6 +274,10 @@ class SentinelProcess:
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
+#: How many times ``SentinelGroup.failover`` sends ``SENTINEL FAILOVER`` (each given 20 s to switch) at most.
+FAILOVER_TRIES = 3
+
+
 class SentinelGroup:
     """A master, a replica and three sentinels on loopback; ``url`` is the ``redis+sentinel://`` URL of them.
 
@@ -322,15 +328,41 @@ class SentinelGroup:
         """``SENTINEL FAILOVER``; returns ``(old master port, new master port)`` once the sentinels agree on the
         new one and it serves writes. With ``settled``, also waits until the old master replicates the new one."""
         old = self.master_port()
-        self.sentinels[0].client().execute_command("SENTINEL", "FAILOVER", SERVICE)
         new = next(s.port for s in self.servers if s.port != old)
 
         def switched() -> bool:
             return self.master_ports() == {new} and self.server(new).client().info("replication")["role"] == "master"
 
-        wait_until(switched, f"the failover from port {old} to {new}", timeout=30)
+        # A sentinel may take the command and then abort the failover (no replica it judges good yet, e.g. one
+        # restarted moments ago): asked again, up to ``FAILOVER_TRIES`` times.
+        for tries in range(FAILOVER_TRIES, 0, -1):
+            with contextlib.suppress(redis.ResponseError):  # INPROG, NOGOODSLAVE: asked again after a wait
+                self.sentinels[0].client().execute_command("SENTINEL", "FAILOVER", SERVICE)
+            try:
+                wait_until(switched, f"the failover from port {old} to {new}", timeout=20)
+                break
+            except RuntimeError:
+                if tries == 1:
+                    raise
         if settled:
             self.wait_settled()
+        self.failovers += 1
+        return old, new
+
+    def kill_master(self, timeout: float = 60.0) -> tuple[int, int]:
+        """SIGKILL the master; once the sentinels have promoted the replica, start it again (empty: it keeps no
+        data on disk) as a replica of the new master, as the sentinels would make it anyway, and wait until the
+        group has settled. Returns ``(killed port, new master port)``. (Started again before the promotion, it
+        would come back an empty master, and the replica would sync the empty data set from it.)"""
+        old = self.master_port()
+        server = self.server(old)
+        server.stop(signal.SIGKILL)
+        new = next(s.port for s in self.servers if s.port != old)
+        wait_until(lambda: self.master_ports() == {new}, f"the sentinels to promote port {new} after the kill",
+                   timeout=timeout)
+        server.replica_of = new
+        server.start()
+        self.wait_settled(timeout)
         self.failovers += 1
         return old, new
 

@@ -14,8 +14,8 @@ from typing import Any
 
 import redis
 
-from loopsq.domain.run_rules import LoopRun
-from loopsq.domain.timeutil import to_ms
+from loopsq.domain.run_rules import MANUAL_SOURCES, LoopRun
+from loopsq.domain.timeutil import from_iso, to_ms
 from loopsq.engine.grace import recovery_paused as recovery_paused  # (re-exported: it lived here)
 from loopsq.engine.runner import ensure_timer
 from loopsq.engine.runtime import HOST_LIVE_MS, Runtime
@@ -134,8 +134,50 @@ def reap_host(rt: Runtime, now: datetime) -> list[LoopRun]:
     deleted = set(ids) - {run.id for run in runs}
     if deleted:
         rt.client.srem(key, *deleted)  # (a run that ends leaves the set in the same transition)
-    recovered = _recover(rt, [run for run in runs if run.status == "running"], now, defer_to=set())
+    running = [run for run in runs if run.status == "running"]
+    recovered = _recover(rt, running, now, defer_to=set())
+    recovered += _recover_unheld(rt, [run for run in running if run.id not in {r.id for r in recovered}], now)
     recover_workflow_runs(rt, now, host=rt.owner.host)
+    return recovered
+
+
+#: How long after its claim a run this very worker claimed and does not hold is taken for one it will never
+#: execute or record. Its claim is held within moments (after ``durability.settle``, up to ``CONFIRM_S``); a run
+#: claimed by hand may wait for a pool slot first, so those are left to their lease.
+UNHELD_GRACE_MS = 30_000
+UNHELD = "claimed by worker {worker}, which does not run it (a reply or a write lost, as in a failover)"
+
+
+def _recover_unheld(rt: Runtime, running: list[LoopRun], now: datetime) -> list[LoopRun]:
+    """Abandon the runs recorded running under this very worker that it does not hold (``reap_host`` passes the
+    runs of this host it does not hold), claimed ``UNHELD_GRACE_MS`` ago or more, with no live process.
+
+    The worker is live and their lease unexpired, so nothing else recovers them before the lease runs out (30
+    minutes by default), and meanwhile their loop skips every slot as overlapping: a claim whose reply was lost
+    (a connection closed under it) or a finalize that a failover discarded left them so (issue 27)."""
+    mine = [run for run in running if run.worker_id == rt.owner.worker_id and run.source not in MANUAL_SOURCES
+            and run.started_at and to_ms(now) - to_ms(from_iso(run.started_at)) >= UNHELD_GRACE_MS
+            and not _is_orphan_alive(run, rt.owner.host) and not live_step_processes(rt, run.id)]
+    if not mine or recovery_paused(rt):
+        return []
+    held = set(rt.held_ids())  # (read again: a run taken since the caller read them is no orphan)
+    recovered: list[LoopRun] = []
+    for run in mine:
+        lease = rt.client.get(rt.keys.lease(run.id))
+        if run.id in held or lease is None:
+            continue  # (an expired lease is ``_recover``'s)
+        reason = UNHELD.format(worker=run.worker_id)
+        done = rt.runs.abandon(run.id, now, error=reason,
+                               seen_lease=lease.decode() if isinstance(lease, bytes) else str(lease))
+        if done is None:
+            continue
+        final, new_loop = done
+        log.warning("run %s abandoned loop=%s slot=%s attempt=%d: %s", final.id, final.loop_name,
+                    final.scheduled_for, final.attempt, reason)
+        recovered.append(final)
+        _fail_child_workflows(rt, final, now, reason)
+        if new_loop is not None:
+            ensure_timer(rt, new_loop)
     return recovered
 
 

@@ -198,23 +198,35 @@ def armed_state(raw: redis.Redis, keys: Keys, loop_ids: list[str]) -> dict[str, 
 
 
 def queued_in_place(raw: redis.Redis, job_id: str) -> bool | None:
-    """Whether a fire job whose hash says ``queued`` really waits in the queue its ``origin`` names (or in RQ's
-    intermediate list of that queue, where a dequeue moves it for a moment). None when its hash says anything
-    else or is gone: nothing to judge. False: the job is stranded, no worker will ever take it (lost in a failover,
-    say) while its loop counts it in flight."""
-    status, origin = raw.hmget(names.job_key(job_id), ["status", "origin"])
+    """Whether a fire job whose hash says ``queued`` really waits in the queue its ``origin`` names. None when its
+    hash says anything else or is gone: nothing to judge. False: the job is stranded, no worker will ever take it
+    (lost in a failover, say) while its loop counts it in flight.
+
+    A job in RQ's intermediate list of the queue only counts as stranded too. A dequeue moves it there and the
+    worker takes it out within milliseconds (``start_dequeued``); one left there had its dequeue's reply lost (a
+    worker's connection closed under it in a failover) and would wait for RQ's own cleanup, run by RQ's
+    maintenance every 10 minutes and only a minute after a first sighting. The caller asks only about a loop
+    overdue past its grace (``engine.stalls``), long after any dequeue in progress; should one still be taking
+    the job, the slot's claim keeps the re-armed timer from running it twice."""
+    status = raw.hget(names.job_key(job_id), "status")
     if status is None or _text(status) != "queued":
         return None
-    name = _text(origin) if origin else QUEUE_NAME
-    pipe = raw.pipeline(transaction=False)
-    pipe.lpos(names.queue_key(name), job_id)
-    pipe.lpos(names.intermediate_queue_key(name), job_id)
-    return any(found is not None for found in pipe.execute())
+    return raw.lpos(names.queue_key(_origin(raw, job_id)), job_id) is not None
 
 
 def drop_stranded(raw: redis.Redis, job_id: str) -> None:
-    """Delete the hash of a fire job ``queued_in_place`` found in no queue."""
-    raw.delete(names.job_key(job_id))
+    """Delete a fire job ``queued_in_place`` found in no queue: its hash, and its entry in RQ's intermediate list
+    of its queue if it is there."""
+    pipe = raw.pipeline(transaction=False)
+    pipe.lrem(names.intermediate_queue_key(_origin(raw, job_id)), 0, job_id)
+    pipe.delete(names.job_key(job_id))
+    pipe.execute()
+
+
+def _origin(raw: redis.Redis, job_id: str) -> str:
+    """The queue a job was put on (its hash's ``origin``; the base queue when unknown)."""
+    origin = raw.hget(names.job_key(job_id), "origin")
+    return _text(origin) if origin else QUEUE_NAME
 
 
 #: Timers moved per round trip at most (a backlog is moved in several).

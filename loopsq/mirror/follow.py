@@ -77,6 +77,10 @@ def _needs_rebuild(client: redis.Redis, keys: Keys, conn: sqlite3.Connection) ->
     first = _entries([(keys.changes, client.xrange(keys.changes, "-", "+", count=1))])
     if first and _parse_id(first[0][0]) > _parse_id(last):
         return f"change stream trimmed past {last}"
+    if first:
+        # Older changes are still there, the mirror's last one is not: Redis lost changes the mirror applied (the
+        # old master's writes discarded by a failover). The mirror would keep their rows, Redis the ones before.
+        return f"change stream lost {last} (a failover or a restart discarded changes the mirror applied)"
     return None
 
 

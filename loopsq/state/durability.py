@@ -96,18 +96,25 @@ def pipelined(client: redis.Redis, build: Callable[[Pipeline], object],
 
 def failed_over(client: redis.Redis, server: Server) -> bool:
     """Whether the sentinels now name another master than ``server`` (always False for a client without
-    sentinels). When they do, the pool's connections are closed, so that the next command asks the sentinels and
-    goes to the new master instead of writing on to one whose writes will be discarded."""
+    sentinels). When they do, the pool learns the new master's address (``get_master_address``): its idle
+    connections are closed, so that the next command goes to the new master instead of writing on to one whose
+    writes will be discarded, and each connection in use now is closed as it is given back (the pool no longer
+    owns a connection to another address).
+
+    Never the connections in use: closing them (``pool.disconnect()``) cut other threads' commands off in the
+    middle of reading their replies (``I/O operation on closed file``, no ``RedisError``); a claim the master had
+    applied lost its reply, its run was left ``running`` under its live worker, and its loop skipped every slot
+    until the lease expired (issue 27: a loop stranded by a failover)."""
     pool = client.connection_pool
     if not isinstance(pool, SentinelConnectionPool):
         return False
     try:
-        current = pool.sentinel_manager.discover_master(pool.service_name)
+        current = pool.get_master_address()  # type: ignore[no-untyped-call]
     except MasterNotFoundError:
         return True  # no master agreed on: treat as a failover under way
     moved = tuple(current) != tuple(server)
     if moved:
-        pool.disconnect()
+        pool.disconnect(inuse_connections=False)
     return moved
 
 

@@ -26,7 +26,7 @@ from loopsq.domain.models import Loop
 from loopsq.domain.run_rules import LoopRun
 from loopsq.domain.timeutil import from_iso, gen_id, to_iso, to_ms
 from loopsq.errors import ValidationError
-from loopsq.state import run_codec
+from loopsq.state import durability, run_codec
 from loopsq.state.commit import Committer, Tx
 from loopsq.state.keys import Keys
 
@@ -108,7 +108,16 @@ def record(client: redis.Redis, keys: Keys, committer: Committer, loop_id: str, 
             .hincrby(keys.missed_counts, kind, counted)
             .put("loop_runs", row.to_dict())
         )
-        if committer.commit(tx).ok:
+        # Waited for a replica as the claim that moved the loop past these slots was: otherwise a failover right
+        # after keeps the claim and discards this record, and the slots end without one (issue 27). One that a
+        # failover will discard is recorded again on the new master.
+        replicas = durability.claim_replicas(client)
+        waited = durability.replicas_to_wait(client, replicas)
+        result = committer.commit(tx, replicas=waited, wait_ms=durability.WAIT_MS, locate=replicas > 0)
+        if result.ok:
+            if not durability.settle(client, result.server or (None, None), replicas, waited,
+                                     result.replicated or 0):
+                continue
             return row
     return None
 

@@ -118,6 +118,21 @@ def test_queued_in_place_tells_a_job_in_its_queue_from_a_stranded_one(real_redis
     assert timers.queued_in_place(raw, job_id) is None
 
 
+def test_a_fire_job_left_in_the_intermediate_list_by_a_lost_dequeue_is_stranded_and_dropped_from_it(
+        real_redis: redis.Redis) -> None:
+    raw = timers.raw_from(real_redis)
+    job_id = timers.arm(raw, KEYS, "loop1", timeutil.now() - timedelta(seconds=1))
+    assert job_id is not None and timers.move_due(raw) == 1
+    # RQ's dequeue (BLMOVE onto the intermediate list) whose reply the worker never read.
+    intermediate = timers.queue(raw).intermediate_queue_key
+    assert real_redis.lmove(timers.queue_key(timers.QUEUE_NAME), intermediate) == job_id
+    assert real_redis.hget(timers.job_key(job_id), "status") == "queued"
+    assert timers.queued_in_place(raw, job_id) is False
+    timers.drop_stranded(raw, job_id)
+    assert real_redis.lrange(intermediate, 0, -1) == []
+    assert not real_redis.exists(timers.job_key(job_id))
+
+
 # -- the guards, in this process against the session's redis-server ------------------------------------------------
 @pytest.fixture
 def rt(real_redis: redis.Redis) -> Iterator[Runtime]:

@@ -116,6 +116,28 @@ def test_a_stream_trimmed_past_the_mirror_triggers_a_rebuild(client: redis.Redis
     assert sorted(loop["name"] for loop in queries.list_loops(conn)) == ["a", "b", "c", "d"]
 
 
+def test_changes_the_mirror_applied_and_redis_then_lost_make_it_rebuild_to_what_redis_holds(
+    client: redis.Redis, tmp_path: Path
+) -> None:
+    # As across a Sentinel failover: the mirror read a change from the old master, whose writes were discarded.
+    store = LoopStore(client, KEYS)
+    _make(store, "a")
+    conn = open_db(tmp_path / "m.db")
+    catch_up(client, KEYS, conn)
+    loop_id = str(client.hget(KEYS.loop_names, "a"))
+    before = client.get(KEYS.loop(loop_id))
+    store.pause("a", T0 + timedelta(minutes=1))
+    catch_up(client, KEYS, conn)
+    assert [loop["status"] for loop in queries.list_loops(conn)] == ["paused"]
+    (lost_id, _), = client.xrevrange(KEYS.changes, "+", "-", count=1)
+    client.xdel(KEYS.changes, lost_id)
+    client.set(KEYS.loop(loop_id), str(before))
+    _make(store, "b", T0 + timedelta(minutes=2))  # the new master goes on
+    catch_up(client, KEYS, conn)
+    assert sorted((loop["name"], loop["status"]) for loop in queries.list_loops(conn)) == [
+        ("a", "active"), ("b", "active")]
+
+
 def test_two_mirrors_following_with_their_own_groups_each_receive_every_change(
     real_redis: redis.Redis, tmp_path: Path
 ) -> None:
