@@ -175,7 +175,9 @@ def test_a_plain_rq_worker_runs_triggers_and_timers_under_its_own_name(cluster: 
     cluster.wait_until(lambda: sum(r.source == "scheduled" and r.terminal for r in cluster.runs("hook")) >= 2, 15,
                        "timer slots on the plain rq worker")
     cluster.stop_all()
-    runs = cluster.runs("hook")
+    # Slots that came due while the scheduler started (a second or more on a loaded machine) are recorded missed
+    # by catch-up latest: they ran nowhere. Every run that did run ran on the plain worker.
+    runs = [r for r in cluster.runs("hook") if r.status != "missed"]
     assert {r.worker_id for r in runs} == {"plain-rq"}, [r.to_dict() for r in runs]
     assert [r.id for r in runs if r.source == "trigger"] == [job.return_value()]
     assert all(r.status == "succeeded" for r in runs)
