@@ -64,6 +64,18 @@ class LoopsClient:
 
         return arm_created(self.client, self.keys, self.loops.create(new_loop(body, timeutil.now())))
 
+    def update(self, id_or_name: str, changes: Mapping[str, Any]) -> Loop:
+        """Edit a loop in place with a partial camelCase body, as ``PATCH /api/loops/{loop}`` takes it (e.g.
+        ``{"schedule": {"type": "interval", "everyMs": 60000}, "maxAttempts": 3}``; null returns a field to its
+        default). Validated as ``create`` validates; the id, name, status and history stay, and a new schedule
+        starts from now. Raises ``ValidationError`` (nothing written), ``NotFoundError`` or ``ConflictError``
+        (archived)."""
+        if isinstance(changes, Mapping) and isinstance(changes.get("target"), Mapping):
+            changes = {**changes, "target": resolve_prompt_file(changes["target"], "target")}
+        from loopsq.engine.routing import arm_updated
+
+        return arm_updated(self.client, self.keys, self.loops.edit(id_or_name, changes, timeutil.now()))
+
     def list(self, *, archived: bool | None = False) -> list[Loop]:
         """Loops: not archived (default), archived only (``archived=True``) or all (``archived=None``)."""
         loops = self.loops.all()

@@ -30,6 +30,7 @@ from loopsq.cli import (
     prune_cmd,
     run_cmds,
     up_cmds,
+    update_cmd,
     web_cmd,
     workflow_run_cmds,  # noqa: F401  (registers `workflows run|runs|events|inspect|cancel|recover`)
     workflows_cmds,
@@ -128,6 +129,7 @@ def cli(ctx: click.Context, json_: bool, redis_url: str | None, data_dir: str | 
 
 
 cli.add_command(create.create)
+cli.add_command(update_cmd.update)
 for _command in (loops_cmds.list_loops, loops_cmds.show, loops_cmds.pause, loops_cmds.resume, loops_cmds.stop,
                  loops_cmds.remove, loops_cmds.archive, loops_cmds.unarchive, loops_cmds.rename,
                  workflows_cmds.workflows, mirror_cmd.mirror, run_cmds.run_now, run_cmds.tick, run_cmds.cancel,

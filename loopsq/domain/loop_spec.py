@@ -110,8 +110,11 @@ def _choice(body: Mapping[str, Any], key: str, choices: tuple[str, ...], default
     return str(value)
 
 
-def new_loop(body: Mapping[str, Any], now: datetime) -> Loop:
+def new_loop(body: Mapping[str, Any], now: datetime, *, loop_id: str | None = None) -> Loop:
     """Validate a create request and return the new loop (status ``active``, first ``nextRunAt`` computed).
+
+    ``loop_id``: the id to give it (an update validates the merged definition as a loop of the same id, so its
+    jitter offset stays); a new id otherwise.
 
     Raises:
         ValidationError: for the first invalid field, in a fixed order (name, timezone, schedule, target,
@@ -135,7 +138,7 @@ def new_loop(body: Mapping[str, Any], now: datetime) -> Loop:
     schedule = Schedule.from_dict(body.get("schedule"))
     _check_interval(schedule)
     _check_once_at(schedule, timezone)
-    loop_id = gen_id()
+    loop_id = loop_id or gen_id()
     jitter_ms = validate_jitter(body.get("jitterMs"), schedule)
     schedule = jittered(schedule, loop_id, jitter_ms)
     target = with_creation_defaults(validate_target(body.get("target"), "target"))

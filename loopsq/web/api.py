@@ -17,7 +17,7 @@ from loopsq.domain.redaction import public_loop, public_run
 from loopsq.domain.run_rules import RUN_STATUSES
 from loopsq.domain.text import shown
 from loopsq.engine.cancel import cancel_run
-from loopsq.engine.routing import arm_created
+from loopsq.engine.routing import arm_created, arm_updated
 from loopsq.engine.triggers import trigger_with
 from loopsq.errors import LoopsqError, NotFoundError, RedisUnavailableError, ValidationError
 from loopsq.executor.digest import command_fields
@@ -162,6 +162,17 @@ def rename_loop(ctx: Ctx, loop: LoopRef, body: Annotated[Any, Body()]) -> JSONRe
         raise ValidationError(f"rename takes exactly {{\"name\": ...}}, got {show(request)}")
     renamed = LoopStore(ctx.client, ctx.keys).rename(loop, request["name"], ctx.now())
     return JSONResponse(public_loop(renamed.to_dict()))
+
+
+@router.patch("/loops/{loop}", tags=["loops"], summary="Update a loop in place",
+              responses=responses(200, schemas.LoopOut, 400, 404, 409),
+              openapi_extra=schemas.json_body(schemas.LOOP_UPDATE_SCHEMA, "The fields to change (camelCase)."))
+def update_loop(ctx: Ctx, loop: LoopRef, body: Annotated[Any, Body()]) -> JSONResponse:
+    """Change the given fields, validated as a create; the id, name, status and history stay. A new schedule
+    starts from now (no catch-up of the old one's slots). 409 when the loop is archived."""
+    request = _resolve_workflow(ctx, json_object(body))
+    updated = LoopStore(ctx.client, ctx.keys).edit(loop, request, ctx.now())
+    return JSONResponse(public_loop(arm_updated(ctx.client, ctx.keys, updated).to_dict()))
 
 
 @router.post("/loops/{loop}/pause", tags=["loops"], summary="Pause a loop",

@@ -290,6 +290,21 @@ def feature_properties() -> dict[str, Any]:
     }
 
 
+def loop_update(loop_create: dict[str, Any]) -> dict[str, Any]:
+    """The body of ``PATCH /api/loops/{loop}`` (``domain.loop_update``): the create body's fields but the name,
+    at least one, none other; a null returns a field to its default (``schedule`` and ``target`` are never null).
+    The rules between fields (``workspaceWaitMs`` needs a workspace, …) hold on the merged loop, which only the
+    server sees: they are checked there (400)."""
+    properties = {key: value for key, value in loop_create["properties"].items() if key != "name"}
+    properties.setdefault("keepRuns", _int(1, limits.MAX_COUNT, nullable=True,
+                                           description="Settled runs Redis keeps for this loop (its history "
+                                                       "window); null: the deployment default."))
+    return {"type": "object", "minProperties": 1, "additionalProperties": False, "properties": properties,
+            "description": "The fields to change; the others keep their values. The merged loop is validated as "
+                           "a create is. A new schedule, timezone or jitter moves the next slot to the first one "
+                           "after now."}
+
+
 @functools.cache
 def components() -> dict[str, dict[str, Any]]:
     """Every create-body schema, as components of the OpenAPI document."""
@@ -375,5 +390,6 @@ def components() -> dict[str, dict[str, Any]]:
         "Target": _union({"command": "CommandTarget", "agent": "AgentTarget", "workflow": "WorkflowTarget"}),
         "StepTarget": step_target,
         "LoopCreate": loop_create,
+        "LoopUpdate": loop_update(loop_create),
         "WorkflowCreate": workflow_create,
     }

@@ -44,7 +44,7 @@ PIPELINE: dict[str, Any] = {"name": "pipeline", "steps": [
 SLOW: dict[str, Any] = {"name": "slow", "steps": [
     {"id": "hold", "target": {"type": "command", "command": "echo holding; sleep 60", "shell": True}}]}
 MUTATIONS = ("loop_pause", "loop_resume", "loop_create_command", "loop_create_agent", "loop_create_workflow",
-             "loop_trigger", "run_cancel", "loop_run_now", "workflow_run")
+             "loop_update", "loop_trigger", "run_cancel", "loop_run_now", "workflow_run")
 
 
 def setup(cluster: Cluster) -> None:
@@ -75,6 +75,7 @@ def valid_calls(transport: str) -> dict[str, dict[str, Any]]:
         "loop_create_agent": {"name": f"gated-agent-{transport}", "provider": "claude", "prompt": "hello",
                               "schedule": HOURLY},
         "loop_create_workflow": {"name": f"gated-wf-{transport}", "workflow": "pipeline", "schedule": HOURLY},
+        "loop_update": {"idOrName": f"steady-{transport}", "changes": {"maxAttempts": 2}},
         "loop_trigger": {"idOrName": f"steady-{transport}", "idempotencyKey": "gate"},
         "run_cancel": {"runId": "0123456789ab"},
         "loop_run_now": {"idOrName": f"steady-{transport}"},
@@ -131,7 +132,7 @@ def test_a_bad_allowlist_stops_loopsq_mcp_before_it_serves_exit_2(deployment: De
                           text=True, timeout=60, stdin=subprocess.DEVNULL)
     assert (done.returncode, done.stdout) == (2, "")
     assert done.stderr == ("error: LOOPSQ_MCP_ALLOW_TOOLS must name mutation tools (loop_pause, loop_resume, "
-                           "loop_create_command, loop_create_agent, loop_create_workflow, loop_trigger, run_cancel, "
+                           "loop_create_command, loop_create_agent, loop_create_workflow, loop_update, loop_trigger, run_cancel, "
                            "loop_run_now, workflow_run), got 'create_loop'\n")
 
 
@@ -468,3 +469,39 @@ def test_an_oversized_request_to_the_http_transport_is_answered_413_unread(deplo
                                    "Accept": "application/json, text/event-stream"})
     assert response.status_code == 413
     assert response.json()["error"]["message"] == f"request body must be at most 1048576 bytes, got {len(body)}"
+
+
+#: ``loop_update`` changes refused by the domain, with the messages ``PATCH /api/loops/{loop}`` gives.
+UPDATE_BAD = [{"name": "x"}, {"nope": 1}, {"schedule": None}, {"maxAttempts": 0},
+              {"target": {"type": "workflow", "workflowId": "ghost"}}]
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_loop_update_edits_in_place_and_refuses_what_the_api_refuses(deployment: Deployment, transport: str) -> None:
+    name = f"triggered-{transport}"
+    loops = LoopStore(deployment.client)
+    before_loop = loops.require(name)
+    expected = []
+    for changes in UPDATE_BAD:
+        response = httpx.patch(f"{deployment.web}/api/loops/{name}", json=changes,
+                               headers={"Authorization": f"Bearer {TOKEN}"}, timeout=10)
+        assert response.status_code == 400, response.text
+        expected.append(response.json()["error"]["message"])
+    before = deployment.state()
+
+    async def refusals(client: Client) -> list[str]:
+        return [error(await client.call_tool("loop_update", {"idOrName": name, "changes": changes}))
+                for changes in UPDATE_BAD] + [
+            error(await client.call_tool("loop_update", {"idOrName": "ghost-loop", "changes": {"maxAttempts": 2}}))]
+
+    assert deployment.run(transport, refusals) == [*expected, "loop not found: ghost-loop"]
+    assert deployment.state() == before
+
+    async def edit(client: Client) -> dict[str, Any]:
+        return ok(await client.call_tool("loop_update", {"idOrName": name, "changes": {
+            "schedule": {"type": "interval", "everyMs": 7_200_000}, "description": "edited"}}))
+
+    out = deployment.run(transport, edit)
+    after = loops.require(name)
+    assert (out["id"], out["description"], after.id, after.name) == (before_loop.id, "edited", before_loop.id, name)
+    assert after.schedule.every_ms == 7_200_000 and after.description == "edited"

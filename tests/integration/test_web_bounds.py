@@ -87,7 +87,7 @@ def test_413_is_documented_on_every_operation_with_a_body(api: TestClient) -> No
 # -- 405 ---------------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize(("method", "path", "allow"), [
     ("PUT", "/api/loops", "GET, POST"),
-    ("PATCH", "/api/loops/x", "GET, DELETE"),
+    ("PUT", "/api/loops/x", "GET, PATCH, DELETE"),
     ("GET", "/api/loops/x/trigger", "POST"),
     ("DELETE", "/api/workflows", "GET, POST"),
     ("PUT", "/api/workflow-runs/x", "GET"),
