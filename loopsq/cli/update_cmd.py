@@ -13,7 +13,7 @@ from typing import Any
 import click
 
 from loopsq.cli.app import get_app, json_flag
-from loopsq.cli.feature_flags import feature_body
+from loopsq.cli.feature_flags import feature_body, tag_option, tags_flag
 from loopsq.cli.options import (
     bounded_flag,
     duration_flag,
@@ -99,7 +99,15 @@ def update_patch(loop: Loop, opts: dict[str, Any]) -> dict[str, Any]:
         if ms > MAX_JITTER_MS:
             raise ValidationError(f"--jitter must be at most 7d, got {quote(jitter)}")
         features["jitterMs"] = ms
+    features.pop("tags", None)
     patch.update(features)
+    if opts.get("tags") or opts.get("untag"):
+        tags = {**(loop.tags or {}), **tags_flag(opts.get("tags") or ())}
+        for key in opts.get("untag") or ():
+            if key not in tags:
+                raise ValidationError(f"--untag names no tag of the loop, got {quote(key)}")
+            del tags[key]
+        patch["tags"] = tags or None
     target = _target_patch(loop, opts)
     if target is not None:
         patch["target"] = target
@@ -125,6 +133,8 @@ def update_patch(loop: Loop, opts: dict[str, Any]) -> dict[str, Any]:
 @click.option("--requires", "requires", multiple=True, metavar="LABEL[,LABEL...]",
               help="Replace the worker labels every run needs (repeat, or comma-separated).")
 @click.option("--pool", metavar="NAME", help="Count runs against this fleet-wide pool (it must exist).")
+@tag_option
+@click.option("--untag", "untag", multiple=True, metavar="KEY", help="Remove the tag KEY (repeat).")
 @json_flag
 def update(id_or_name: str, **opts: Any) -> None:
     """Edit a loop in place (schedule, target, policies, budgets, placement); its id and history stay.

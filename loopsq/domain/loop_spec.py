@@ -20,6 +20,7 @@ from loopsq.domain.jitter import jittered, validate_jitter
 from loopsq.domain.loop_features import feature_fields
 from loopsq.domain.models import Loop
 from loopsq.domain.schedules import CATCH_UP_POLICIES, Schedule, initial_next_run, parse_time
+from loopsq.domain.tags import validate_tags
 from loopsq.domain.targets import validate_target
 from loopsq.domain.text import quoted
 from loopsq.domain.timeutil import gen_id, to_iso
@@ -168,6 +169,7 @@ def new_loop(body: Mapping[str, Any], now: datetime, *, loop_id: str | None = No
         success_streak=0 if expire_after else None,
         keep_runs=_positive_int(body, "keepRuns", None),
         jitter_ms=jitter_ms,
+        tags=validate_tags(body.get("tags")),
         **feature_fields(body),
     )
     return loop

@@ -49,6 +49,7 @@ UPDATABLE: dict[str, str] = {
     "pool": "pool",
     "budgetRuns": "budget_runs",
     "budgetCost": "budget_cost",
+    "tags": "tags",
 }
 #: Fields an update may not set to null (a loop always has them).
 REQUIRED = ("schedule", "target")

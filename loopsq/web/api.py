@@ -15,6 +15,7 @@ from loopsq.domain.loop_spec import new_loop, show
 from loopsq.domain.models import LOOP_STATUSES
 from loopsq.domain.redaction import public_loop, public_run
 from loopsq.domain.run_rules import RUN_STATUSES
+from loopsq.domain.tags import TAG_CHARS, parse_tags
 from loopsq.domain.text import shown
 from loopsq.engine.cancel import cancel_run
 from loopsq.engine.routing import arm_created, arm_updated
@@ -35,6 +36,8 @@ LoopStatus = Literal["active", "paused", "stopped", "expired"]
 RunStatus = Literal["running", "succeeded", "failed", "timed_out", "abandoned", "skipped", "missed"]
 RunOutcome = Literal["progress", "no_op", "done", "needs_human"]
 LoopRef = Annotated[str, Path(description="A loop's id or name.")]
+TagFilter = Annotated[list[str] | None, Query(description=(
+    f"Only those of loops carrying this tag, `key:value` (repeat: all of them; keys and values of {TAG_CHARS})."))]
 assert set(get_args(LoopStatus)) == set(LOOP_STATUSES) and set(get_args(RunStatus)) == set(RUN_STATUSES)
 assert set(get_args(RunOutcome)) == set(OUTCOMES)
 
@@ -78,6 +81,7 @@ def list_loops(ctx: Ctx, status: Annotated[LoopStatus | None, Query()] = None,
                    "pages (`nextCursor`)."))] = None,
                cursor: Annotated[str | None, Query(max_length=400, description=(
                    "With `name`: the `nextCursor` of the previous page."))] = None,
+               tag: TagFilter = None,
                ) -> JSONResponse:
     """Loops, by status then next run (the CLI's ``list``; ``archived=only`` is ``--archived``, ``include``
     is ``--all``); with ``name``, those whose name contains it, by name, a keyset page at a time."""
@@ -85,11 +89,13 @@ def list_loops(ctx: Ctx, status: Annotated[LoopStatus | None, Query()] = None,
         # No loop name holds a control or invisible character, and SQLite's LIKE stops at a NUL: "%00" matched
         # every loop. Such a filter is bad input.
         check_visible(name, "name")
+    wanted = parse_tags(tag or (), "tag")
     with ctx.mirror() as conn:
         if name is None and cursor is None:
-            loops = queries.list_loops(conn, status=status, limit=limit, archived=archived)
+            loops = queries.list_loops(conn, status=status, limit=limit, archived=archived, tags=wanted)
             return JSONResponse({"items": [public_loop(loop) for loop in loops]})
-        found = pages.loops_page(conn, name=name, status=status, archived=archived, cursor=cursor, limit=limit)
+        found = pages.loops_page(conn, name=name, status=status, archived=archived, cursor=cursor, limit=limit,
+                                 tags=wanted)
     return JSONResponse({"items": [public_loop(loop) for loop in found.items], "nextCursor": found.next_cursor})
 
 
@@ -255,10 +261,12 @@ def list_runs(
     limit: Limit = 50,
     offset: Offset = 0,
     show_output: ShowOutput = False,
+    tag: TagFilter = None,
 ) -> JSONResponse:
     """Run history, newest first; stdout and stderr redacted unless ``showOutput``. ``nextCursor`` (null on the
     last page) continues after this page without an offset."""
     start, end = filters.time_range(since, until)
+    wanted = parse_tags(tag or (), "tag")
     with ctx.mirror() as conn:
         owner: dict[str, str] = {}
         if loop is not None:
@@ -266,7 +274,7 @@ def list_runs(
             if found is None:
                 raise NotFoundError(f"loop not found: {shown(loop)}")
             owner = found
-        rows = pages.runs_page(conn, status=status, since=start, until=end, cursor=cursor, limit=offset + limit,
+        rows = pages.runs_page(conn, wanted, status=status, since=start, until=end, cursor=cursor, limit=offset + limit,
                                outcome=outcome, **owner)
     items = rows.items[offset:]
     more = rows.next_cursor is not None

@@ -19,7 +19,7 @@ import unicodedata
 import zoneinfo
 from typing import Any
 
-from loopsq.domain import limits
+from loopsq.domain import limits, tags
 from loopsq.domain.budget import MAX_COST_USD, PERIODS
 from loopsq.domain.checks import INVISIBLE_CATEGORIES
 from loopsq.domain.cron import MACROS
@@ -305,6 +305,16 @@ def loop_update(loop_create: dict[str, Any]) -> dict[str, Any]:
                            "after now."}
 
 
+def tags_schema(what: str) -> dict[str, Any]:
+    """``tags`` of a loop or a workflow (``domain.tags``): at most 20 ``key: value`` strings."""
+    return {"type": ["object", "null"], "maxProperties": tags.MAX_TAGS,
+            "propertyNames": {"maxLength": tags.MAX_KEY_LENGTH, "pattern": tags.KEY_PATTERN},
+            "additionalProperties": {"type": "string", "maxLength": tags.MAX_VALUE_LENGTH,
+                                     "pattern": tags.VALUE_PATTERN},
+            "description": f"key: value pairs to group and filter {what} by (`?tag=key:value`); keys and values "
+                           f"of {tags.TAG_CHARS}."}
+
+
 @functools.cache
 def components() -> dict[str, dict[str, Any]]:
     """Every create-body schema, as components of the OpenAPI document."""
@@ -339,6 +349,7 @@ def components() -> dict[str, dict[str, Any]]:
                                        description="The circuit breaker: pause after this many unsuccessful runs "
                                                    "in a row; 0 turns it off (absent or null: 5)."),
             **feature_properties(),
+            "tags": tags_schema("loops"),
         },
         # ``minIntervalMs``/``maxIntervalMs`` only with ``steerable: true`` (``domain.loop_features``).
         "allOf": [{"if": {"required": ["workspaceWaitMs"], "properties": {"workspaceWaitMs": {"type": "integer"}}},
@@ -378,6 +389,7 @@ def components() -> dict[str, dict[str, Any]]:
             "version": {"type": "number", "minimum": -limits.MAX_VERSION, "maximum": limits.MAX_VERSION},
             "maxParallel": _int(1, limits.MAX_PARALLEL, nullable=True),
             **placement_properties("the workflow"),
+            "tags": tags_schema("workflows"),
             "steps": {"type": "array", "minItems": 1, "maxItems": limits.MAX_STEPS, "items": step},
         },
     }

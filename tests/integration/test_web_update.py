@@ -14,7 +14,7 @@ from fastapi.testclient import TestClient
 from loopsq.domain.loop_update import UPDATABLE
 from loopsq.domain.timeutil import from_iso, to_ms
 from loopsq.web import WebSettings, create_app
-from tests.integration.test_web_api import AUTH, TOKEN, Web, assert_error, loop_body, redis_state
+from tests.integration.test_web_api import AUTH, TOKEN, Web, assert_error, loop_body, put_run, redis_state
 from tests.redis_server import RedisServer
 
 pytestmark = pytest.mark.integration
@@ -81,3 +81,52 @@ def test_the_document_describes_the_patch_body_exactly(web: Web) -> None:
     assert set(update["properties"]) >= set(create["properties"]) - {"name"}
     assert set(update["properties"]) == set(UPDATABLE)  # the server takes exactly what the document lists
     assert set(patch["responses"]) >= {"200", "400", "404", "409"}
+
+
+# -- tags (issue 31, point 3) ------------------------------------------------------------------------------------
+TAG_FORMAT = "KEY:VALUE, each of [A-Za-z0-9_./-] (key at most 64, value at most 128 characters)"
+
+
+def test_tags_filter_loops_runs_and_workflows_with_and(web: Web) -> None:
+    etl = web.client.post("/api/loops", json=loop_body("etl", tags={"team": "data", "env": "prod"})).json()
+    web_loop = web.client.post("/api/loops", json=loop_body("web", tags={"team": "web", "env": "prod"})).json()
+    assert etl["tags"] == {"env": "prod", "team": "data"}
+    put_run(web.redis, "r-etl", etl["id"], "2026-01-01T00:00:00.000Z", loopName="etl")
+    put_run(web.redis, "r-web", web_loop["id"], "2026-01-01T00:00:01.000Z", loopName="web")
+
+    def loops(query: str) -> list[str]:
+        return sorted(loop["name"] for loop in web.client.get(f"/api/loops{query}").json()["items"])
+
+    assert loops("?tag=env:prod") == ["etl", "web"]
+    assert loops("?tag=env:prod&tag=team:data") == ["etl"]
+    assert loops("?tag=team:ops") == []
+    assert loops("?name=e&tag=team:web") == ["web"]  # the keyset page filters too
+    assert [r["id"] for r in web.client.get("/api/runs?tag=team:web").json()["items"]] == ["r-web"]
+    assert [r["id"] for r in web.client.get("/api/runs?tag=env:prod").json()["items"]] == ["r-web", "r-etl"]
+    patched = web.client.patch("/api/loops/web", json={"tags": {"team": "data"}}).json()
+    assert patched["tags"] == {"team": "data"}
+    assert loops("?tag=team:data") == ["etl", "web"]
+    assert "tags" not in web.client.patch("/api/loops/web", json={"tags": None}).json()
+    spec = {"name": "wf", "tags": {"team": "data"},
+            "steps": [{"id": "a", "target": {"type": "command", "command": "true"}}]}
+    assert web.client.post("/api/workflows", json=spec).status_code == 201
+    assert [w["name"] for w in web.client.get("/api/workflows?tag=team:data").json()["items"]] == ["wf"]
+    assert web.client.get("/api/workflows?tag=team:web").json()["items"] == []
+
+
+@pytest.mark.parametrize(("method", "path", "body", "message"), [
+    ("get", "/api/loops?tag=team", None, f"tag must be {TAG_FORMAT}, got \"team\""),
+    ("get", "/api/runs?tag=a%20b:c", None, f"tag must be {TAG_FORMAT}, got \"a b:c\""),
+    ("get", "/api/workflows?tag=:x", None, f"tag must be {TAG_FORMAT}, got \":x\""),
+    ("post", "/api/loops", loop_body("t", tags={"k": ""}), 'tags.k must be 1 to 128 characters of [A-Za-z0-9_./-], got ""'),
+    ("post", "/api/loops", loop_body("t", tags={f"k{i}": "v" for i in range(21)}),
+     "tags must be an object of at most 20 key: value strings, got 21 tags"),
+    ("patch", "/api/loops/hello", {"tags": {"a:b": "c"}}, 'tags key must be 1 to 64 characters of [A-Za-z0-9_./-], got "a:b"'),
+])
+def test_bad_tags_are_400_naming_the_field_and_change_nothing(web: Web, method: str, path: str, body: Any,
+                                                               message: str) -> None:
+    web.client.post("/api/loops", json=loop_body())
+    before = redis_state(web.redis)
+    response = web.client.request(method.upper(), path, json=body)
+    assert_error(response, 400, message)
+    assert redis_state(web.redis) == before
