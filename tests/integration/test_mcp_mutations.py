@@ -360,7 +360,7 @@ SCHEMA_CASES: list[tuple[str, dict[str, Any], str]] = [
     ("loops_list", {"limit": 0}, "limit must be an integer from 1 to 500, got 0"),
     ("loops_list", {"status": "sleeping"}, 'status must be one of active, paused, stopped, expired, all, got "sleeping"'),
     ("loops_list", {"bogus": 1},
-     'unknown argument "bogus" (expected one of: status, limit, includeArchived, archivedOnly)'),
+     'unknown argument "bogus" (expected one of: status, limit, includeArchived, archivedOnly, tags)'),
     ("loops_show", {}, "idOrName is required"),
     ("loops_show", {"idOrName": 5}, "idOrName must be a string, got 5"),
     ("loops_show", {"idOrName": "x", "showOutput": "yes"}, 'showOutput must be a boolean, got "yes"'),
@@ -385,7 +385,7 @@ SCHEMA_CASES: list[tuple[str, dict[str, Any], str]] = [
      'target.args must be an array of at most 256 strings, got ["a", "a", "a", "a", "a", "a", "a", "a", "a", "a", '
      '"a", "a", "a"…'),
     ("workflows_list", {"status": "active", "limit": 1, "offset": 0, "x" * 5000: 1},
-     f'unknown argument "{"x" * 64}… (4936 more characters)" (expected one of: status, limit, offset)'),
+     f'unknown argument "{"x" * 64}… (4936 more characters)" (expected one of: status, limit, offset, tags)'),
 ]
 
 
@@ -505,3 +505,31 @@ def test_loop_update_edits_in_place_and_refuses_what_the_api_refuses(deployment:
     after = loops.require(name)
     assert (out["id"], out["description"], after.id, after.name) == (before_loop.id, "edited", before_loop.id, name)
     assert after.schedule.every_ms == 7_200_000 and after.description == "edited"
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_tags_set_by_the_create_tools_filter_the_list_tools(deployment: Deployment, transport: str) -> None:
+    t = transport
+
+    async def scenario(client: Client) -> dict[str, Any]:
+        async def call(tool: str, **args: Any) -> dict[str, Any]:
+            return ok(await client.call_tool(tool, args))
+
+        await call("loop_create_command", name=f"tagged-a-{t}", command="true", schedule=HOURLY,
+                   tags={"team": f"data-{t}", "env": "prod"})
+        await call("loop_create_command", name=f"tagged-b-{t}", command="true", schedule=HOURLY,
+                   tags={"team": f"web-{t}", "env": "prod"})
+        return {
+            "team": await call("loops_list", tags={"team": f"data-{t}"}),
+            "both": await call("loops_list", tags={"team": f"web-{t}", "env": "prod"}),
+            "none": await call("loops_list", tags={"team": f"data-{t}", "env": "dev"}),
+            "runs": await call("loop_runs", tags={"team": f"data-{t}"}),
+            "bad": error(await client.call_tool("loops_list", {"tags": {"a b": "c"}})),
+        }
+
+    out = deployment.run(transport, scenario)
+    assert [loop["name"] for loop in out["team"]["items"]] == [f"tagged-a-{t}"]
+    assert out["team"]["items"][0]["tags"] == {"env": "prod", "team": f"data-{t}"}
+    assert [loop["name"] for loop in out["both"]["items"]] == [f"tagged-b-{t}"]
+    assert out["none"]["items"] == [] and out["runs"]["items"] == []
+    assert out["bad"] == 'tags must match ^[A-Za-z0-9_./-]{1,64}$, got "a b"'  # (the schema's key pattern)
