@@ -12,7 +12,7 @@ running on the data dir; with none of them it raises ``RedisNotConfiguredError``
 from __future__ import annotations
 
 import builtins
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import redis
@@ -75,6 +75,20 @@ class LoopsClient:
         from loopsq.engine.routing import arm_updated
 
         return arm_updated(self.client, self.keys, self.loops.edit(id_or_name, changes, timeutil.now()))
+
+    def apply(self, specs: Sequence[Mapping[str, Any]], *, dry_run: bool = False, owner: str | None = None,
+              prune: bool = False) -> builtins.list[dict[str, Any]]:
+        """``loopsq apply`` on a list of loop specs (create bodies, identity by name, plus an optional
+        ``status``): returns the plan, ``[{"action": "create"|"update"|"unchanged"|"prune", "name", "changes"}]``,
+        carried out unless ``dry_run``. Every spec is validated first: one bad spec raises ``ValidationError``
+        (``loops[<i>] "<name>": …``) and nothing is written."""
+        from loopsq.ops.apply_plan import body_specs, check_owner, execute, plan
+
+        now = timeutil.now()
+        steps = plan(self.client, self.keys, body_specs(specs), now, check_owner(owner, prune), prune)
+        if not dry_run:
+            execute(self.client, self.keys, steps, now)
+        return [{"action": s.action, "name": s.name, "changes": s.changes} for s in steps]
 
     def list(self, *, archived: bool | None = False) -> list[Loop]:
         """Loops: not archived (default), archived only (``archived=True``) or all (``archived=None``)."""

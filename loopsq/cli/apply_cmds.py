@@ -7,10 +7,8 @@ import json
 import click
 
 from loopsq.cli.app import get_app, json_flag
-from loopsq.cli.options import quote
-from loopsq.domain.tags import parse_tag
 from loopsq.errors import ValidationError
-from loopsq.ops.apply_plan import OWNER_TAG, execute, export_specs, plan, read_specs
+from loopsq.ops.apply_plan import OWNER_TAG, check_owner, execute, export_specs, plan, read_specs
 
 
 @click.command("apply")
@@ -27,7 +25,7 @@ def apply(path: str, dry_run: bool, owner: str | None, prune: bool) -> None:
     if prune and owner is None:
         raise ValidationError("--prune requires --owner NAME (only loops an apply created are pruned)")
     if owner is not None:
-        parse_tag(f"owner:{owner}", "--owner", lambda _text: quote(owner))
+        check_owner(owner, prune, "--owner")
     app = get_app()
     now = app.now()
     steps = plan(app.client(), app.keys, read_specs(path), now, owner, prune)

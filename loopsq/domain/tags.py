@@ -53,6 +53,18 @@ def validate_tags(value: Any, field: str = "tags") -> dict[str, str] | None:
     return dict(sorted(out.items())) or None
 
 
+def check_tag_value(value: Any, field: str) -> str:
+    """A tag value on its own (e.g. an apply's owner).
+
+    Raises:
+        ValidationError: ``<field> must be 1 to 128 characters of [A-Za-z0-9_./-], got …``.
+    """
+    if not isinstance(value, str) or _VALUE.fullmatch(value) is None:
+        raise ValidationError(f"{field} must be 1 to {MAX_VALUE_LENGTH} characters of {TAG_CHARS}, got "
+                              f"{quoted(value)}")
+    return value
+
+
 def parse_tag(text: str, flag: str, quote: Any = quoted) -> tuple[str, str]:
     """One ``KEY:VALUE`` (a flag's or a query's).
 

@@ -22,7 +22,7 @@ import redis
 from loopsq.domain.loop_spec import new_loop, validate_name
 from loopsq.domain.loop_update import UPDATABLE, create_body, updated_loop
 from loopsq.domain.models import Loop
-from loopsq.domain.tags import validate_tags
+from loopsq.domain.tags import check_tag_value, validate_tags
 from loopsq.domain.text import quoted
 from loopsq.engine.routing import arm_created, arm_updated
 from loopsq.errors import LoopsqError, ValidationError
@@ -33,6 +33,8 @@ from loopsq.state.loops import LoopStore
 OWNER_TAG = "apply.owner"
 #: The statuses a spec may set explicitly.
 SPEC_STATUSES = ("active", "paused", "stopped")
+#: How many specs one API or SDK apply takes.
+MAX_SPECS = 1000
 _SPEC_KEYS = frozenset({"name", "status", *UPDATABLE})
 
 
@@ -80,6 +82,23 @@ def read_specs(path: str) -> list[tuple[str, dict[str, Any]]]:
             if not isinstance(item, dict):
                 raise ValidationError(f"{file}: loop {index + 1} must be an object, got {quoted(item)}")
             out.append((f"{file}: loop {quoted(item.get('name'))}", item))
+    return out
+
+
+def body_specs(items: Any) -> list[tuple[str, dict[str, Any]]]:
+    """The specs of an API or SDK request (a list of create bodies): ``(where, spec)``, where is
+    ``loops[<i>] "<name>"``.
+
+    Raises:
+        ValidationError: ``loops must be an array of at most 1000 loop specs`` or ``loops[<i>] must be an object``.
+    """
+    if not isinstance(items, list | tuple) or len(items) > MAX_SPECS:
+        raise ValidationError(f"loops must be an array of at most {MAX_SPECS} loop specs, got {quoted(items)}")
+    out: list[tuple[str, dict[str, Any]]] = []
+    for index, item in enumerate(items):
+        if not isinstance(item, Mapping):
+            raise ValidationError(f"loops[{index}] must be an object, got {quoted(item)}")
+        out.append((f"loops[{index}] {quoted(item.get('name'))}", dict(item)))
     return out
 
 
@@ -152,6 +171,20 @@ def _plan_one(store: LoopStore, spec: Mapping[str, Any], now: datetime, owner: s
         return Step("unchanged", name, loop=current)
     return Step("update", name, changes=changes + (["status"] if wants else []), loop=current,
                 patch=patch if changes else None, status=wants)
+
+
+def check_owner(owner: Any, prune: bool, field: str = "owner") -> str | None:
+    """The owner of an apply: a tag value (``domain.tags``); ``prune`` needs one.
+
+    Raises:
+        ValidationError: ``<field> must be 1 to 128 characters of [A-Za-z0-9_./-], got …`` or ``prune requires
+            <field> …``.
+    """
+    if owner is not None:
+        check_tag_value(owner, field)
+    if prune and owner is None:
+        raise ValidationError(f"prune requires {field} (only loops an apply created are pruned)")
+    return str(owner) if owner is not None else None
 
 
 def execute(client: redis.Redis, keys: Keys, steps: list[Step], now: datetime) -> None:

@@ -23,6 +23,7 @@ from loopsq.state.connection import mask_url
 from loopsq.web import (
     actions,
     api,
+    api_apply,
     api_pools,
     api_workflows,
     dashboard,
@@ -172,7 +173,7 @@ def create_app(settings: WebSettings, *, client: redis.Redis | None = None) -> F
     app.state.ctx = ctx
     app.state.metrics_registry = metrics.registry_for(ctx, per_loop=settings.metrics_per_loop)
     errors.install(app, settings.redis_url)
-    for router in (api.router, api_workflows.router, api_pools.router, metrics.router, dashboard.router,
+    for router in (api.router, api_apply.router, api_workflows.router, api_pools.router, metrics.router, dashboard.router,
                    pages_loops.router, pages_runs.router, pages_fleet.router, live.router, actions.router):
         app.include_router(router)
     # Starlette routes an endpoint that is not a function as an ASGI app; its type hint names functions only.

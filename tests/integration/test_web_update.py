@@ -130,3 +130,50 @@ def test_bad_tags_are_400_naming_the_field_and_change_nothing(web: Web, method: 
     response = web.client.request(method.upper(), path, json=body)
     assert_error(response, 400, message)
     assert redis_state(web.redis) == before
+
+
+# -- apply (issue 31, point 1) -----------------------------------------------------------------------------------
+def test_post_apply_plans_applies_and_is_idempotent(web: Web) -> None:
+    specs = [loop_body("etl", tags={"team": "data"}), loop_body("web")]
+    dry = web.client.post("/api/apply", json={"loops": specs, "dryRun": True})
+    assert dry.json() == {"plan": [{"action": "create", "name": "etl", "changes": []},
+                                   {"action": "create", "name": "web", "changes": []}], "applied": False}
+    assert web.redis.keys("loopsq:loop:*") == []
+    assert web.client.post("/api/apply", json={"loops": specs, "owner": "repo1"}).json()["applied"] is True
+    before = redis_state(web.redis)
+    again = web.client.post("/api/apply", json={"loops": specs, "owner": "repo1"}).json()
+    assert [s["action"] for s in again["plan"]] == ["unchanged", "unchanged"]
+    assert redis_state(web.redis) == before
+    pruned = web.client.post("/api/apply", json={"loops": specs[:1], "owner": "repo1", "prune": True}).json()
+    assert pruned["plan"][1] == {"action": "prune", "name": "web", "changes": []}
+    assert web.client.get("/api/loops/web").status_code == 404
+
+
+@pytest.mark.parametrize(("body", "message"), [
+    ({"loops": [loop_body("a"), loop_body("b", maxAttempts=0)]},
+     'loops[1] "b": maxAttempts must be a positive integer, got 0'),
+    ({"loops": [loop_body("a")], "prune": True}, "prune requires owner (only loops an apply created are pruned)"),
+    ({"loops": [], "owner": "a b"}, 'owner must be 1 to 128 characters of [A-Za-z0-9_./-], got "a b"'),
+    ({"loops": [1]}, "loops[0] must be an object, got 1"),
+    ({"loops": [], "extra": 1}, 'unknown apply field: "extra"'),
+    ({}, "loops is required"),
+    ({"loops": [], "dryRun": "yes"}, 'dryRun must be a boolean, got "yes"'),
+])
+def test_a_bad_apply_is_400_and_changes_nothing(web: Web, body: Any, message: str) -> None:
+    before = redis_state(web.redis)
+    assert_error(web.client.post("/api/apply", json=body), 400, message)
+    assert redis_state(web.redis) == before
+
+
+def test_the_sdk_applies_the_same_plan(web: Web) -> None:
+    from loopsq.sdk import LoopsClient
+
+    client = LoopsClient(web.url)
+    try:
+        assert client.apply([loop_body("etl")], dry_run=True) == [{"action": "create", "name": "etl", "changes": []}]
+        assert client.apply([loop_body("etl")]) == [{"action": "create", "name": "etl", "changes": []}]
+        changed = client.apply([loop_body("etl", maxAttempts=2)])
+        assert changed == [{"action": "update", "name": "etl", "changes": ["maxAttempts"]}]
+        assert client.get("etl").max_attempts == 2
+    finally:
+        client.close()
