@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import builtins
 import contextlib
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import redis
@@ -74,6 +74,32 @@ class LoopsClient:
         from loopsq.engine.routing import arm_created
 
         return arm_created(self.client, self.keys, self.loops.create(new_loop(body, timeutil.now())))
+
+    def update(self, id_or_name: str, changes: Mapping[str, Any]) -> Loop:
+        """Edit a loop in place with a partial camelCase body, as ``PATCH /api/loops/{loop}`` takes it (e.g.
+        ``{"schedule": {"type": "interval", "everyMs": 60000}, "maxAttempts": 3}``; null returns a field to its
+        default). Validated as ``create`` validates; the id, name, status and history stay, and a new schedule
+        starts from now. Raises ``ValidationError`` (nothing written), ``NotFoundError`` or ``ConflictError``
+        (archived)."""
+        if isinstance(changes, Mapping) and isinstance(changes.get("target"), Mapping):
+            changes = {**changes, "target": resolve_prompt_file(changes["target"], "target")}
+        from loopsq.engine.routing import arm_updated
+
+        return arm_updated(self.client, self.keys, self.loops.edit(id_or_name, changes, timeutil.now()))
+
+    def apply(self, specs: Sequence[Mapping[str, Any]], *, dry_run: bool = False, owner: str | None = None,
+              prune: bool = False) -> builtins.list[dict[str, Any]]:
+        """``loopsq apply`` on a list of loop specs (create bodies, identity by name, plus an optional
+        ``status``): returns the plan, ``[{"action": "create"|"update"|"unchanged"|"prune", "name", "changes"}]``,
+        carried out unless ``dry_run``. Every spec is validated first: one bad spec raises ``ValidationError``
+        (``loops[<i>] "<name>": …``) and nothing is written."""
+        from loopsq.ops.apply_plan import body_specs, check_owner, execute, plan
+
+        now = timeutil.now()
+        steps = plan(self.client, self.keys, body_specs(specs), now, check_owner(owner, prune), prune)
+        if not dry_run:
+            execute(self.client, self.keys, steps, now)
+        return [{"action": s.action, "name": s.name, "changes": s.changes} for s in steps]
 
     def list(self, *, archived: bool | None = False) -> list[Loop]:
         """Loops: not archived (default), archived only (``archived=True``) or all (``archived=None``)."""

@@ -17,6 +17,7 @@ import redis
 
 from loopsq import __version__
 from loopsq.cli import (
+    apply_cmds,
     backfill_cmd,
     create,
     health_cmds,
@@ -32,6 +33,7 @@ from loopsq.cli import (
     prune_cmd,
     run_cmds,
     up_cmds,
+    update_cmd,
     web_cmd,
     workflow_run_cmds,  # noqa: F401  (registers `workflows run|runs|events|inspect|cancel|recover`)
     workflows_cmds,
@@ -130,6 +132,9 @@ def cli(ctx: click.Context, json_: bool, redis_url: str | None, data_dir: str | 
 
 
 cli.add_command(create.create)
+cli.add_command(update_cmd.update)
+cli.add_command(apply_cmds.apply)
+cli.add_command(apply_cmds.export)
 for _command in (loops_cmds.list_loops, loops_cmds.show, loops_cmds.pause, loops_cmds.resume, loops_cmds.stop,
                  loops_cmds.remove, loops_cmds.archive, loops_cmds.unarchive, loops_cmds.rename,
                  workflows_cmds.workflows, mirror_cmd.mirror, run_cmds.run_now, run_cmds.tick, run_cmds.cancel,

@@ -19,6 +19,7 @@ from loopsq.domain.budget import parse_budget_flag
 from loopsq.domain.checks import check_visible
 from loopsq.domain.jitter import MAX_JITTER_MS
 from loopsq.domain.labels import LABEL_PATTERN, MAX_LABELS
+from loopsq.domain.tags import MAX_TAGS, TAG_CHARS, parse_tags
 from loopsq.errors import ValidationError
 
 
@@ -54,10 +55,26 @@ def feature_options(fn: Callable[..., Any]) -> Callable[..., Any]:
                      help="Run only on workers carrying every one of these labels (repeat, or comma-separated)."),
         click.option("--pool", metavar="NAME",
                      help="Count runs against this fleet-wide pool (made with: loopsq pool set NAME --limit N)."),
+        tag_option,
     ]
     for opt in reversed(opts):
         fn = opt(fn)
     return fn
+
+
+#: ``--tag KEY:VALUE`` (repeatable), on ``create`` and ``update``.
+tag_option = click.option("--tag", "tags", multiple=True, metavar="KEY:VALUE",
+                          help=f"Tag the loop (repeat; at most {MAX_TAGS}); keys and values of {TAG_CHARS}.")
+
+
+#: ``--tag KEY:VALUE`` (repeatable) as a filter, on ``list`` and ``runs``.
+tag_filter_option = click.option("--tag", "tags", multiple=True, metavar="KEY:VALUE",
+                                 help="Only those of loops carrying this tag (repeat: all of them).")
+
+
+def tags_flag(values: Sequence[str]) -> dict[str, str]:
+    """The pairs of every ``--tag`` (``domain.tags``): ``--tag must be KEY:VALUE, …, got '<value>'``."""
+    return parse_tags(values, "--tag", quote)
 
 
 def label_flag(flag: str, text: str) -> str:
@@ -139,4 +156,6 @@ def feature_body(opts: dict[str, Any]) -> dict[str, Any]:
         body["requires"] = requires
     if opts.get("pool") is not None:
         body["pool"] = label_flag("--pool", opts["pool"])
+    if opts.get("tags"):
+        body["tags"] = tags_flag(opts["tags"])
     return body

@@ -8,6 +8,7 @@ from typing import Any
 import click
 
 from loopsq.cli.app import get_app, json_flag
+from loopsq.cli.feature_flags import tag_filter_option, tags_flag
 from loopsq.cli.options import quote
 from loopsq.domain.models import LOOP_STATUSES, Loop
 from loopsq.domain.redaction import public_loop
@@ -22,16 +23,19 @@ from loopsq.system import limits
 @click.option("--status", metavar="STATUS", help=f"Only loops with this status ({', '.join(LOOP_STATUSES)}).")
 @click.option("--archived", is_flag=True, help="Only archived loops.")
 @click.option("--all", "all_", is_flag=True, help="Archived loops too.")
+@tag_filter_option
 @json_flag
-def list_loops(status: str | None, archived: bool, all_: bool) -> None:
-    """List loops: id, status, next run and name (archived ones only with --archived or --all)."""
+def list_loops(status: str | None, archived: bool, all_: bool, tags: tuple[str, ...]) -> None:
+    """List loops: id, status, next run and name (archived ones only with --archived or --all; with --tag, those
+    carrying every tag given)."""
+    wanted = tags_flag(tags)
     if status is not None and status not in LOOP_STATUSES:
         raise ValidationError(f"--status must be one of {', '.join(LOOP_STATUSES)}, got {quote(status)}")
     if archived and all_:
         raise ValidationError("choose one of --archived or --all, got both")
     app = get_app()
     which = "only" if archived else "include" if all_ else "exclude"
-    loops = queries.list_loops(app.mirror(), status=status, limit=200, archived=which)
+    loops = queries.list_loops(app.mirror(), status=status, limit=200, archived=which, tags=wanted)
     app.emit(
         [public_loop(loop) for loop in loops],
         lambda: "\n".join(

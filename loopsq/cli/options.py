@@ -138,39 +138,51 @@ def count_flag(flag: str, text: str, maximum: int, zero: str) -> int:
         raise ValidationError(f"{flag} must be a whole number (0 {zero}), got {_q(text)}") from None
 
 
+def _schedule_option_list(*, defaults: bool) -> list[Callable[..., Any]]:
+    """The schedule and policy options; without ``defaults`` (``update``) a flag not given reads None."""
+
+    def opt(*names: str, default: str | None = None, **kwargs: Any) -> Callable[..., Any]:
+        if defaults and default is not None:
+            kwargs.update(default=default, show_default=True)
+        return click.option(*names, **kwargs)
+
+    return [
+        opt("--at", "at", metavar="TIME", help="Run once at TIME (ISO-8601; no offset = --timezone)."),
+        opt("--every", metavar="DURATION",
+            help="Run every DURATION (fixed rate), e.g. 10s, 5m; a bare number is milliseconds."),
+        opt("--cron", metavar="EXPR", help="Run on a 5-field cron expression (or @daily etc.)."),
+        opt("--dynamic", is_flag=True, help="Dynamic schedule (min interval 60s)."),
+        opt("--timezone", metavar="ZONE", help="IANA zone for --cron and bare times [host zone]."),
+        opt("--catch-up", metavar="POLICY", default="latest", help="Missed slots: none, latest or all."),
+        opt("--catch-up-limit", metavar="N", default="50", help="At most N missed slots with --catch-up all."),
+        opt("--overlap", metavar="POLICY", default="skip",
+            help="A slot while the previous run is active: skip, allow or replace."),
+        opt("--attempts", metavar="N", default="1", help="Attempts per slot."),
+        opt("--retry-delay", metavar="DURATION", default="1m", help="Delay before retrying a failed slot."),
+        opt("--retry-backoff", metavar="KIND", default="fixed", help="fixed or exponential (with jitter)."),
+        opt("--retry-max-delay", metavar="DURATION", help="Cap of the exponential retry delay."),
+        opt("--lease", metavar="DURATION", default="30m", help="Run lease length."),
+        opt("--expires-at", metavar="TIME", help="Stop scheduling after TIME."),
+        opt("--expires-after-runs", metavar="N",
+            help="Expire the loop after N consecutive successful runs of its schedule."),
+        opt("--pause-after-failures", metavar="N",
+            help="Circuit breaker: pause after N consecutive unsuccessful runs [5]; 0 turns it off."),
+        opt("--keep-runs", metavar="N",
+            help="Settled runs Redis keeps for this loop [LOOPSQ_KEEP_RUNS, 100]; older ones stay in the mirrors."),
+        opt("-d", "--description", metavar="TEXT", help="Description."),
+    ]
+
+
 def schedule_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     """The schedule and policy option group."""
-    opts = [
-        click.option("--at", "at", metavar="TIME", help="Run once at TIME (ISO-8601; no offset = --timezone)."),
-        click.option("--every", metavar="DURATION",
-                     help="Run every DURATION (fixed rate), e.g. 10s, 5m; a bare number is milliseconds."),
-        click.option("--cron", metavar="EXPR", help="Run on a 5-field cron expression (or @daily etc.)."),
-        click.option("--dynamic", is_flag=True, help="Dynamic schedule (min interval 60s)."),
-        click.option("--timezone", metavar="ZONE", help="IANA zone for --cron and bare times [host zone]."),
-        click.option("--catch-up", metavar="POLICY", default="latest", show_default=True,
-                     help="Missed slots: none, latest or all."),
-        click.option("--catch-up-limit", metavar="N", default="50", show_default=True,
-                     help="At most N missed slots with --catch-up all."),
-        click.option("--overlap", metavar="POLICY", default="skip", show_default=True,
-                     help="A slot while the previous run is active: skip, allow or replace."),
-        click.option("--attempts", metavar="N", default="1", show_default=True, help="Attempts per slot."),
-        click.option("--retry-delay", metavar="DURATION", default="1m", show_default=True,
-                     help="Delay before retrying a failed slot."),
-        click.option("--retry-backoff", metavar="KIND", default="fixed", show_default=True,
-                     help="fixed or exponential (with jitter)."),
-        click.option("--retry-max-delay", metavar="DURATION", help="Cap of the exponential retry delay."),
-        click.option("--lease", metavar="DURATION", default="30m", show_default=True, help="Run lease length."),
-        click.option("--expires-at", metavar="TIME", help="Stop scheduling after TIME."),
-        click.option("--expires-after-runs", metavar="N",
-                     help="Expire the loop after N consecutive successful runs of its schedule."),
-        click.option("--pause-after-failures", metavar="N",
-                     help="Circuit breaker: pause after N consecutive unsuccessful runs [5]; 0 turns it off."),
-        click.option("--keep-runs", metavar="N",
-                     help="Settled runs Redis keeps for this loop [LOOPSQ_KEEP_RUNS, 100]; older ones stay in the "
-                          "mirrors."),
-        click.option("-d", "--description", metavar="TEXT", help="Description."),
-    ]
-    for opt in reversed(opts):
+    for opt in reversed(_schedule_option_list(defaults=True)):
+        fn = opt(fn)
+    return fn
+
+
+def update_schedule_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """The schedule and policy option group of ``update``: the same flags, none with a default."""
+    for opt in reversed(_schedule_option_list(defaults=False)):
         fn = opt(fn)
     return fn
 
@@ -214,26 +226,32 @@ def schedule_body(opts: dict[str, Any], timezone: str) -> dict[str, Any]:
 
 def policy_body(opts: dict[str, Any], timezone: str) -> dict[str, Any]:
     """Policies (catch-up, overlap, attempts, retry, lease, expiry by time or after N successful runs, circuit
-    breaker, history window) from their flags."""
-    catch_up = opts["catch_up"]
-    if catch_up not in CATCH_UP_POLICIES:
+    breaker, history window) from their flags; a flag that reads None (not given to ``update``) is left out.
+    ``--retry-max-delay`` is checked against ``retry_backoff`` (``update`` passes the loop's own when the flag is
+    not given)."""
+    catch_up, overlap, backoff = opts.get("catch_up"), opts.get("overlap"), opts.get("retry_backoff")
+    if catch_up is not None and catch_up not in CATCH_UP_POLICIES:
         raise ValidationError(f"--catch-up must be none, latest, or all, got {_q(catch_up)}")
-    overlap = opts["overlap"]
-    if overlap not in OVERLAP_POLICIES:
+    if overlap is not None and overlap not in OVERLAP_POLICIES:
         raise ValidationError(f"--overlap must be skip, allow, or replace, got {_q(overlap)}")
-    backoff = opts["retry_backoff"]
-    if backoff not in RETRY_BACKOFFS:
+    if backoff is not None and backoff not in RETRY_BACKOFFS:
         raise ValidationError(f"--retry-backoff must be fixed or exponential, got {_q(backoff)}")
-    body: dict[str, Any] = {
-        "catchUp": catch_up,
-        "catchUpLimit": positive_int_flag("--catch-up-limit", opts["catch_up_limit"], limits.MAX_COUNT),
-        "overlap": overlap,
-        "maxAttempts": positive_int_flag("--attempts", opts["attempts"], limits.MAX_COUNT),
-        "retryDelayMs": duration_flag("--retry-delay", opts["retry_delay"]),
-        "retryBackoff": backoff,
-        "leaseMs": at_least("--lease", opts["lease"], duration_flag("--lease", opts["lease"]) or 0,
-                            limits.MIN_LEASE_MS),
-    }
+    body: dict[str, Any] = {}
+    if catch_up is not None:
+        body["catchUp"] = catch_up
+    if opts.get("catch_up_limit") is not None:
+        body["catchUpLimit"] = positive_int_flag("--catch-up-limit", opts["catch_up_limit"], limits.MAX_COUNT)
+    if overlap is not None:
+        body["overlap"] = overlap
+    if opts.get("attempts") is not None:
+        body["maxAttempts"] = positive_int_flag("--attempts", opts["attempts"], limits.MAX_COUNT)
+    if opts.get("retry_delay") is not None:
+        body["retryDelayMs"] = duration_flag("--retry-delay", opts["retry_delay"])
+    if backoff is not None:
+        body["retryBackoff"] = backoff
+    if opts.get("lease") is not None:
+        body["leaseMs"] = at_least("--lease", opts["lease"], duration_flag("--lease", opts["lease"]) or 0,
+                                   limits.MIN_LEASE_MS)
     if opts.get("retry_max_delay") is not None:
         if backoff != "exponential":
             raise ValidationError(

@@ -8,6 +8,7 @@ from typing import Any
 import click
 
 from loopsq.cli.app import App, echo_err, get_app, json_flag
+from loopsq.cli.feature_flags import tag_filter_option, tags_flag
 from loopsq.cli.options import bounded_flag, limit_flag, quote
 from loopsq.cli.run_lines import feature_lines, missed_head, usage_total
 from loopsq.domain import limits, timeutil
@@ -167,9 +168,13 @@ def tick() -> None:
 @click.option("--outcome", metavar="OUTCOME",
               help=f"Only runs whose control file said this outcome ({', '.join(OUTCOMES)}).")
 @click.option("--show-output", is_flag=True, help="Show stdout and stderr (redacted otherwise).")
+@tag_filter_option
 @json_flag
-def runs(id_or_name: str | None, limit: int, status: str | None, outcome: str | None, show_output: bool) -> None:
-    """Run history, newest first, from the mirror (runs past Redis's window and of removed loops too)."""
+def runs(id_or_name: str | None, limit: int, status: str | None, outcome: str | None, show_output: bool,
+         tags: tuple[str, ...]) -> None:
+    """Run history, newest first, from the mirror (runs past Redis's window and of removed loops too); with
+    --tag, the runs of loops carrying every tag given."""
+    wanted = tags_flag(tags)
     if status is not None and status not in RUN_STATUSES:
         raise ValidationError(f"--status must be one of {', '.join(RUN_STATUSES)}, got {quote(status)}")
     if outcome is not None and outcome not in OUTCOMES:
@@ -183,7 +188,7 @@ def runs(id_or_name: str | None, limit: int, status: str | None, outcome: str | 
         if found is None:
             raise NotFoundError(f"loop not found: {shown(id_or_name)}")
         owner = found
-    rows = queries.list_runs(conn, status=status, limit=limit, outcome=outcome, **owner)
+    rows = queries.list_runs(conn, status=status, limit=limit, outcome=outcome, tags=wanted, **owner)
 
     def human() -> str:
         lines = []

@@ -8,8 +8,10 @@ from typing import Any, ClassVar
 import click
 
 from loopsq.cli.app import get_app, json_flag
+from loopsq.cli.feature_flags import tags_flag
 from loopsq.cli.options import quote
 from loopsq.domain.redaction import public_workflow
+from loopsq.domain.tags import validate_tags
 from loopsq.domain.text import shown
 from loopsq.domain.workflow_spec import load_workflow_file, workflow_body_from_json
 from loopsq.errors import NotFoundError, ValidationError
@@ -59,10 +61,15 @@ def validate(file: str, name: str | None, preflight: bool) -> None:
 @workflows.command("create")
 @click.argument("file", metavar="FILE")
 @click.option("--name", metavar="NAME", help="Use NAME instead of the file's name.")
+@click.option("--tag", "tags", multiple=True, metavar="KEY:VALUE",
+              help="Tag the workflow (repeat; added to the file's tags, a key given here wins).")
 @json_flag
-def create(file: str, name: str | None) -> None:
+def create(file: str, name: str | None, tags: tuple[str, ...]) -> None:
     """Store a workflow spec from a JSON file."""
+    flagged = tags_flag(tags)
     body = _read_spec(file, name)
+    if flagged:
+        body["tags"] = validate_tags({**(body.get("tags") or {}), **flagged}, "--tag")
     app = get_app()
     spec = app.workflows().create(body, app.now())
     app.emit(public_workflow(spec), f"created workflow {spec['id']} ({spec['name']}) steps={len(spec['steps'])}")
@@ -70,13 +77,17 @@ def create(file: str, name: str | None) -> None:
 
 @workflows.command("list")
 @click.option("--status", default="active", show_default=True, metavar="STATUS", help="active, archived or all.")
+@click.option("--tag", "tags", multiple=True, metavar="KEY:VALUE",
+              help="Only workflows carrying this tag (repeat: all of them).")
 @json_flag
-def list_workflows(status: str) -> None:
-    """List workflow specs."""
+def list_workflows(status: str, tags: tuple[str, ...]) -> None:
+    """List workflow specs (with --tag, those carrying every tag given)."""
     if status not in ("active", "archived", "all"):
         raise ValidationError(f"--status must be active, archived or all, got {quote(status)}")
+    wanted = tags_flag(tags)
     app = get_app()
-    specs = queries.list_workflows(app.mirror(), status=None if status == "all" else status, limit=200)
+    specs = queries.list_workflows(app.mirror(), status=None if status == "all" else status, limit=200,
+                                   tags=wanted)
     app.emit(
         [public_workflow(spec) for spec in specs],
         lambda: "\n".join(

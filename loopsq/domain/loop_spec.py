@@ -21,6 +21,7 @@ from loopsq.domain.jitter import jittered, validate_jitter
 from loopsq.domain.loop_features import feature_fields
 from loopsq.domain.models import Loop
 from loopsq.domain.schedules import CATCH_UP_POLICIES, Schedule, initial_next_run, parse_time
+from loopsq.domain.tags import validate_tags
 from loopsq.domain.targets import validate_target
 from loopsq.domain.text import quoted
 from loopsq.domain.timeutil import gen_id, to_iso
@@ -121,8 +122,11 @@ def _choice(body: Mapping[str, Any], key: str, choices: tuple[str, ...], default
     return str(value)
 
 
-def new_loop(body: Mapping[str, Any], now: datetime) -> Loop:
+def new_loop(body: Mapping[str, Any], now: datetime, *, loop_id: str | None = None) -> Loop:
     """Validate a create request and return the new loop (status ``active``, first ``nextRunAt`` computed).
+
+    ``loop_id``: the id to give it (an update validates the merged definition as a loop of the same id, so its
+    jitter offset stays); a new id otherwise.
 
     Raises:
         ValidationError: for the first invalid field, in a fixed order (name, timezone, schedule, target,
@@ -146,7 +150,7 @@ def new_loop(body: Mapping[str, Any], now: datetime) -> Loop:
     schedule = Schedule.from_dict(body.get("schedule"))
     _check_interval(schedule)
     _check_once_at(schedule, timezone)
-    loop_id = gen_id()
+    loop_id = loop_id or gen_id()
     jitter_ms = validate_jitter(body.get("jitterMs"), schedule)
     schedule = jittered(schedule, loop_id, jitter_ms)
     target = with_creation_defaults(validate_target(body.get("target"), "target"))
@@ -176,6 +180,7 @@ def new_loop(body: Mapping[str, Any], now: datetime) -> Loop:
         success_streak=0 if expire_after else None,
         keep_runs=_positive_int(body, "keepRuns", None),
         jitter_ms=jitter_ms,
+        tags=validate_tags(body.get("tags")),
         **feature_fields(body),
     )
     return loop

@@ -67,6 +67,7 @@ _FIELDS: tuple[tuple[str, str], ...] = (
     ("pool", "pool"),
     ("budget_runs", "budgetRuns"),
     ("budget_cost", "budgetCost"),
+    ("tags", "tags"),
     ("usage", "usage"),
     ("created_at", "createdAt"),
     ("updated_at", "updatedAt"),
@@ -134,6 +135,8 @@ class Loop:
     #: Budgets ``{"limit", "per": "day"|"week"}`` and the usage of the current windows (``domain.budget``).
     budget_runs: dict[str, Any] | None = None
     budget_cost: dict[str, Any] | None = None
+    #: ``key: value`` pairs to group and filter loops by (``domain.tags``); None: none.
+    tags: dict[str, str] | None = None
     usage: dict[str, Any] | None = None
     extra: dict[str, Any] = field(default_factory=dict, compare=False)
 

@@ -28,6 +28,7 @@ from loopsq.domain.agent_options import with_creation_defaults
 from loopsq.domain.checks import check_length, check_visible, whole
 from loopsq.domain.loop_features import step_workspace_fields, validate_gate
 from loopsq.domain.placement import placement_fields
+from loopsq.domain.tags import validate_tags
 from loopsq.domain.targets import (
     is_positive_int,
     js_trim,
@@ -165,6 +166,9 @@ def workflow_body_from_json(value: Any, name_override: str | None = None) -> dic
         raise ValidationError(f"workflow.maxParallel must be at most {limits.MAX_PARALLEL}, got {max_parallel}")
     body["maxParallel"] = max_parallel
     body.update(placement_fields(value, "workflow."))
+    tags = validate_tags(value.get("tags"), "workflow.tags")
+    if tags is not None:
+        body["tags"] = tags
 
     seen: set[str] = set()
     steps = [_normalise_step(raw, index, seen) for index, raw in enumerate(raw_steps)]

@@ -151,3 +151,18 @@ def arm_created(client: redis.Redis, keys: Keys, loop: Loop) -> Loop:
     if at is not None:
         timers.arm(timers.raw_from(client), keys, loop.id, at, queue_name=loop_queue(loop))
     return loop
+
+
+def arm_updated(client: redis.Redis, keys: Keys, loop: Loop) -> Loop:
+    """Arm a loop's timer right after an edit in place (``LoopStore.edit``) at its (possibly moved) next slot,
+    on its (possibly new) queue, replacing the entry armed under the old definition; only while the loop is
+    still exactly ``loop`` (a later write arms its own timer, or maintenance does). An entry already armed for
+    the same millisecond is left alone. A loop that is not active keeps what it has: its timer, if it fires,
+    finds nothing to run. Returns ``loop``."""
+    from loopsq.domain.run_rules import timer_at
+
+    at = timer_at(loop)
+    if at is not None:
+        timers.arm(timers.raw_from(client), keys, loop.id, at, expect_loop=loop.to_json(),
+                   queue_name=loop_queue(loop))
+    return loop

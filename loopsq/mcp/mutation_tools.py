@@ -13,14 +13,15 @@ from typing import Any
 from loopsq.domain import limits
 from loopsq.domain.durations import format_duration
 from loopsq.domain.loop_spec import new_loop, show
+from loopsq.domain.loop_update import UPDATABLE, check_patch
 from loopsq.domain.models import Loop
 from loopsq.domain.redaction import public_loop, public_run, public_workflow_run
 from loopsq.domain.run_rules import TERMINAL, LoopRun
 from loopsq.domain.targets import CONFIG_ISOLATIONS, PROMPT_VIAS, PROVIDERS
 from loopsq.domain.text import shown
 from loopsq.engine.cancel import request_run_cancel
-from loopsq.engine.routing import arm_created
-from loopsq.errors import NotFoundError
+from loopsq.engine.routing import arm_created, arm_updated
+from loopsq.errors import NotFoundError, ValidationError
 from loopsq.mcp import schemas as s
 from loopsq.mcp.context import McpContext
 from loopsq.mcp.registry import Call, Tool, in_thread
@@ -119,6 +120,22 @@ def loop_create_workflow(call: Call) -> dict[str, Any]:
     spec = WorkflowStore(call.ctx.client, call.ctx.keys).require(str(args["workflow"]))
     loop = replace(loop, target={**loop.target, "workflowId": spec["id"]})
     return _store(call, loop, f"workflow {spec['name']}")
+
+
+# -- edits in place ---------------------------------------------------------------------------------------------
+def loop_update(call: Call) -> dict[str, Any]:
+    """``PATCH /api/loops/{loop}`` as a tool: the changes are checked by ``domain.loop_update`` (as a create is)."""
+    ctx = call.ctx
+    changes = check_patch(call.args.get("changes"))
+    call.check_all()
+    target = changes.get("target")
+    if isinstance(target, dict) and target.get("type") == "workflow" and isinstance(target.get("workflowId"), str):
+        spec = WorkflowStore(ctx.client, ctx.keys).find(target["workflowId"])  # an active name, or an id
+        if spec is None:
+            raise ValidationError(f"target.workflowId must name a stored workflow, got {show(target['workflowId'])}")
+        changes["target"] = {**target, "workflowId": spec["id"]}
+    updated = LoopStore(ctx.client, ctx.keys).edit(call.args["idOrName"], changes, ctx.now())
+    return public_loop(arm_updated(ctx.client, ctx.keys, updated).to_dict())
 
 
 # -- runs --------------------------------------------------------------------------------------------------------
@@ -220,6 +237,16 @@ TOOLS = (
     Tool("loop_create_workflow", "Create a loop that runs a stored workflow on a schedule.",
          _create_schema(_WORKFLOW, "workflow"), in_thread(loop_create_workflow), mutation=True,
          domain=_LOOP_FIELDS | frozenset(_WORKFLOW)),
+    Tool("loop_update", "Edit a loop in place: change only the fields given (schedule, target, policies, "
+         "placement, budgets; null returns a field to its default), validated as a create. The id, name, status "
+         "and history stay; a new schedule starts from now, with no catch-up of the old one's slots.",
+         s.obj({"idOrName": s.LOOP_REF,
+                "changes": {"type": "object", "minProperties": 1, "maxProperties": len(UPDATABLE),
+                            "propertyNames": {"enum": list(UPDATABLE)},
+                            "description": "The fields to change, as PATCH /api/loops/{loop} takes them (camelCase): "
+                                           + ", ".join(UPDATABLE) + "."}},
+               ("idOrName", "changes")),
+         in_thread(loop_update), mutation=True, idempotent=True, domain=frozenset({"changes"})),
     Tool("loop_trigger", "Start a run of a loop on a worker now; the same idempotencyKey within 24 h returns the "
          "same run and starts nothing new.",
          s.obj({"idOrName": s.LOOP_REF,

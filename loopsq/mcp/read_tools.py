@@ -20,6 +20,7 @@ from loopsq.domain.redaction import (
     public_workflow,
     public_workflow_run,
 )
+from loopsq.domain.tags import validate_tags
 from loopsq.domain.text import shown
 from loopsq.domain.workflow_spec import workflow_body_from_json
 from loopsq.errors import NotFoundError, ValidationError
@@ -51,7 +52,7 @@ def loops_list(call: Call) -> dict[str, Any]:
     archived = "only" if args.get("archivedOnly") else "include" if args.get("includeArchived") else "exclude"
     with call.ctx.mirror() as conn:
         loops = queries.list_loops(conn, status=None if status == "all" else status, limit=args.get("limit", 200),
-                                   archived=archived)
+                                   archived=archived, tags=validate_tags(args.get("tags")))
     return {"items": [public_loop(loop) for loop in loops]}
 
 
@@ -70,7 +71,8 @@ def loop_runs(call: Call) -> dict[str, Any]:
     args = call.args
     with call.ctx.mirror() as conn:
         loop_id = _find_loop(conn, args["idOrName"])["id"] if "idOrName" in args else None
-        rows = queries.list_runs(conn, loop_id=loop_id, status=args.get("status"), limit=args.get("limit", 50))
+        rows = queries.list_runs(conn, loop_id=loop_id, status=args.get("status"), limit=args.get("limit", 50),
+                                 tags=validate_tags(args.get("tags")))
     return {"items": [public_run(r, args.get("showOutput", False)) for r in rows]}
 
 
@@ -85,7 +87,8 @@ def workflows_list(call: Call) -> dict[str, Any]:
     args = call.args
     status, limit, offset = args.get("status", "active"), args.get("limit", 200), args.get("offset", 0)
     with call.ctx.mirror() as conn:
-        specs = queries.list_workflows(conn, status=None if status == "all" else status, limit=offset + limit + 1)
+        specs = queries.list_workflows(conn, status=None if status == "all" else status, limit=offset + limit + 1,
+                                       tags=validate_tags(args.get("tags")))
     page = specs[offset:offset + limit]
     return {"items": [public_workflow(spec) for spec in page], "limit": limit, "offset": offset,
             "nextOffset": offset + limit if len(specs) > offset + limit else None}
@@ -158,7 +161,8 @@ TOOLS = (
          "includeArchived (them too) or archivedOnly (only them).",
          s.obj({"status": s.LOOP_STATUS, "limit": {**s.LIMIT, "default": 200},
                 "includeArchived": s.boolean("Archived loops too."),
-                "archivedOnly": s.boolean("Only archived loops.")}),
+                "archivedOnly": s.boolean("Only archived loops."),
+                "tags": s.TAG_FILTER}),
          in_thread(loops_list)),
     Tool("loops_show", "Show one loop by id or name (redacted); with includeLatestRun, its newest run as "
          "latestRun.",
@@ -168,7 +172,7 @@ TOOLS = (
     Tool("loop_runs", "Run history, newest first (of one loop when idOrName is given); output redacted unless "
          "showOutput.",
          s.obj({"idOrName": s.LOOP_REF, "status": s.RUN_STATUS, "limit": {**s.LIMIT, "default": 50},
-                "showOutput": s.SHOW_OUTPUT}),
+                "showOutput": s.SHOW_OUTPUT, "tags": s.TAG_FILTER}),
          in_thread(loop_runs)),
     Tool("loops_doctor", "The checks of `loopsq doctor`: Redis, data dir, mirror, live schedulers and workers, "
          "provider CLIs, the accounts CLI, a preflight of every active loop.",
@@ -176,7 +180,8 @@ TOOLS = (
     Tool("workflows_list", "List workflow specs (agent prompts and step env redacted), newest update first.",
          s.obj({"status": {"enum": ["active", "archived", "all"], "default": "active"},
                 "limit": {**s.LIMIT, "default": 200},
-                "offset": s.integer("Items to skip.", 0, 100_000, default=0)}),
+                "offset": s.integer("Items to skip.", 0, 100_000, default=0),
+                "tags": {**s.TAG_FILTER, "description": "Only workflows carrying every one of these tags."}}),
          in_thread(workflows_list)),
     Tool("workflow_read", "One workflow spec; with includeRuns its newest runs (steps, output redacted unless "
          "showOutput), with includeEvents each run's events too.",

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from loopsq.domain import limits
+from loopsq.domain import limits, tags
 from loopsq.domain.durations import MAX_DURATION_MS
 from loopsq.domain.labels import LABEL_PATTERN, MAX_LABELS
 from loopsq.domain.models import LOOP_STATUSES, OVERLAP_POLICIES, RETRY_BACKOFFS
@@ -68,6 +68,12 @@ def milliseconds(description: str) -> Schema:
     return integer(description, 1, MAX_DURATION_MS)
 
 
+#: A tag filter of the list tools: the loops (or the runs of the loops) carrying every pair (``domain.tags``).
+TAG_FILTER: Schema = {"type": "object", "maxProperties": tags.MAX_TAGS,
+                      "propertyNames": {"maxLength": tags.MAX_KEY_LENGTH, "pattern": tags.KEY_PATTERN},
+                      "additionalProperties": {"type": "string", "maxLength": tags.MAX_VALUE_LENGTH,
+                                               "pattern": tags.VALUE_PATTERN},
+                      "description": "Only those of loops carrying every one of these tags ({key: value})."}
 LOOP_REF = string("A loop's id or name.", limits.MAX_NAME_LENGTH)
 WORKFLOW_REF = string("A workflow's id, or an active workflow's name.", limits.MAX_NAME_LENGTH)
 RUN_ID = string("A loop run's or a workflow run's id.", limits.MAX_WORD_LENGTH)
@@ -128,6 +134,7 @@ LOOP_POLICIES: dict[str, Schema] = {
                  "description": "Run only on workers carrying every one of these labels (e.g. gpu, repo:web)."},
     "pool": {**LABEL, "description": "Count runs against this fleet-wide pool; it must exist "
                                      "(loopsq pool set NAME --limit N)."},
+    "tags": {**TAG_FILTER, "description": "key: value pairs to group and filter the loop by."},
 }
 
 TIMEOUT_MS: Schema = {"type": ["integer", "null"], "minimum": 1, "maximum": MAX_DURATION_MS,

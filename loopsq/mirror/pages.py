@@ -15,12 +15,13 @@ import base64
 import json
 import re
 import sqlite3
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
 from loopsq.errors import ValidationError
 from loopsq.mirror.page_indexes import DDL, MIGRATION
 from loopsq.mirror.queries import _ARCHIVED_SQL, Entity, _all
+from loopsq.mirror.tag_filters import loop_tag_where, run_tag_where
 
 __all__ = ["CURSOR_PATTERN", "DDL", "LOOP_KEYSET", "MIGRATION", "RUN_KEYSET", "Page", "decode_cursor", "encode_cursor", "loops_page", "runs_page"]
 
@@ -62,13 +63,12 @@ def decode_cursor(cursor: str, param: str = "cursor") -> tuple[str, str]:
     return first, second
 
 
-def runs_page(conn: sqlite3.Connection, *, loop_id: str | None = None, loop_name: str | None = None,
+def runs_page(conn: sqlite3.Connection, tags: Mapping[str, str] | None = None, /, *, loop_id: str | None = None, loop_name: str | None = None,
               status: str | None = None, since: str | None = None, until: str | None = None,
               cursor: str | None = None, limit: int = 50, outcome: str | None = None) -> Page:
     """Loop runs newest first, created in ``[since, until)`` (ISO times), after ``cursor``; ``outcome``: only runs
-    whose control file said it."""
-    where: list[str] = []
-    params: list[Any] = []
+    whose control file said it; ``tags``: only runs of loops carrying every one of these tags."""
+    where, params = run_tag_where(tags)
     for column, value in (("loop_id", loop_id), ("loop_name", loop_name), ("status", status), ("outcome", outcome)):
         if value is not None:
             where.append(f"{column} = ?")
@@ -92,11 +92,13 @@ def runs_page(conn: sqlite3.Connection, *, loop_id: str | None = None, loop_name
 
 
 def loops_page(conn: sqlite3.Connection, *, name: str | None = None, status: str | None = None,
-               archived: str = "exclude", cursor: str | None = None, limit: int = 100) -> Page:
-    """Loops by name whose name contains ``name`` (case-insensitive), with ``status``, after ``cursor``;
-    archived ones only with ``archived="only"`` or ``"include"`` (as ``queries.list_loops``)."""
-    where = [_ARCHIVED_SQL[archived]]
-    params: list[Any] = []
+               archived: str = "exclude", cursor: str | None = None, limit: int = 100,
+               tags: Mapping[str, str] | None = None) -> Page:
+    """Loops by name whose name contains ``name`` (case-insensitive), with ``status``, carrying every one of
+    ``tags``, after ``cursor``; archived ones only with ``archived="only"`` or ``"include"`` (as
+    ``queries.list_loops``)."""
+    where, params = loop_tag_where(tags)
+    where.insert(0, _ARCHIVED_SQL[archived])
     if name:
         escaped = name.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
         where.append("name LIKE ? ESCAPE '\\'")

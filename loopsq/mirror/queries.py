@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import sqlite3
 import unicodedata
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from loopsq.errors import LoopsqError
 from loopsq.mirror.apply import row_to_entity
+from loopsq.mirror.tag_filters import loop_tag_where, run_tag_where
 
 Entity = dict[str, Any]
 
@@ -24,15 +25,16 @@ _ARCHIVED_SQL = {"exclude": "archived_at IS NULL", "only": "archived_at IS NOT N
 
 
 def list_loops(conn: sqlite3.Connection, status: str | None = None, limit: int = 200,
-               archived: str = "exclude") -> list[Entity]:
+               archived: str = "exclude", tags: Mapping[str, str] | None = None) -> list[Entity]:
     """Loops, ``next_run_at ASC`` when filtered by status, else ``status ASC, next_run_at ASC``; archived loops
-    only with ``archived="only"`` or ``"include"``."""
-    where = _ARCHIVED_SQL[archived]
+    only with ``archived="only"`` or ``"include"``; ``tags``: only loops carrying every one of them."""
+    terms, params = loop_tag_where(tags)
+    where = " AND ".join([_ARCHIVED_SQL[archived], *terms])
     if status is not None:
         sql = f"SELECT * FROM loops WHERE status = ? AND {where} ORDER BY next_run_at ASC, id ASC LIMIT ?"
-        return _all(conn, "loops", sql, (status, limit))
+        return _all(conn, "loops", sql, (status, *params, limit))
     sql = f"SELECT * FROM loops WHERE {where} ORDER BY status ASC, next_run_at ASC, id ASC LIMIT ?"
-    return _all(conn, "loops", sql, (limit,))
+    return _all(conn, "loops", sql, (*params, limit))
 
 
 def get_loop(conn: sqlite3.Connection, loop_id: str) -> Entity | None:
@@ -66,12 +68,16 @@ def count_loops(conn: sqlite3.Connection, status: str | None = None) -> int:
 
 def list_runs(
     conn: sqlite3.Connection, loop_id: str | None = None, status: str | None = None, limit: int = 100,
-    loop_name: str | None = None, outcome: str | None = None,
+    loop_name: str | None = None, outcome: str | None = None, tags: Mapping[str, str] | None = None,
 ) -> list[Entity]:
     """Loop runs, newest ``created_at`` first, optionally of one loop (by id, or by the name the runs recorded),
-    with one status and/or with one control-file outcome."""
+    with one status and/or with one control-file outcome; ``tags``: only runs of loops carrying all of them."""
     where, params = _where((("loop_id", loop_id), ("loop_name", loop_name), ("status", status),
                             ("outcome", outcome)))
+    terms, tag_params = run_tag_where(tags)
+    if terms:
+        where = f"{where} AND {terms[0]}" if where else f" WHERE {terms[0]}"
+        params = [*params, *(str(p) for p in tag_params)]
     sql = f"SELECT * FROM loop_runs{where} ORDER BY created_at DESC, id DESC LIMIT ?"
     return _all(conn, "loop_runs", sql, (*params, limit))
 
@@ -103,13 +109,17 @@ def count_runs(conn: sqlite3.Connection, status: str | None = None) -> int:
     return _count(conn, "loop_runs", status)
 
 
-def list_workflows(conn: sqlite3.Connection, status: str | None = None, limit: int = 200) -> list[Entity]:
-    """Workflow specs, ``updated_at DESC`` when filtered by status, else ``status ASC, updated_at DESC``."""
+def list_workflows(conn: sqlite3.Connection, status: str | None = None, limit: int = 200,
+                   tags: Mapping[str, str] | None = None) -> list[Entity]:
+    """Workflow specs, ``updated_at DESC`` when filtered by status, else ``status ASC, updated_at DESC``;
+    ``tags``: only those carrying every one of them."""
+    terms, params = loop_tag_where(tags)  # (the same column, tags_json, on workflow_specs)
+    extra = "".join(f" AND {term}" for term in terms)
     if status is not None:
-        sql = "SELECT * FROM workflow_specs WHERE status = ? ORDER BY updated_at DESC, id DESC LIMIT ?"
-        return _all(conn, "workflow_specs", sql, (status, limit))
-    sql = "SELECT * FROM workflow_specs ORDER BY status ASC, updated_at DESC, id DESC LIMIT ?"
-    return _all(conn, "workflow_specs", sql, (limit,))
+        sql = f"SELECT * FROM workflow_specs WHERE status = ?{extra} ORDER BY updated_at DESC, id DESC LIMIT ?"
+        return _all(conn, "workflow_specs", sql, (status, *params, limit))
+    sql = f"SELECT * FROM workflow_specs WHERE 1 = 1{extra} ORDER BY status ASC, updated_at DESC, id DESC LIMIT ?"
+    return _all(conn, "workflow_specs", sql, (*params, limit))
 
 
 def get_workflow(conn: sqlite3.Connection, workflow_id: str) -> Entity | None:

@@ -217,6 +217,9 @@ LOOPSQ_COLUMNS: tuple[tuple[str, str, str], ...] = (
     # Expiry after N consecutive successful runs (OpenLoops 0.5.3) and the count so far.
     ("loops", "expires_after_runs", "INTEGER"),
     ("loops", "success_streak", "INTEGER"),
+    # Tags (issue 31): ``{"key": "value"}`` of a loop and of a workflow (``domain.tags``).
+    ("loops", "tags_json", "TEXT"),
+    ("workflow_specs", "tags_json", "TEXT"),
 )
 
 _MIRRORED_TABLES = (
@@ -252,7 +255,7 @@ BOOLEAN_COLUMNS = frozenset({"no_retry", "steerable"})
 # Columns holding JSON text; the entity key drops the ``_json`` suffix.
 JSON_COLUMNS = frozenset({"schedule_json", "target_json", "steps_json", "payload_json", "previous_attempts_json",
                           "gate_json", "control_json", "budget_runs_json", "budget_cost_json", "usage_json",
-                          "requires_json"})
+                          "requires_json", "tags_json"})
 
 
 @contextlib.contextmanager

@@ -7,13 +7,15 @@ stored JSON is still what was read; a lost race re-reads and tries again.
 from __future__ import annotations
 
 import unicodedata
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from datetime import datetime
+from typing import Any
 
 import redis
 
 from loopsq.domain import lifecycle
 from loopsq.domain.loop_spec import validate_name
+from loopsq.domain.loop_update import updated_loop
 from loopsq.domain.models import Loop
 from loopsq.domain.schedules import parse_time
 from loopsq.domain.text import shown
@@ -142,6 +144,33 @@ class LoopStore:
                 .set(self.keys.loop(loop_id), new.to_json())
                 .put(TABLE, new.to_dict())
             )
+            if self.committer.commit(tx).ok:
+                return new
+        raise ConflictError(f"loop {loop_id} changed concurrently {MAX_RETRIES} times; try again")
+
+    def edit(self, id_or_name: str, patch: Mapping[str, Any], now: datetime) -> Loop:
+        """Edit a loop's definition in place (``loop_update.updated_loop``) as one ``loop_updated`` transition:
+        its id, name, status and history stay. A patch that changes nothing writes nothing. A new ``pool`` must
+        exist, and the write is guarded on its record as read (as ``create`` is).
+
+        Raises:
+            ValidationError: for the first invalid field (nothing is written).
+            NotFoundError: ``loop not found: <x>``.
+            ConflictError: when the loop is archived, or kept changing under us.
+        """
+        loop_id = self.require(id_or_name).id
+        for _ in range(MAX_RETRIES):
+            raw = self.client.get(self.keys.loop(loop_id))
+            if not raw:
+                raise NotFoundError(f"loop not found: {shown(id_or_name)}")
+            current = Loop.from_json(str(raw))
+            new = updated_loop(current, patch, now, id_or_name)
+            if new == current:
+                return current
+            tx = Tx("loop_updated", to_iso(now)).expect(self.keys.loop(loop_id), str(raw))
+            if new.pool is not None and new.pool != current.pool:
+                expect_pools(tx, self.keys, require_pools(self.client, self.keys, [new.pool], "pool"))
+            tx.set(self.keys.loop(loop_id), new.to_json()).put(TABLE, new.to_dict())
             if self.committer.commit(tx).ok:
                 return new
         raise ConflictError(f"loop {loop_id} changed concurrently {MAX_RETRIES} times; try again")

@@ -16,9 +16,10 @@ from loopsq.domain.loop_spec import new_loop, show
 from loopsq.domain.models import LOOP_STATUSES
 from loopsq.domain.redaction import public_loop, public_run
 from loopsq.domain.run_rules import RUN_STATUSES
+from loopsq.domain.tags import TAG_CHARS, parse_tags
 from loopsq.domain.text import shown
 from loopsq.engine.cancel import cancel_run
-from loopsq.engine.routing import arm_created
+from loopsq.engine.routing import arm_created, arm_updated
 from loopsq.engine.triggers import trigger_with
 from loopsq.errors import LoopsqError, NotFoundError, RedisUnavailableError, ValidationError
 from loopsq.executor.digest import command_fields
@@ -37,6 +38,8 @@ LoopStatus = Literal["active", "paused", "stopped", "expired"]
 RunStatus = Literal["running", "succeeded", "failed", "timed_out", "abandoned", "skipped", "missed"]
 RunOutcome = Literal["progress", "no_op", "done", "needs_human"]
 LoopRef = Annotated[str, Path(description="A loop's id or name.")]
+TagFilter = Annotated[list[str] | None, Query(description=(
+    f"Only those of loops carrying this tag, `key:value` (repeat: all of them; keys and values of {TAG_CHARS})."))]
 assert set(get_args(LoopStatus)) == set(LOOP_STATUSES) and set(get_args(RunStatus)) == set(RUN_STATUSES)
 assert set(get_args(RunOutcome)) == set(OUTCOMES)
 
@@ -81,6 +84,7 @@ def list_loops(ctx: Ctx, status: Annotated[LoopStatus | None, Query()] = None,
                    "pages (`nextCursor`)."))] = None,
                cursor: Annotated[str | None, Query(max_length=400, json_schema_extra=schemas.CURSOR_SCHEMA, description=(
                    "With `name`: the `nextCursor` of the previous page."))] = None,
+               tag: TagFilter = None,
                ) -> JSONResponse:
     """Loops, by status then next run (the CLI's ``list``; ``archived=only`` is ``--archived``, ``include``
     is ``--all``); with ``name``, those whose name contains it, by name, a keyset page at a time."""
@@ -88,11 +92,13 @@ def list_loops(ctx: Ctx, status: Annotated[LoopStatus | None, Query()] = None,
         # No loop name holds a control or invisible character, and SQLite's LIKE stops at a NUL: "%00" matched
         # every loop. Such a filter is bad input.
         check_visible(name, "name")
+    wanted = parse_tags(tag or (), "tag")
     with ctx.mirror() as conn:
         if name is None and cursor is None:
-            loops = queries.list_loops(conn, status=status, limit=limit, archived=archived)
+            loops = queries.list_loops(conn, status=status, limit=limit, archived=archived, tags=wanted)
             return JSONResponse({"items": [public_loop(loop) for loop in loops]})
-        found = pages.loops_page(conn, name=name, status=status, archived=archived, cursor=cursor, limit=limit)
+        found = pages.loops_page(conn, name=name, status=status, archived=archived, cursor=cursor, limit=limit,
+                                 tags=wanted)
     return JSONResponse({"items": [public_loop(loop) for loop in found.items], "nextCursor": found.next_cursor})
 
 
@@ -165,6 +171,17 @@ def rename_loop(ctx: Ctx, loop: LoopRef, body: Annotated[Any, Body()]) -> JSONRe
         raise ValidationError(f"rename takes exactly {{\"name\": ...}}, got {show(request)}")
     renamed = LoopStore(ctx.client, ctx.keys).rename(loop, request["name"], ctx.now())
     return JSONResponse(public_loop(renamed.to_dict()))
+
+
+@router.patch("/loops/{loop}", tags=["loops"], summary="Update a loop in place",
+              responses=responses(200, schemas.LoopOut, 400, 404, 409),
+              openapi_extra=schemas.json_body(schemas.LOOP_UPDATE_SCHEMA, "The fields to change (camelCase)."))
+def update_loop(ctx: Ctx, loop: LoopRef, body: Annotated[Any, Body()]) -> JSONResponse:
+    """Change the given fields, validated as a create; the id, name, status and history stay. A new schedule
+    starts from now (no catch-up of the old one's slots). 409 when the loop is archived."""
+    request = _resolve_workflow(ctx, json_object(body))
+    updated = LoopStore(ctx.client, ctx.keys).edit(loop, request, ctx.now())
+    return JSONResponse(public_loop(arm_updated(ctx.client, ctx.keys, updated).to_dict()))
 
 
 @router.post("/loops/{loop}/pause", tags=["loops"], summary="Pause a loop",
@@ -253,10 +270,12 @@ def list_runs(
     limit: Limit = 50,
     offset: Offset = 0,
     show_output: ShowOutput = False,
+    tag: TagFilter = None,
 ) -> JSONResponse:
     """Run history, newest first; stdout and stderr redacted unless ``showOutput``. ``nextCursor`` (null on the
     last page) continues after this page without an offset."""
     start, end = filters.time_range(since, until, blank_is_none=False)
+    wanted = parse_tags(tag or (), "tag")
     with ctx.mirror() as conn:
         owner: dict[str, str] = {}
         if loop is not None:
@@ -264,7 +283,7 @@ def list_runs(
             if found is None:
                 raise NotFoundError(f"loop not found: {shown(loop)}")
             owner = found
-        rows = pages.runs_page(conn, status=status, since=start, until=end, cursor=cursor, limit=offset + limit,
+        rows = pages.runs_page(conn, wanted, status=status, since=start, until=end, cursor=cursor, limit=offset + limit,
                                outcome=outcome, **owner)
     items = rows.items[offset:]
     more = rows.next_cursor is not None

@@ -9,6 +9,7 @@ from fastapi.responses import JSONResponse
 
 from loopsq.domain import limits
 from loopsq.domain.redaction import public_event, public_step_run, public_workflow, public_workflow_run
+from loopsq.domain.tags import parse_tags
 from loopsq.domain.text import shown
 from loopsq.domain.timeutil import gen_id
 from loopsq.domain.workflow_spec import workflow_body_from_json
@@ -33,10 +34,14 @@ RUN_WORKFLOW_JOB = "worker.jobs.run_workflow"
 @router.get("/workflows", tags=["workflows"], summary="List workflow specs",
             responses=responses(200, schemas.WorkflowList, 400))
 def list_workflows(ctx: Ctx, status: Annotated[Literal["active", "archived", "all"], Query()] = "active",
-                   limit: Annotated[int, Query(ge=1, le=limits.MAX_LIST_LIMIT)] = 200) -> JSONResponse:
+                   limit: Annotated[int, Query(ge=1, le=limits.MAX_LIST_LIMIT)] = 200,
+                   tag: Annotated[list[str] | None, Query(description=(
+                       "Only workflows carrying this tag, `key:value` (repeat: all of them)."))] = None,
+                   ) -> JSONResponse:
     """Workflow specs, newest update first (``all``: active ones first)."""
+    wanted = parse_tags(tag or (), "tag")
     with ctx.mirror() as conn:
-        specs = queries.list_workflows(conn, status=None if status == "all" else status, limit=limit)
+        specs = queries.list_workflows(conn, status=None if status == "all" else status, limit=limit, tags=wanted)
     return JSONResponse({"items": [public_workflow(spec) for spec in specs]})
 
 

@@ -23,6 +23,7 @@ from loopsq.state.connection import mask_url
 from loopsq.web import (
     actions,
     api,
+    api_apply,
     api_notify,
     api_pools,
     api_workflows,
@@ -176,9 +177,9 @@ def create_app(settings: WebSettings, *, client: redis.Redis | None = None) -> F
     app.state.ctx = ctx
     app.state.metrics_registry = metrics.registry_for(ctx, per_loop=settings.metrics_per_loop)
     errors.install(app, settings.redis_url)
-    for router in (api.router, api_workflows.router, api_pools.router, api_notify.router, metrics.router,
-                   dashboard.router, pages_loops.router, pages_runs.router, pages_fleet.router, live.router,
-                   actions.router):
+    for router in (api.router, api_apply.router, api_workflows.router, api_pools.router, api_notify.router,
+                   metrics.router, dashboard.router, pages_loops.router, pages_runs.router, pages_fleet.router,
+                   live.router, actions.router):
         app.include_router(router)
     # Starlette routes an endpoint that is not a function as an ASGI app; its type hint names functions only.
     app.add_route(MCP_PATH, mcp, include_in_schema=False)  # type: ignore[arg-type]

@@ -22,7 +22,7 @@ import functools
 import zoneinfo
 from typing import Any
 
-from loopsq.domain import limits
+from loopsq.domain import limits, tags
 from loopsq.domain.agent_options import (
     CODEX_LIKE,
     CODEX_SANDBOXES,
@@ -267,6 +267,31 @@ def feature_properties() -> dict[str, Any]:
     }
 
 
+def loop_update(loop_create: dict[str, Any]) -> dict[str, Any]:
+    """The body of ``PATCH /api/loops/{loop}`` (``domain.loop_update``): the create body's fields but the name,
+    at least one, none other; a null returns a field to its default (``schedule`` and ``target`` are never null).
+    The rules between fields (``workspaceWaitMs`` needs a workspace, …) hold on the merged loop, which only the
+    server sees: they are checked there (400)."""
+    properties = {key: value for key, value in loop_create["properties"].items() if key != "name"}
+    properties.setdefault("keepRuns", _int(1, limits.MAX_COUNT, nullable=True,
+                                           description="Settled runs Redis keeps for this loop (its history "
+                                                       "window); null: the deployment default."))
+    return {"type": "object", "minProperties": 1, "additionalProperties": False, "properties": properties,
+            "description": "The fields to change; the others keep their values. The merged loop is validated as "
+                           "a create is. A new schedule, timezone or jitter moves the next slot to the first one "
+                           "after now."}
+
+
+def tags_schema(what: str) -> dict[str, Any]:
+    """``tags`` of a loop or a workflow (``domain.tags``): at most 20 ``key: value`` strings."""
+    return {"type": ["object", "null"], "maxProperties": tags.MAX_TAGS,
+            "propertyNames": {"maxLength": tags.MAX_KEY_LENGTH, "pattern": tags.KEY_PATTERN},
+            "additionalProperties": {"type": "string", "maxLength": tags.MAX_VALUE_LENGTH,
+                                     "pattern": tags.VALUE_PATTERN},
+            "description": f"key: value pairs to group and filter {what} by (`?tag=key:value`); keys and values "
+                           f"of {tags.TAG_CHARS}."}
+
+
 @functools.cache
 def components() -> dict[str, dict[str, Any]]:
     """Every create-body schema, as components of the OpenAPI document."""
@@ -304,6 +329,7 @@ def components() -> dict[str, dict[str, Any]]:
                                        description="The circuit breaker: pause after this many unsuccessful runs "
                                                    "in a row; 0 turns it off (absent or null: 5)."),
             **feature_properties(),
+            "tags": tags_schema("loops"),
         },
         # ``minIntervalMs``/``maxIntervalMs`` only with ``steerable: true`` (``domain.loop_features``).
         "allOf": [{"if": {"required": ["workspaceWaitMs"], "properties": {"workspaceWaitMs": {"type": "integer"}}},
@@ -343,6 +369,7 @@ def components() -> dict[str, dict[str, Any]]:
             "version": {"type": "number", "minimum": -limits.MAX_VERSION, "maximum": limits.MAX_VERSION},
             "maxParallel": _int(1, limits.MAX_PARALLEL, nullable=True),
             **placement_properties("the workflow"),
+            "tags": tags_schema("workflows"),
             "steps": {"type": "array", "minItems": 1, "maxItems": limits.MAX_STEPS, "items": step},
         },
     }
@@ -355,5 +382,6 @@ def components() -> dict[str, dict[str, Any]]:
         "Target": _union({"command": "CommandTarget", "agent": "AgentTarget", "workflow": "WorkflowTarget"}),
         "StepTarget": step_target,
         "LoopCreate": loop_create,
+        "LoopUpdate": loop_update(loop_create),
         "WorkflowCreate": workflow_create,
     }

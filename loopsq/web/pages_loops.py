@@ -19,6 +19,7 @@ from loopsq.domain.checks import check_visible
 from loopsq.domain.models import LOOP_STATUSES
 from loopsq.domain.redaction import public_loop
 from loopsq.domain.run_rules import RUN_STATUSES
+from loopsq.domain.tags import parse_tags
 from loopsq.domain.text import shown
 from loopsq.domain.timeutil import from_iso
 from loopsq.domain.upcoming import fire_times, policies_in_words, schedule_in_words
@@ -115,26 +116,33 @@ def runs_page(request: Request, ctx: Ctx, loop: Text = None, status: Text = None
                                                "query": query, "statuses": RUN_STATUSES})
 
 
-def loops_list(ctx: Ctx, name: str | None, status: str | None, cursor: str | None) -> tuple[pages.Page, dict[str, Any]]:
-    """The loops list's page and its validated filters."""
+def loops_list(ctx: Ctx, name: str | None, status: str | None, cursor: str | None,
+               tag: str | None = None) -> tuple[pages.Page, dict[str, Any]]:
+    """The loops list's page and its validated filters (``tag``: ``key:value`` pairs separated by spaces, all of
+    which a loop must carry)."""
     wanted = (name or "").strip() or None
     if wanted and len(wanted) > 200:
         raise ValidationError(f"name must be at most 200 characters, got {len(wanted)}")
     if wanted:
         check_visible(wanted, "name")  # no name holds one; SQLite's LIKE stops at a NUL
     chosen = filters.choice("status", status, LOOP_STATUSES)
+    tag_text = (tag or "").strip() or None
+    if tag_text and len(tag_text) > 4000:
+        raise ValidationError(f"tag must be at most 4000 characters, got {len(tag_text)}")
+    tags = parse_tags(tag_text.split() if tag_text else (), "tag")
     with ctx.mirror() as conn:
-        page = pages.loops_page(conn, name=wanted, status=chosen, cursor=cursor, limit=LIST_PAGE)
-    return page, {"name": wanted, "status": chosen}
+        page = pages.loops_page(conn, name=wanted, status=chosen, cursor=cursor, limit=LIST_PAGE, tags=tags)
+    return page, {"name": wanted, "status": chosen, "tag": tag_text}
 
 
 @router.get("/")
 def loops_page(request: Request, ctx: Ctx, name: Annotated[str | None, Query()] = None,
                status: Annotated[str | None, Query()] = None,
-               cursor: Annotated[str | None, Query(max_length=400)] = None) -> HTMLResponse:
-    """Loops by name (filtered by name and status, a keyset page at a time): status, schedule, next run and
-    their last runs as a coloured strip (oldest left)."""
-    page, chosen = loops_list(ctx, name, status, cursor)
+               cursor: Annotated[str | None, Query(max_length=400)] = None,
+               tag: Annotated[str | None, Query()] = None) -> HTMLResponse:
+    """Loops by name (filtered by name, status and tags, a keyset page at a time): status, tags, schedule, next
+    run and their last runs as a coloured strip (oldest left)."""
+    page, chosen = loops_list(ctx, name, status, cursor, tag)
     rows = []
     with ctx.mirror(fresh=False) as conn:
         for loop in page.items:

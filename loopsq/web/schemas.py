@@ -346,6 +346,8 @@ AGENT_OPTION_SCHEMAS: dict[str, Any] = {
 #: ``loopsq workflows create`` reads it from a file): components built by ``body_schemas``.
 LOOP_CREATE_SCHEMA: dict[str, Any] = {"$ref": "#/components/schemas/LoopCreate"}
 WORKFLOW_CREATE_SCHEMA: dict[str, Any] = {"$ref": "#/components/schemas/WorkflowCreate"}
+#: The body of ``PATCH /api/loops/{loop}``.
+LOOP_UPDATE_SCHEMA: dict[str, Any] = {"$ref": "#/components/schemas/LoopUpdate"}
 
 
 #: The body of ``PUT /api/pools/{name}``.

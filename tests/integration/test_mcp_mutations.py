@@ -44,7 +44,7 @@ PIPELINE: dict[str, Any] = {"name": "pipeline", "steps": [
 SLOW: dict[str, Any] = {"name": "slow", "steps": [
     {"id": "hold", "target": {"type": "command", "command": "echo holding; sleep 60", "shell": True}}]}
 MUTATIONS = ("loop_pause", "loop_resume", "loop_create_command", "loop_create_agent", "loop_create_workflow",
-             "loop_trigger", "run_cancel", "loop_run_now", "workflow_run")
+             "loop_update", "loop_trigger", "run_cancel", "loop_run_now", "workflow_run")
 
 
 def setup(cluster: Cluster) -> None:
@@ -75,6 +75,7 @@ def valid_calls(transport: str) -> dict[str, dict[str, Any]]:
         "loop_create_agent": {"name": f"gated-agent-{transport}", "provider": "claude", "prompt": "hello",
                               "schedule": HOURLY},
         "loop_create_workflow": {"name": f"gated-wf-{transport}", "workflow": "pipeline", "schedule": HOURLY},
+        "loop_update": {"idOrName": f"steady-{transport}", "changes": {"maxAttempts": 2}},
         "loop_trigger": {"idOrName": f"steady-{transport}", "idempotencyKey": "gate"},
         "run_cancel": {"runId": "0123456789ab"},
         "loop_run_now": {"idOrName": f"steady-{transport}"},
@@ -131,7 +132,7 @@ def test_a_bad_allowlist_stops_loopsq_mcp_before_it_serves_exit_2(deployment: De
                           text=True, timeout=60, stdin=subprocess.DEVNULL)
     assert (done.returncode, done.stdout) == (2, "")
     assert done.stderr == ("error: LOOPSQ_MCP_ALLOW_TOOLS must name mutation tools (loop_pause, loop_resume, "
-                           "loop_create_command, loop_create_agent, loop_create_workflow, loop_trigger, run_cancel, "
+                           "loop_create_command, loop_create_agent, loop_create_workflow, loop_update, loop_trigger, run_cancel, "
                            "loop_run_now, workflow_run), got 'create_loop'\n")
 
 
@@ -359,7 +360,7 @@ SCHEMA_CASES: list[tuple[str, dict[str, Any], str]] = [
     ("loops_list", {"limit": 0}, "limit must be an integer from 1 to 500, got 0"),
     ("loops_list", {"status": "sleeping"}, 'status must be one of active, paused, stopped, expired, all, got "sleeping"'),
     ("loops_list", {"bogus": 1},
-     'unknown argument "bogus" (expected one of: status, limit, includeArchived, archivedOnly)'),
+     'unknown argument "bogus" (expected one of: status, limit, includeArchived, archivedOnly, tags)'),
     ("loops_show", {}, "idOrName is required"),
     ("loops_show", {"idOrName": 5}, "idOrName must be a string, got 5"),
     ("loops_show", {"idOrName": "x", "showOutput": "yes"}, 'showOutput must be a boolean, got "yes"'),
@@ -384,7 +385,7 @@ SCHEMA_CASES: list[tuple[str, dict[str, Any], str]] = [
      'target.args must be an array of at most 256 strings, got ["a", "a", "a", "a", "a", "a", "a", "a", "a", "a", '
      '"a", "a", "a"…'),
     ("workflows_list", {"status": "active", "limit": 1, "offset": 0, "x" * 5000: 1},
-     f'unknown argument "{"x" * 64}… (4936 more characters)" (expected one of: status, limit, offset)'),
+     f'unknown argument "{"x" * 64}… (4936 more characters)" (expected one of: status, limit, offset, tags)'),
 ]
 
 
@@ -468,3 +469,67 @@ def test_an_oversized_request_to_the_http_transport_is_answered_413_unread(deplo
                                    "Accept": "application/json, text/event-stream"})
     assert response.status_code == 413
     assert response.json()["error"]["message"] == f"request body must be at most 1048576 bytes, got {len(body)}"
+
+
+#: ``loop_update`` changes refused by the domain, with the messages ``PATCH /api/loops/{loop}`` gives.
+UPDATE_BAD = [{"name": "x"}, {"nope": 1}, {"schedule": None}, {"maxAttempts": 0},
+              {"target": {"type": "workflow", "workflowId": "ghost"}}]
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_loop_update_edits_in_place_and_refuses_what_the_api_refuses(deployment: Deployment, transport: str) -> None:
+    name = f"triggered-{transport}"
+    loops = LoopStore(deployment.client)
+    before_loop = loops.require(name)
+    expected = []
+    for changes in UPDATE_BAD:
+        response = httpx.patch(f"{deployment.web}/api/loops/{name}", json=changes,
+                               headers={"Authorization": f"Bearer {TOKEN}"}, timeout=10)
+        assert response.status_code == 400, response.text
+        expected.append(response.json()["error"]["message"])
+    before = deployment.state()
+
+    async def refusals(client: Client) -> list[str]:
+        return [error(await client.call_tool("loop_update", {"idOrName": name, "changes": changes}))
+                for changes in UPDATE_BAD] + [
+            error(await client.call_tool("loop_update", {"idOrName": "ghost-loop", "changes": {"maxAttempts": 2}}))]
+
+    assert deployment.run(transport, refusals) == [*expected, "loop not found: ghost-loop"]
+    assert deployment.state() == before
+
+    async def edit(client: Client) -> dict[str, Any]:
+        return ok(await client.call_tool("loop_update", {"idOrName": name, "changes": {
+            "schedule": {"type": "interval", "everyMs": 7_200_000}, "description": "edited"}}))
+
+    out = deployment.run(transport, edit)
+    after = loops.require(name)
+    assert (out["id"], out["description"], after.id, after.name) == (before_loop.id, "edited", before_loop.id, name)
+    assert after.schedule.every_ms == 7_200_000 and after.description == "edited"
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_tags_set_by_the_create_tools_filter_the_list_tools(deployment: Deployment, transport: str) -> None:
+    t = transport
+
+    async def scenario(client: Client) -> dict[str, Any]:
+        async def call(tool: str, **args: Any) -> dict[str, Any]:
+            return ok(await client.call_tool(tool, args))
+
+        await call("loop_create_command", name=f"tagged-a-{t}", command="true", schedule=HOURLY,
+                   tags={"team": f"data-{t}", "env": "prod"})
+        await call("loop_create_command", name=f"tagged-b-{t}", command="true", schedule=HOURLY,
+                   tags={"team": f"web-{t}", "env": "prod"})
+        return {
+            "team": await call("loops_list", tags={"team": f"data-{t}"}),
+            "both": await call("loops_list", tags={"team": f"web-{t}", "env": "prod"}),
+            "none": await call("loops_list", tags={"team": f"data-{t}", "env": "dev"}),
+            "runs": await call("loop_runs", tags={"team": f"data-{t}"}),
+            "bad": error(await client.call_tool("loops_list", {"tags": {"a b": "c"}})),
+        }
+
+    out = deployment.run(transport, scenario)
+    assert [loop["name"] for loop in out["team"]["items"]] == [f"tagged-a-{t}"]
+    assert out["team"]["items"][0]["tags"] == {"env": "prod", "team": f"data-{t}"}
+    assert [loop["name"] for loop in out["both"]["items"]] == [f"tagged-b-{t}"]
+    assert out["none"]["items"] == [] and out["runs"]["items"] == []
+    assert out["bad"] == 'tags must match ^[A-Za-z0-9_./-]{1,64}$, got "a b"'  # (the schema's key pattern)

@@ -32,7 +32,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 READ_TOOLS = ["loops_list", "loops_show", "loop_runs", "loops_doctor", "workflows_list", "workflow_read",
               "workflow_validate", "workflow_run_inspect", "run_logs"]
 MUTATION_TOOLS = ["loop_pause", "loop_resume", "loop_create_command", "loop_create_agent", "loop_create_workflow",
-                  "loop_trigger", "run_cancel", "loop_run_now", "workflow_run"]
+                  "loop_update", "loop_trigger", "run_cancel", "loop_run_now", "workflow_run"]
 PROMPT = ("Review every open pull request, list the failing checks of each one, and propose a fix for every "
           "failure you find.")
 SECRET = "s3cret-value-42"

@@ -54,7 +54,9 @@ def every_operation(client: TestClient) -> list[tuple[str, str, dict[str, Any] |
     run_id = client.app.state.run_id  # type: ignore[attr-defined]
     bodies = {("post", "/api/loops"): loop_body("another"), ("post", "/api/workflows"): {**PIPELINE, "name": "w2"},
               ("post", "/api/workflow-runs/{run_id}/cancel"): {"reason": "x"},
-              ("post", "/api/loops/{loop}/rename"): {"name": "renamed"}}
+              ("post", "/api/loops/{loop}/rename"): {"name": "renamed"},
+              ("patch", "/api/loops/{loop}"): {"maxAttempts": 2},
+              ("post", "/api/apply"): {"loops": [], "dryRun": True}}
     out = []
     for template, operations in doc["paths"].items():
         for method, operation in operations.items():
@@ -69,8 +71,9 @@ def every_operation(client: TestClient) -> list[tuple[str, str, dict[str, Any] |
 def test_every_endpoint_refuses_a_missing_or_wrong_token_with_401_and_changes_nothing(
         app_client: TestClient, real_redis: redis.Redis, authorization: str | None) -> None:
     operations = every_operation(app_client)
-    # All but the health probe, /metrics included (archive, unarchive, restore, rename too), and the four of pools.
-    assert len(operations) == 29
+    # All but the health probe, /metrics included (archive, unarchive, restore, rename, update, apply too), and
+    # the four of pools.
+    assert len(operations) == 31
     headers = {"Authorization": authorization} if authorization else {}
     before = redis_state(real_redis)
     for method, path, body in operations:

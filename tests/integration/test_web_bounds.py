@@ -87,7 +87,7 @@ def test_413_is_documented_on_every_operation_with_a_body(api: TestClient) -> No
 # -- 405 ---------------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize(("method", "path", "allow"), [
     ("PUT", "/api/loops", "GET, HEAD, POST"),
-    ("PATCH", "/api/loops/x", "GET, HEAD, DELETE"),
+    ("PUT", "/api/loops/x", "GET, HEAD, PATCH, DELETE"),
     ("GET", "/api/loops/x/trigger", "POST"),
     ("DELETE", "/api/workflows", "GET, HEAD, POST"),
     ("PUT", "/api/workflow-runs/x", "GET, HEAD"),

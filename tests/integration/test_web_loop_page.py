@@ -425,3 +425,20 @@ def test_a_cancelled_loop_run_is_shown_cancelled_with_the_workflow_runs_badge_an
     assert '<a class="s-cancelled" data-status="failed" href="/runs/rc"\n            title="cancelled' in client.get(
         "/").text
     assert client.get("/api/runs/rc").json()["status"] == "failed"
+
+
+def test_the_loops_list_shows_tags_and_filters_by_them(client: TestClient, real_redis: redis.Redis) -> None:
+    store = LoopStore(real_redis)
+    store.create(new_loop(loop_body("etl", tags={"team": "data", "env": "prod"}), timeutil.now()))
+    store.create(new_loop(loop_body("web", tags={"team": "web", "env": "prod"}), timeutil.now()))
+    page = client.get("/").text
+    assert '<a class="tag" href="/?tag=team%3Adata">team:data</a>' in page
+    names = re.findall(r'class="loop-link"[^>]*>([^<]+)</a>', client.get("/", params={"tag": "env:prod"}).text)
+    assert names == ["etl", "web"]
+    both = client.get("/", params={"tag": " env:prod  team:web "}).text
+    assert re.findall(r'class="loop-link"[^>]*>([^<]+)</a>', both) == ["web"]
+    assert 'name="tag" placeholder="team:data env:prod" value="env:prod  team:web"' in both
+    bad = client.get("/", params={"tag": "team"}, headers={"Accept": "application/json"})
+    assert bad.status_code == 400
+    assert bad.json()["error"]["message"] == (
+        'tag must be KEY:VALUE, each of [A-Za-z0-9_./-] (key at most 64, value at most 128 characters), got "team"')

@@ -60,6 +60,7 @@ EXPECTED_COLUMNS: dict[str, list[tuple[str, str, bool, bool]]] = {
         ("pool", "TEXT", False, False),
         ("expires_after_runs", "INTEGER", False, False),
         ("success_streak", "INTEGER", False, False),
+        ("tags_json", "TEXT", False, False),
     ],
     "loop_runs": [
         ("id", "TEXT", False, True),
@@ -122,6 +123,7 @@ EXPECTED_COLUMNS: dict[str, list[tuple[str, str, bool, bool]]] = {
         ("max_parallel", "INTEGER", False, False),
         ("requires_json", "TEXT", False, False),
         ("pool", "TEXT", False, False),
+        ("tags_json", "TEXT", False, False),
     ],
     "workflow_runs": [
         ("id", "TEXT", False, True),
