@@ -77,13 +77,25 @@ def parse_tag(text: str, flag: str, quote: Any = quoted) -> tuple[str, str]:
     return key, value
 
 
-def parse_tags(texts: Iterable[str], flag: str, quote: Any = quoted) -> dict[str, str]:
-    """Several ``KEY:VALUE`` (a repeated flag): a key given twice or more than ``MAX_TAGS`` pairs is refused."""
+#: What a filter wants of a key it was given two values of (``parse_tags(filtering=True)``): a value no tag has, so
+#: that nothing matches, as the AND of the two asks.
+NO_MATCH = "\x00"
+#: A query's ``tag``, as the OpenAPI document states it.
+TAG_PATTERN = f"^{TAG_CHARS}{{1,{MAX_KEY_LENGTH}}}:{TAG_CHARS}{{1,{MAX_VALUE_LENGTH}}}$"
+
+
+def parse_tags(texts: Iterable[str], flag: str, quote: Any = quoted, *, filtering: bool = False) -> dict[str, str]:
+    """Several ``KEY:VALUE`` (a repeated flag): a key given twice or more than ``MAX_TAGS`` pairs is refused.
+
+    ``filtering``: an API query's filter, where a key given two values is the AND it says (nothing matches: the key
+    wants ``NO_MATCH``) rather than a refusal the query's schema could not state."""
     out: dict[str, str] = {}
     for text in texts:
         key, value = parse_tag(text, flag, quote)
         if key in out and out[key] != value:
-            raise ValidationError(f"{flag} gives {key} twice, got {quote(text)}")
+            if not filtering:
+                raise ValidationError(f"{flag} gives {key} twice, got {quote(text)}")
+            value = NO_MATCH
         out[key] = value
     if len(out) > MAX_TAGS:
         raise ValidationError(f"{flag} may be given at most {MAX_TAGS} times, got {len(out)}")

@@ -16,7 +16,7 @@ from loopsq.domain.loop_spec import new_loop, show
 from loopsq.domain.models import LOOP_STATUSES
 from loopsq.domain.redaction import public_loop, public_run
 from loopsq.domain.run_rules import RUN_STATUSES
-from loopsq.domain.tags import TAG_CHARS, parse_tags
+from loopsq.domain.tags import MAX_TAGS, TAG_CHARS, TAG_PATTERN, parse_tags
 from loopsq.domain.text import shown
 from loopsq.engine.cancel import cancel_run
 from loopsq.engine.routing import arm_created, arm_updated
@@ -38,7 +38,8 @@ LoopStatus = Literal["active", "paused", "stopped", "expired"]
 RunStatus = Literal["running", "succeeded", "failed", "timed_out", "abandoned", "skipped", "missed"]
 RunOutcome = Literal["progress", "no_op", "done", "needs_human"]
 LoopRef = Annotated[str, Path(description="A loop's id or name.")]
-TagFilter = Annotated[list[str] | None, Query(description=(
+TagFilter = Annotated[list[str] | None, Query(max_length=MAX_TAGS, json_schema_extra={"items": {
+    "type": "string", "pattern": TAG_PATTERN}}, description=(
     f"Only those of loops carrying this tag, `key:value` (repeat: all of them; keys and values of {TAG_CHARS})."))]
 assert set(get_args(LoopStatus)) == set(LOOP_STATUSES) and set(get_args(RunStatus)) == set(RUN_STATUSES)
 assert set(get_args(RunOutcome)) == set(OUTCOMES)
@@ -92,7 +93,7 @@ def list_loops(ctx: Ctx, status: Annotated[LoopStatus | None, Query()] = None,
         # No loop name holds a control or invisible character, and SQLite's LIKE stops at a NUL: "%00" matched
         # every loop. Such a filter is bad input.
         check_visible(name, "name")
-    wanted = parse_tags(tag or (), "tag")
+    wanted = parse_tags(tag or (), "tag", filtering=True)
     with ctx.mirror() as conn:
         if name is None and cursor is None:
             loops = queries.list_loops(conn, status=status, limit=limit, archived=archived, tags=wanted)
@@ -275,7 +276,7 @@ def list_runs(
     """Run history, newest first; stdout and stderr redacted unless ``showOutput``. ``nextCursor`` (null on the
     last page) continues after this page without an offset."""
     start, end = filters.time_range(since, until, blank_is_none=False)
-    wanted = parse_tags(tag or (), "tag")
+    wanted = parse_tags(tag or (), "tag", filtering=True)
     with ctx.mirror() as conn:
         owner: dict[str, str] = {}
         if loop is not None:

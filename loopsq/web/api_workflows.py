@@ -9,7 +9,7 @@ from fastapi.responses import JSONResponse
 
 from loopsq.domain import limits
 from loopsq.domain.redaction import public_event, public_step_run, public_workflow, public_workflow_run
-from loopsq.domain.tags import parse_tags
+from loopsq.domain.tags import MAX_TAGS, TAG_PATTERN, parse_tags
 from loopsq.domain.text import shown
 from loopsq.domain.timeutil import gen_id
 from loopsq.domain.workflow_spec import workflow_body_from_json
@@ -35,11 +35,13 @@ RUN_WORKFLOW_JOB = "worker.jobs.run_workflow"
             responses=responses(200, schemas.WorkflowList, 400))
 def list_workflows(ctx: Ctx, status: Annotated[Literal["active", "archived", "all"], Query()] = "active",
                    limit: Annotated[int, Query(ge=1, le=limits.MAX_LIST_LIMIT)] = 200,
-                   tag: Annotated[list[str] | None, Query(description=(
-                       "Only workflows carrying this tag, `key:value` (repeat: all of them)."))] = None,
+                   tag: Annotated[list[str] | None, Query(
+                       max_length=MAX_TAGS, json_schema_extra={"items": {"type": "string", "pattern": TAG_PATTERN}},
+                       description="Only workflows carrying this tag, `key:value` (repeat: all of them)."),
+                   ] = None,
                    ) -> JSONResponse:
     """Workflow specs, newest update first (``all``: active ones first)."""
-    wanted = parse_tags(tag or (), "tag")
+    wanted = parse_tags(tag or (), "tag", filtering=True)
     with ctx.mirror() as conn:
         specs = queries.list_workflows(conn, status=None if status == "all" else status, limit=limit, tags=wanted)
     return JSONResponse({"items": [public_workflow(spec) for spec in specs]})

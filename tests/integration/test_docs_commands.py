@@ -39,7 +39,7 @@ SAMPLES = {
     "DURATION": "5m", "FILE": "spec.json", "DIR": "services", "PATH": "prompt.txt", "LABEL": "gpu", "H": "127.0.0.1",
     "KEY=VALUE": "A=1", "CMD": "true", "TEXT": "hello", "P": "claude", "K": "order-42", "R": "because",
     "O": "done", "M": "opus", "A": "build", "V": "high", "URL": "redis://127.0.0.1:6390/0", "ID": "build",
-    "ID_OR_NAME": "demo-hello",
+    "ID_OR_NAME": "demo-hello", "NAME": "team-a",
 }
 #: What a reference may leave out: ``logs --step`` names the option, ``install`` the command, without the rest.
 INCOMPLETE = (click.exceptions.MissingParameter, click.exceptions.NoArgsIsHelpError)

@@ -71,9 +71,9 @@ def every_operation(client: TestClient) -> list[tuple[str, str, dict[str, Any] |
 def test_every_endpoint_refuses_a_missing_or_wrong_token_with_401_and_changes_nothing(
         app_client: TestClient, real_redis: redis.Redis, authorization: str | None) -> None:
     operations = every_operation(app_client)
-    # All but the health probe, /metrics included (archive, unarchive, restore, rename, update, apply too), and
-    # the four of pools.
-    assert len(operations) == 31
+    # All but the health probe, /metrics included (archive, unarchive, restore, rename, update, apply too), the
+    # four of pools and the four of notifications.
+    assert len(operations) == 35
     headers = {"Authorization": authorization} if authorization else {}
     before = redis_state(real_redis)
     for method, path, body in operations:

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from loopsq.errors import ValidationError
 from tests.unit.cli_helpers import Cli, make_cli
 from tests.unit.test_cli_update import bad
 
@@ -98,3 +99,13 @@ def test_workflows_take_tags_from_the_file_and_the_flag_and_list_filters_them(cl
     assert bad(cli, "workflows", "create", str(path)) == (
         'workflow.tags must be an object of at most 20 key: value strings, got ["x"]')
     assert bad(cli, "workflows", "list", "--tag", "x") == f"--tag must be {FORMAT}, got 'x'"
+
+
+def test_a_filter_given_two_values_of_one_key_matches_nothing_where_a_flag_is_refused() -> None:
+    from loopsq.domain.tags import NO_MATCH, matches, parse_tags
+
+    wanted = parse_tags(["team:a", "team:b"], "tag", filtering=True)
+    assert wanted == {"team": NO_MATCH}
+    assert not matches({"team": "a"}, wanted) and not matches({"team": "b"}, wanted)
+    with pytest.raises(ValidationError, match="tag gives team twice"):
+        parse_tags(["team:a", "team:b"], "tag")
