@@ -136,7 +136,10 @@ def web(host: str | None, port: int | None, generate_token: bool, no_mirror: boo
     log.info("serving http://%s:%d (redis %s, mirror %s)", host, port, mask_url(url),
              app_ctx.data_dir / "loops.db")
     # A state a newer release migrated while this one serves: exit 2 with one line (README, "Upgrading").
-    layout_guard.LayoutGuard(connect(url, check=False), app_ctx.keys, threading.Event()).start()
+    # It watches for as long as the server serves, no longer (a server run in a test's process ends, the process
+    # and its Redis go on).
+    served = threading.Event()
+    layout_guard.LayoutGuard(connect(url, check=False), app_ctx.keys, served).start()
     server = uvicorn.Server(uvicorn.Config(create_app(settings), log_level="info", access_log=False,
                                            proxy_headers=False, server_header=False))
     try:
@@ -145,6 +148,7 @@ def web(host: str | None, port: int | None, generate_token: bool, no_mirror: boo
         # uvicorn exits 3 when it cannot start; loopsq's own 3 means "Redis unreachable".
         raise LoopsqError(f"the web server did not start (uvicorn exit status {exc.code}; see the log above)") from exc
     finally:
+        served.set()
         sock.close()
     if not server.started:
         raise LoopsqError("the web server did not start (see the log above)")

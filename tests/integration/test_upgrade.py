@@ -54,8 +54,14 @@ def previous_release() -> Iterator[Path]:
 
 
 @pytest.fixture
-def cluster(redis_server: RedisServer, tmp_path: Path) -> Iterator[Cluster]:
-    yield from open_cluster(redis_server.url, tmp_path)
+def cluster(tmp_path: Path) -> Iterator[Cluster]:
+    # A server of this test's own: these tests stamp layouts no process of this release may use, and a process
+    # (or a guard thread a test left in the session's process) on a shared server would rightly exit on it.
+    server = RedisServer().start()
+    try:
+        yield from open_cluster(server.url, tmp_path)
+    finally:
+        server.cleanup()
 
 
 #: The Python of a venv the previous release is installed in (``.ci/upgrade_test.sh``); without it, this venv's

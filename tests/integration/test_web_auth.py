@@ -9,6 +9,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -213,6 +214,12 @@ def test_web_generates_and_prints_a_token_and_binds_loopback_by_default(cli_env:
     assert line.startswith("LOOPSQ_API_TOKEN=")
     token = line.split("=", 1)[1]
     assert len(token) >= 40
+    # The layout guard watched while the server served, and stops with it (a guard left behind in this process
+    # would watch the session's Redis for good, and exit the process on a layout another test stamps).
+    deadline = time.monotonic() + 10
+    while any(t.name == "loopsq-layout-guard" and t.is_alive() for t in threading.enumerate()):
+        assert time.monotonic() < deadline, "the web app's layout guard outlived its server"
+        time.sleep(0.05)
     assert (cli_env["host"], cli_env["port"]) == ("127.0.0.1", 8080)
     with TestClient(cli_env["app"]) as client:
         assert client.get("/api/loops", headers={"Authorization": f"Bearer {token}"}).status_code == 200
