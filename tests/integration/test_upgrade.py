@@ -1,7 +1,9 @@
 """Upgrading a live deployment (issue #28) with real processes of both releases on one redis-server: the previous
-release (0.1.0, commit 9923ab3, state layout v1) runs loops with a pending retry, a running run and a workflow
-loop; it is stopped; ``loopsq migrate`` moves the state to v2; today's scheduler and worker carry on. Then a
-process that finds the state newer than it knows exits 2 with one line.
+release (0.1.0, commit 9923ab3, state layout v1) runs loops with a pending retry, a running run, a workflow
+loop on a spec it archives, a workflow run mid-step and a trigger with an idempotency key; it is stopped (the
+workers holding runs crash); ``loopsq migrate`` moves the state to v2; today's scheduler and worker carry on, and
+the history reads the same from the CLI, the API and the dashboard. Then a process that finds the state newer than
+it knows exits 2 with one line.
 
 The previous release is extracted with ``git archive`` (once per session) and run on this venv's interpreter with
 ``PYTHONPATH`` pointing at it: its dependency ranges are within today's (checked: it starts and runs here).
@@ -114,6 +116,16 @@ def test_a_v1_deployment_stopped_migrated_and_restarted_on_v2_carries_on(cluster
         {"id": "b", "target": {"type": "command", "command": "true", "shell": True}, "dependsOn": ["a"]}]}))
     old_cli(cluster, old, "workflows", "create", str(spec))
     old_cli(cluster, old, "create", "workflow", "wfloop", "--workflow", "wf", "--every", "3s")
+    # A workflow run mid-step at the switch: step a is still sleeping when its worker dies; b never starts.
+    steps = cluster.ledger_dir
+    mid = cluster.tmp / "wfmid.json"
+    mid.write_text(json.dumps({"name": "wfmid", "steps": [
+        {"id": "a", "target": {"type": "command", "command": f"echo a >> {steps}/step-a; sleep 40; "
+                                                             f"echo done >> {steps}/step-a", "shell": True}},
+        {"id": "b", "target": {"type": "command", "command": f"echo b >> {steps}/step-b", "shell": True},
+         "dependsOn": ["a"]}]}))
+    old_cli(cluster, old, "workflows", "create", str(mid))
+    old_cli(cluster, old, "create", "workflow", "midstep", "--workflow", "wfmid", "--at", at(2))
     procs = [start_old(cluster, old, "scheduler", "old-scheduler")]
     procs += [start_old(cluster, old, "worker", f"old-worker{i}") for i in (1, 2, 3)]
     cluster.wait_started(*procs)
@@ -124,6 +136,10 @@ def test_a_v1_deployment_stopped_migrated_and_restarted_on_v2_carries_on(cluster
     slow = cluster.wait_until(lambda: [r for r in cluster.runs("slow") if r.status == "running"], 30,
                               "slow to be running under 0.1.0")[0]
     cluster.wait_until(lambda: any(r.status == "succeeded" for r in cluster.runs("wfloop")), 30, "a workflow run")
+    # An archived spec with history: wfloop refers to wf by id and goes on (0.1.0 archives specs, not loops).
+    wf_id = old_cli(cluster, old, "workflows", "archive", "wf").split()[0]
+    midstep = cluster.wait_until(lambda: (steps / "step-a").exists() and [
+        r for r in cluster.runs("midstep") if r.status == "running"], 30, "midstep's step a to be running")[0]
     cluster.wait_until(lambda: len(cluster.runs("fast")) >= 3, 30, "fast's runs under 0.1.0")
     triggered = old_cli(cluster, old, "trigger", "fast", "--key", "deploy-42").split()[0]
     cluster.wait_until(lambda: (r := cluster.run(triggered)) and r.status == "succeeded", 30, "the trigger's run")
@@ -135,11 +151,11 @@ def test_a_v1_deployment_stopped_migrated_and_restarted_on_v2_carries_on(cluster
     assert early.text().endswith("); stop every 0.1.0 scheduler and worker before migrating from v1\n")
     assert early.text().count("\n") == 1
     assert not cluster.client.exists(KEYS.meta) and not cluster.client.exists(KEYS.migrate_lock)
-    holder = next(p for p in procs if cluster.worker_id(p) == slow.worker_id)
-    holder.kill9()  # a crash at the switch: the running run is left to recovery
+    for holder in [p for p in procs if cluster.worker_id(p) in (slow.worker_id, midstep.worker_id)]:
+        holder.kill9()  # a crash at the switch: the running runs are left to recovery
     for proc in procs:
         proc.terminate()
-    old_ids = {name: {r.id for r in cluster.runs(name)} for name in ("fast", "retry", "slow", "wfloop")}
+    old_ids = {name: {r.id for r in cluster.runs(name)} for name in ("fast", "retry", "slow", "wfloop", "midstep")}
     (retry_run,) = cluster.runs("retry")
     assert (retry_run.attempt, retry_run.status) == (1, "failed")
 
@@ -175,6 +191,15 @@ def test_a_v1_deployment_stopped_migrated_and_restarted_on_v2_carries_on(cluster
     assert recovered.status == "abandoned"
     assert [r.id for r in cluster.runs("slow")] == [slow.id]
     assert cluster.ledger("slow") == []  # (its process died with its worker: the watchdog)
+    # So is the workflow run mid-step: its loop run abandoned once (its workflow run failed, b skipped).
+    halted = cluster.wait_until(lambda: (r := cluster.run(midstep.id)) and r.status != "running" and r, 30,
+                                "midstep's run to be recovered")
+    assert halted.status == "abandoned"
+    assert [r.id for r in cluster.runs("midstep")] == [midstep.id]
+    (wf_run,) = json.loads(cluster.cli("workflows", "runs", "wfmid", "--json").stdout)
+    seen = json.loads(cluster.cli("workflows", "inspect", wf_run["id"], "--json").stdout)
+    assert seen["workflowRun"]["status"] == "failed", seen
+    assert {s["stepId"]: s["status"] for s in seen["steps"]} == {"a": "skipped", "b": "skipped"}, seen  # (§3.8)
     # The other loops go on; every slot ran once; the whole history reads from the CLI.
     cluster.wait_until(lambda: len({r.id for r in cluster.runs("fast")} - old_ids["fast"]) >= 2, 30, "fast under 0.2.0")
     cluster.wait_until(lambda: any(r.id not in old_ids["wfloop"] and r.status == "succeeded"
@@ -186,6 +211,18 @@ def test_a_v1_deployment_stopped_migrated_and_restarted_on_v2_carries_on(cluster
     assert cluster.client.keys("loopsq:slot:*") == []
     # A trigger's idempotency key given under 0.1.0 still stands for its run.
     assert cluster.cli("trigger", "fast", "--key", "deploy-42").stdout.split()[0] == triggered
+    # The spec archived under 0.1.0 is listed as archived; a loop whose runs all come from 0.1.0, archived
+    # today, keeps its history in the CLI.
+    archived = json.loads(cluster.cli("workflows", "list", "--status", "archived", "--json").stdout)
+    assert [(s["id"], s["name"]) for s in archived] == [(wf_id, "wf")]
+    assert cluster.cli("archive", "slow").stdout.startswith(f"{cluster.loop('slow')['id']} archived")
+    assert "slow" in cluster.cli("list", "--archived").stdout
+    cli_ids = {name: {r["id"] for r in json.loads(cluster.cli("runs", name, "--limit", "1000", "--json").stdout)}
+               for name in old_ids}
+    assert cli_ids["slow"] == {slow.id} and cli_ids["midstep"] == {midstep.id}
+    assert_history_in_api_and_dashboard(cluster, old_ids, cli_ids)
+    # Step a ran once and was not run again (nor finished: its process died with its worker); b never ran.
+    assert (steps / "step-a").read_text() == "a\n" and not (steps / "step-b").exists()
 
     # Rolling deploy: a newer release migrates; every process of this one exits 2 with one line, writing nothing.
     cluster.client.hset(KEYS.meta, mapping={"layout": "3", "readableFrom": "3"})
@@ -193,6 +230,32 @@ def test_a_v1_deployment_stopped_migrated_and_restarted_on_v2_carries_on(cluster
     for proc in cluster.procs[-2:]:
         assert proc.popen.wait(timeout=30) == 2, proc.text()
         assert proc.text().rstrip().splitlines()[-1] == line
+
+
+def assert_history_in_api_and_dashboard(cluster: Cluster, old_ids: dict[str, set[str]],
+                                        cli_ids: dict[str, set[str]]) -> None:
+    """Today's web app, in this process on the same Redis and data dir, lists the same runs as the CLI (the
+    0.1.0 ones among them, the archived loop's too) and shows them on each loop's page."""
+    from fastapi.testclient import TestClient
+
+    from loopsq.web import WebSettings, create_app
+
+    token = "upgrade-test-token-0123456789"
+    settings = WebSettings(redis_url=cluster.url, data_dir=Path(cluster.env["LOOPSQ_DATA_DIR"]), token=token,
+                           follow_mirror=False, rq_dashboard=False)
+    # (The context closes the app's layout guard before the test stamps a layout this release does not read.)
+    with TestClient(create_app(settings), headers={"Authorization": f"Bearer {token}"}) as web:
+        for name, before in old_ids.items():
+            page = web.get("/api/runs", params={"loop": name, "limit": 500})
+            assert page.status_code == 200, page.text
+            assert before <= {r["id"] for r in page.json()["items"]}, name
+        # The loops that ran nothing since: the very runs the CLI lists, each on its loop's page.
+        for name in ("slow", "midstep", "retry"):
+            listed = {r["id"] for r in web.get("/api/runs", params={"loop": name}).json()["items"]}
+            assert listed == cli_ids[name] == old_ids[name], name
+            html = web.get(f"/loops/{name}")
+            assert html.status_code == 200, html.text
+            assert all(run_id in html.text for run_id in old_ids[name]), name
 
 
 def test_bad_input_to_migrate_is_one_line_exit_2_and_changes_nothing(cluster: Cluster) -> None:
