@@ -178,12 +178,11 @@ def _check_common(d: Downtime, policy: str) -> None:
         assert slots_ms([str(row.missed_last)])[0] == covered[-1]
     expected = list(range(d.last_before[policy] + 1000, max(covered) + 1, 1000))
     assert sorted(covered) == expected, [to_iso_ms(s) for s in sorted(set(expected) ^ set(covered))]
-    # Any other run is an overlap skip: only a slot that comes due while the catch-up backlog's last run is still
-    # going can meet one (the second worker fires it on time).
+    # Any other run is an overlap skip: a slot that comes due while the catch-up backlog's last run is still going
+    # (the second worker fires it on time), or, on a loaded machine, while any run takes over a second.
     others = [r for r in runs if r.status not in ("succeeded", "missed")]
     assert all((r.status, r.error) == ("skipped", "previous run still active") for r in others), [
         r.to_dict() for r in others]
-    assert policy == "all" or not others, [r.to_dict() for r in others]
     # Once caught up, the loop is back on its 1 s phase: every later slot has its run.
     on_time = sorted(s for s in slots_ms([r.scheduled_for for r in runs if r.status != "missed"])
                      if s > d.restarted_at)

@@ -74,7 +74,13 @@ def test_no_process_configured_by_files_holds_a_secret_in_its_environment(cluste
         assert web.poll() is None, (tmp_path / "web.log").read_text()
         import httpx
 
-        answer = httpx.get(f"http://127.0.0.1:{port}/api/loops", headers={"Authorization": f"Bearer {TOKEN}"})
+        def answer_of() -> httpx.Response | None:
+            try:  # "serving" is logged as uvicorn starts: it may not listen yet on a loaded machine
+                return httpx.get(f"http://127.0.0.1:{port}/api/loops", headers={"Authorization": f"Bearer {TOKEN}"})
+            except httpx.ConnectError:
+                return None
+
+        answer = cluster.wait_until(answer_of, 30, "the web app to answer")
         assert answer.status_code == 200 and "\"name\":\"env\"" in answer.text, answer.text  # the file's token
         found = {p.name: secrets_in(environ_of(p.pid)) for p in procs}
         found["web"] = secrets_in(environ_of(web.pid))

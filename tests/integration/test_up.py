@@ -159,7 +159,10 @@ def test_a_crashing_child_is_restarted_with_doubling_backoff_up_to_the_cap() -> 
     runner = threading.Thread(target=sup.run, args=(stop,))
     runner.start()
     try:
-        lines = wait_lines(out, lambda ls: sum("restarting" in line for line in ls) >= 4)
+        # The children's output is pumped by threads of its own: on a loaded machine the 4th "boom" may come after
+        # the 4th restart line, so both are waited for.
+        lines = wait_lines(out, lambda ls: sum("restarting" in line for line in ls) >= 4
+                           and ls.count("flaky | boom") >= 4)
     finally:
         stop.set()
         runner.join()
@@ -285,7 +288,9 @@ def test_up_on_a_taken_web_port_exits_within_seconds_naming_the_port_and_the_way
     env = clean_env(tmp_path)
     started = time.monotonic()
     done = loopsq(env, "up", "--web-port", str(taken_port))
-    assert time.monotonic() - started < 10  # the bound: "within seconds"
+    # The bound, "within seconds" (not a restart loop): 30 s leaves room for a CPU hog's slow start-up
+    # (13 s under stress-ng --cpu 4), and still catches a supervisor that restarts the web app until it gives up.
+    assert time.monotonic() - started < 30
     assert (done.returncode, done.stdout, done.stderr) == (
         1, "", f"error: cannot serve the web app on 127.0.0.1:{taken_port}: Address already in use; "
                "pass --web-port PORT (or --no-web)\n")

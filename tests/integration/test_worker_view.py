@@ -6,6 +6,7 @@ PATH; ``create --preflight`` warns when no live worker can run the target; the r
 from __future__ import annotations
 
 import json
+import re
 import stat
 from collections.abc import Iterator
 from pathlib import Path
@@ -101,8 +102,10 @@ def test_doctor_judges_each_active_loop_against_the_live_workers_not_the_caller_
     assert bare_id.startswith("worker:")  # shown once, not worker:worker:...
     # The PATH its targets get, published: the system PATH first, then the common dirs appended (~/.local/bin among
     # them; which others depends on the variables the worker inherits, such as BUN_INSTALL or PNPM_HOME).
-    worker_line = next(line for line in lines if line.startswith(f"ok   {bare_id} "))
-    assert worker_line.startswith(f"ok   {bare_id} provider CLIs: none; no accounts CLI (PATH {SYSTEM_PATH}:"), \
+    # (The id column is padded to 22 characters: a 4-digit pid leaves two blanks after the id, so blanks are
+    # judged as one.)
+    worker_line = re.sub(" +", " ", next(line for line in lines if line.startswith(f"ok   {bare_id} ")))
+    assert worker_line.startswith(f"ok {bare_id} provider CLIs: none; no accounts CLI (PATH {SYSTEM_PATH}:"), \
         worker_line
     assert f":{cluster.tmp / 'home' / '.local' / 'bin'}:" in worker_line, worker_line
     # A worker that has claude: the loop can run, on one of the two.
