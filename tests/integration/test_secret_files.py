@@ -105,15 +105,22 @@ def test_up_hands_its_children_the_files_not_the_secrets(tmp_path: Path) -> None
         token = (data / "api.token").read_text().strip()
         password = redis.from_url(url).connection_pool.connection_kwargs["password"]
         assert password and token
-        children = psutil.Process(up.proc.pid).children()
-        names = {" ".join(c.cmdline()[2:4]) for c in children}
-        assert {"loopsq scheduler", "loopsq worker", "loopsq mirror", "loopsq web"} <= names, names
-        for child in children:
+        wanted = {"loopsq scheduler", "loopsq worker", "loopsq mirror", "loopsq web"}
+
+        def started() -> list[psutil.Process] | None:  # each past the exec of up's parent-death shim
+            found = psutil.Process(up.proc.pid).children()
+            return found if wanted <= {" ".join(c.cmdline()[2:4]) for c in found} else None
+
+        deadline = time.monotonic() + 30
+        while (kids := started()) is None:
+            assert time.monotonic() < deadline, [c.cmdline() for c in psutil.Process(up.proc.pid).children()]
+            time.sleep(0.1)
+        for child in kids:
             blob = environ_of(child.pid)
             assert password.encode() not in blob and token.encode() not in blob, child.cmdline()
             if "loopsq" in child.cmdline():
                 assert f"LOOPSQ_REDIS_URL_FILE={data / 'redis.url'}".encode() in blob, child.cmdline()
-        web = next(c for c in children if c.cmdline()[2:4] == ["loopsq", "web"])
+        web = next(c for c in kids if c.cmdline()[2:4] == ["loopsq", "web"])
         assert f"LOOPSQ_API_TOKEN_FILE={data / 'api.token'}".encode() in environ_of(web.pid)
         deadline = time.monotonic() + 30
         while True:  # the web app took the token from its file
