@@ -21,6 +21,7 @@ from loopsq.engine import layout_guard, timers
 from loopsq.engine.maintenance import maintain
 from loopsq.engine.notify import NotifierThread
 from loopsq.engine.runtime import Runtime
+from loopsq.state import owned_key
 from loopsq.state.connection import sibling, unavailable
 from loopsq.state.outages import errors, is_configuration_error, is_transient, wait_for_redis
 
@@ -32,15 +33,6 @@ POLL_S = 0.02
 #: how long a dead worker's run waits after its liveness key expired.
 MAINTENANCE_S = 0.5
 
-_EXTEND = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
-return 0
-"""
-_RELEASE = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
-return 0
-"""
-
 
 class Leadership:
     """The owner-checked scheduler lock."""
@@ -49,8 +41,8 @@ class Leadership:
         self.rt = rt
         self.key = rt.keys.scheduler_lock
         self.token = rt.owner.worker_id
-        self._extend = rt.client.register_script(_EXTEND)
-        self._release = rt.client.register_script(_RELEASE)
+        self._extend = rt.client.register_script(owned_key.EXTEND)
+        self._release = rt.client.register_script(owned_key.RELEASE)
         self.leading = False
 
     def keep(self) -> bool:

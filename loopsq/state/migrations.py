@@ -29,7 +29,7 @@ import redis
 from redis.client import NEVER_DECODE
 
 from loopsq.domain.timeutil import from_iso, gen_id, to_ms
-from loopsq.state import layout, run_codec
+from loopsq.state import layout, owned_key, run_codec
 from loopsq.state.keys import Keys
 
 #: Keys per round trip.
@@ -38,14 +38,6 @@ LOCK_MS = 60_000
 
 _CAS_SET = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then redis.call('SET', KEYS[1], ARGV[2], 'KEEPTTL') return 1 end
-return 0
-"""
-_EXTEND = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
-return 0
-"""
-_RELEASE = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
 return 0
 """
 
@@ -89,8 +81,8 @@ class _Lock:
 
     def __init__(self, client: redis.Redis, keys: Keys) -> None:
         self.client, self.key, self.token = client, keys.migrate_lock, gen_id()
-        self._extend = client.register_script(_EXTEND)
-        self._release = client.register_script(_RELEASE)
+        self._extend = client.register_script(owned_key.EXTEND)
+        self._release = client.register_script(owned_key.RELEASE)
 
     def take(self, wait_s: float) -> bool:
         deadline = time.monotonic() + wait_s
