@@ -14,10 +14,16 @@ from loopsq.engine.slots import DEFAULT_CONCURRENCY
 
 
 def _logging(name: str) -> None:
+    import faulthandler
+    import sys
+
     from loopsq.engine.faults import warn_if_enabled
 
     logging.basicConfig(level=logging.INFO, format=f"[loopsq-{name}] %(message)s", force=True)
     warn_if_enabled(logging.getLogger(f"loopsq.{name}"))
+    # `kill -USR2 <pid>` prints every thread's stack to stderr (the log) and goes on: how a process that will
+    # not stop, or seems stuck, is diagnosed in place (README, "When a process hangs").
+    faulthandler.register(signal.SIGUSR2, file=sys.stderr, all_threads=True, chain=False)
 
 
 @click.command("scheduler")

@@ -69,11 +69,22 @@ class Proc:
         try:
             return self.popen.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
+            self.dump_stacks()
             self.popen.kill()
             self.popen.wait(timeout=5)
             raise AssertionError(
-                f"{self.name} did not stop within {timeout}s of SIGTERM\n{self.text()[-LOG_TAIL:]}"
+                f"{self.name} did not stop within {timeout}s of SIGTERM\n{self.text()[-2 * LOG_TAIL:]}"
             ) from None
+
+    def dump_stacks(self) -> None:
+        """Ask a stuck scheduler or worker for every thread's stack (SIGUSR2, ``faulthandler``), into its log."""
+        if self.alive():
+            size = self.log.stat().st_size if self.log.exists() else 0
+            self.popen.send_signal(signal.SIGUSR2)
+            deadline = time.monotonic() + 3
+            while time.monotonic() < deadline and (self.log.stat().st_size if self.log.exists() else 0) == size:
+                time.sleep(0.05)
+            time.sleep(0.2)  # (the dump is written in one go; this lets its last lines land)
 
     def kill9(self) -> None:
         """kill -9: no cleanup at all, as a crash or an OOM kill."""
