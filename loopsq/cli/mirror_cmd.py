@@ -8,11 +8,9 @@ that process, and exits 1.
 from __future__ import annotations
 
 import logging
-import signal
 import threading
 import time
 from pathlib import Path
-from types import FrameType
 from typing import Any
 
 import click
@@ -29,6 +27,7 @@ from loopsq.state.connection import connect, mask_url, unavailable
 from loopsq.state.keys import Keys
 from loopsq.state.outages import OutageLog, is_transient, wait_for_redis
 from loopsq.system import config
+from loopsq.system.signals import stop_on_signals
 
 log = logging.getLogger("loopsq.mirror")
 
@@ -127,12 +126,7 @@ def _follow(url: str, keys: Keys, path: Path) -> None:
     logging.basicConfig(level=logging.INFO, format="[loopsq-mirror] %(message)s")
     stop = threading.Event()
 
-    def _stop(signum: int, _frame: FrameType | None) -> None:
-        log.info("stop signal received")
-        stop.set()
-
-    signal.signal(signal.SIGTERM, _stop)
-    signal.signal(signal.SIGINT, _stop)
+    stop_on_signals(stop, say=lambda: log.info("stop signal received"))
     client = connect(url, check=False)  # a malformed URL is a configuration error, raised here
     outage = OutageLog(url, log)
     announced = False

@@ -5,12 +5,12 @@ from __future__ import annotations
 import logging
 import signal
 import threading
-from types import FrameType
 
 import click
 
 from loopsq.cli.app import get_app
 from loopsq.engine.slots import DEFAULT_CONCURRENCY
+from loopsq.system.signals import stop_on_signals
 
 
 def _logging(name: str) -> None:
@@ -42,13 +42,7 @@ def scheduler(poll_ms: int, no_migrate: bool) -> None:
     url = app.redis_url  # before any log line
     _logging("scheduler")
     stop = threading.Event()
-
-    def _stop(_signum: int, _frame: FrameType | None) -> None:
-        logging.getLogger("loopsq.scheduler").info("stop signal received")
-        stop.set()
-
-    signal.signal(signal.SIGTERM, _stop)
-    signal.signal(signal.SIGINT, _stop)
+    stop_on_signals(stop, say=lambda: logging.getLogger("loopsq.scheduler").info("stop signal received"))
     run_scheduler(url, stop, poll_s=max(1, poll_ms) / 1000.0, migrate=not no_migrate)
 
 

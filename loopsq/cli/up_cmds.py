@@ -7,7 +7,6 @@ import shlex
 import signal
 import threading
 from pathlib import Path
-from types import FrameType
 
 import click
 
@@ -22,6 +21,7 @@ from loopsq.ops.up import API_TOKEN_ENV, UpConfig, api_token_setting, run_up
 from loopsq.system import config, limits
 from loopsq.system.exec_path import normalize_execution_path
 from loopsq.system.secrets import secret_from_env
+from loopsq.system.signals import SignalPipe
 
 
 def _root_param(name: str) -> str | None:
@@ -85,14 +85,14 @@ def up(workers: str, concurrency: str, demo: bool, stop_timeout: str, web_port: 
     )
     stop, force = threading.Event(), threading.Event()
 
-    def _on_signal(_signum: int, _frame: FrameType | None) -> None:
-        # Only set flags here: the printer's lock may be held by the interrupted code.
+    def _on_signal(_signum: int) -> None:
         (force if stop.is_set() else stop).set()
 
-    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-        if sig == signal.SIGHUP and signal.getsignal(sig) == signal.SIG_IGN:
-            continue  # under nohup: keep running when the terminal goes
-        signal.signal(sig, _on_signal)
+    # (acted on by a thread of its own: the handler itself takes no lock, not even an Event's)
+    SignalPipe(_on_signal).install(
+        sig for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+        # under nohup: keep running when the terminal goes
+        if not (sig == signal.SIGHUP and signal.getsignal(sig) == signal.SIG_IGN))
     run_up(cfg, stop, force)
 
 

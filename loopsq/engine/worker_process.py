@@ -5,11 +5,9 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import signal
 import threading
 from collections.abc import Callable
 from functools import partial
-from types import FrameType
 
 import redis
 
@@ -21,6 +19,7 @@ from loopsq.engine.slots import DEFAULT_CONCURRENCY, Slots
 from loopsq.executor.capabilities import published
 from loopsq.state.connection import unavailable
 from loopsq.state.outages import errors, is_configuration_error, is_transient, wait_for_redis
+from loopsq.system.signals import stop_on_signals
 
 log = logging.getLogger("loopsq.worker")
 
@@ -142,14 +141,8 @@ def _restart(rt: Runtime, worker: object, stop: threading.Event) -> bool:
 
 def _between_incarnations(stop: threading.Event, wait: Callable[[], bool]) -> bool:
     """Run ``wait`` with SIGTERM/SIGINT setting ``stop`` (RQ's own handlers are live only inside its loop)."""
-    def on_signal(_signum: int, _frame: FrameType | None) -> None:
-        log.info("stop signal received")
-        stop.set()
-
-    main = threading.current_thread() is threading.main_thread()
-    previous = [(sig, signal.signal(sig, on_signal)) for sig in (signal.SIGTERM, signal.SIGINT)] if main else []
+    signals = stop_on_signals(stop, say=lambda: log.info("stop signal received"))
     try:
         return wait() and not stop.is_set()
     finally:
-        for sig, handler in previous:
-            signal.signal(sig, handler)
+        signals.restore()

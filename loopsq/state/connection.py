@@ -80,8 +80,8 @@ def client_for(url: str | RedisUrl, *, decode_responses: bool = True, timeout: f
             "decode_responses": True,
         }
         sentinel = Sentinel(list(target.hosts), min_other_sentinels=target.options.get("min_other_sentinels", 0),
-                            sentinel_kwargs=sentinel_kwargs)  # type: ignore[no-untyped-call]
-        client: redis.Redis = sentinel.master_for(  # type: ignore[no-untyped-call]
+                            sentinel_kwargs=sentinel_kwargs)  # type: ignore[no-untyped-call, unused-ignore]
+        client: redis.Redis = sentinel.master_for(  # type: ignore[no-untyped-call, unused-ignore]
             target.service_name, redis_class=redis.Redis, connection_class=SentinelConnection, **kwargs)
         return client
     # A pool of our own, as ``Redis.from_url`` builds it: redis-py's ``Redis(host=…)`` would add its default

@@ -195,6 +195,7 @@ def test_rqs_worker_logs_the_lines_loopsq_filters(text: str) -> None:
     "dequeue_job_and_maintain_ttl", "execute_job", "perform_job", "handle_job_success", "handle_job_failure",
     "handle_execution_ended", "heartbeat", "set_state", "set_shutdown_requested_date", "request_stop",
     "_shutdown", "maintain_heartbeats", "reorder_queues", "register_death", "unsubscribe",
+    "_install_signal_handlers", "request_force_stop", "handle_warm_shutdown_request",
 ])
 def test_the_worker_methods_compat_worker_overrides_exist(name: str) -> None:
     assert callable(getattr(SimpleWorker, name, None)), broken(f"SimpleWorker.{name} (worker.CompatWorker)")
@@ -203,5 +204,6 @@ def test_the_worker_methods_compat_worker_overrides_exist(name: str) -> None:
 def test_the_worker_attributes_compat_worker_uses_exist(raw: redis.Redis) -> None:
     w: Any = SimpleWorker([Queue("c", connection=raw)], connection=raw, name="w1")
     for attr in ("_ordered_queues", "_stop_requested", "max_connection_wait_time", "queue_class", "job_class",
-                 "death_penalty_class", "job_monitoring_interval", "_exc_handlers"):
+                 "death_penalty_class", "job_monitoring_interval", "_exc_handlers",
+                 "_shutdown_requested_date"):
         assert hasattr(w, attr), broken(f"SimpleWorker attribute {attr} (worker.CompatWorker)")

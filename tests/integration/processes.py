@@ -186,8 +186,14 @@ class Cluster:
             for proc in self.procs:
                 if proc.name.startswith(role):
                     proc.sigterm()
-        for proc in self.procs:
-            proc.terminate()
+        stuck: list[str] = []
+        for proc in self.procs:  # (every one, even after one would not stop: none runs on into the next test)
+            try:
+                proc.terminate()
+            except AssertionError as exc:
+                stuck.append(str(exc))
+        if stuck:
+            raise AssertionError("\n\n".join(stuck))
 
     def logs(self) -> str:
         """Every process's log (the tail of each), for failure messages."""

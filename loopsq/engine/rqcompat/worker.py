@@ -10,18 +10,21 @@ import contextlib
 import threading
 import time
 from collections.abc import Callable
+from types import FrameType
 from typing import Any
 
 import redis
 from rq import Queue, SimpleWorker
 from rq.exceptions import DequeueTimeout, StopRequested
 from rq.job import Job
+from rq.utils import now as rq_now
 from rq.worker import WorkerStatus
 
 from loopsq.engine.rqcompat import jobs, names
 from loopsq.engine.rqcompat.worker_parts import JobBeat, LeanJob, NoDeathPenalty, OutageFilter, install_filter
 from loopsq.engine.slots import Slots
 from loopsq.state.outages import OutageLog, errors, is_configuration_error, is_transient, ride
+from loopsq.system.signals import SignalPipe
 
 __all__ = ["JobBeat", "LeanJob", "OutageFilter", "SimpleWorker", "WorkerStatus", "install_filter"]
 
@@ -63,11 +66,41 @@ class CompatWorker(SimpleWorker):
     #: The class a slot runs its jobs with (a ``SlotMixin`` subclass of this worker's class).
     slot_worker_class: type[CompatWorker]
 
+    _signals: SignalPipe | None = None
+
     def request_stop(self, signum: Any, frame: Any) -> None:
         self.stop_requested = True
         if self.on_stop is not None:
             self.on_stop()
         super().request_stop(signum, frame)  # type: ignore[no-untyped-call]
+
+    def _install_signal_handlers(self) -> None:
+        """RQ's handlers do their work inside the signal handler: the grace timer's thread start, RQ's log lines,
+        a Redis write through the connection pool, each taking a lock the interrupted main thread may hold
+        (``system.signals``). With slots the first SIGTERM/SIGINT is acted on by a thread of its own instead;
+        a second one is RQ's cold stop, as before (it takes no lock: it raises ``SystemExit``)."""
+        if self.slots is None:
+            super()._install_signal_handlers()  # type: ignore[no-untyped-call]
+            return
+        if self._signals is not None:
+            self._signals.restore()
+
+        def repeat(signum: int, frame: FrameType | None) -> None:
+            if self._shutdown_requested_date is None:  # (the first is not acted on yet: this is its double)
+                self._shutdown_requested_date = rq_now()
+            self.request_force_stop(signum, frame)  # type: ignore[no-untyped-call, unused-ignore]
+
+        self._signals = SignalPipe(self._warm_stop, name="loopsq-worker-signals", repeat=repeat).install()
+
+    def _warm_stop(self, signum: int) -> None:
+        """What RQ's ``request_stop`` does, off the signal handler (its handler swap is ``SignalPipe``'s repeat)."""
+        self._shutdown_requested_date = rq_now()
+        self.stop_requested = True
+        if self.on_stop is not None:
+            self.on_stop()
+        self.log.debug("Worker %s: got signal %s", self.name, signum)
+        self.handle_warm_shutdown_request()  # type: ignore[no-untyped-call, unused-ignore]
+        self._shutdown()
 
     def _shutdown(self) -> None:
         if self.slots is None:
