@@ -28,6 +28,14 @@ def _runtime() -> Runtime:
         # job by the liveness key of the RQ worker that runs it.
         rt = Runtime(client=client, role="worker", worker_id=job.worker_name or None, reaper=reap_host).start()
         set_current_runtime(rt)
+        import contextlib
+
+        from loopsq.errors import ValidationError
+        from loopsq.system import tracing
+
+        # Spans as ``loopsq-worker``; a bad LOOPSQ_TRACING leaves tracing off (with a warning), not the job failed.
+        with contextlib.suppress(ValidationError):
+            tracing.configure("loopsq-worker")
     return rt
 
 

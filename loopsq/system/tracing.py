@@ -86,9 +86,9 @@ def configure(service: str) -> bool:
         ValidationError: for a bad ``LOOPSQ_TRACING``.
     """
     global _service
-    wanted()
     with _lock:
         _service = service
+    wanted()
     return enabled()
 
 

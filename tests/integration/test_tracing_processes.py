@@ -188,3 +188,25 @@ def test_a_triggers_context_becomes_its_runs_parent_and_the_target_continues_it(
     assert {s.service for s in receiver.named("loopsq.timers.move")} == {"loopsq-scheduler"}
     fire = receiver.named("loopsq.fire")[0]
     assert [s.parent_id for s in receiver.named("loopsq.execute", fire.trace_id)] == [fire.span_id]
+
+
+@pytest.mark.timeout(120)
+def test_a_plain_rq_worker_traces_a_trigger_job_as_loopsq_worker(
+    cluster: Cluster, receiver: Receiver, tmp_path: Path
+) -> None:
+    seen = tmp_path / "seen"
+    seen.mkdir()
+    cluster.create("hook", f'printf %s "$TRACEPARENT" > {seen}/"$LOOPS_RUN_ID"', "--every", "1h")
+    cluster.env["OTEL_EXPORTER_OTLP_ENDPOINT"] = f"http://127.0.0.1:{receiver.port}"
+    cluster.start_rq_worker("plain-rq")
+    tp, trace_id, parent_id = traceparent(5)
+    job = rq.Queue("loopsq", connection=redis.Redis.from_url(cluster.url)).enqueue(
+        "worker.jobs.trigger", "hook", tracestate="k=v", traceparent=tp)
+    cluster.wait_until(lambda: job.refresh() or job.is_finished or job.is_failed, 30, "the RQ trigger job")
+    assert job.is_finished, f"{job.exc_info}\n{cluster.logs()}"
+    run_id = str(job.return_value())
+    cluster.wait_until(lambda: receiver.named("loopsq.finalize", trace_id), 30, "the spans at the receiver")
+    [trigger] = receiver.named("loopsq.trigger", trace_id)
+    [execute] = receiver.named("loopsq.execute", trace_id)
+    assert (trigger.service, trigger.parent_id, execute.parent_id) == ("loopsq-worker", parent_id, trigger.span_id)
+    assert (seen / run_id).read_text() == f"00-{trace_id}-{execute.span_id}-01"

@@ -81,7 +81,7 @@ def test_a_triggered_run_continues_its_triggers_trace_and_its_target_sees_tracep
     rt: Runtime, spans: InMemorySpanExporter, tmp_path: Path
 ) -> None:
     seen = tmp_path / "traceparent"
-    loop_id = make_loop(rt.client, f'printf %s "$TRACEPARENT" > {seen}')
+    loop_id = make_loop(rt.client, f'printf "%s %s" "$TRACEPARENT" "$TRACESTATE" > {seen}')
     run_id, created = triggers.trigger_with(rt.client, KEYS, loop_id, None, enqueue=False,
                                             trace={"traceparent": TRACEPARENT, "tracestate": "k=v"})
     assert created
@@ -102,7 +102,7 @@ def test_a_triggered_run_continues_its_triggers_trace_and_its_target_sees_tracep
     assert execute.status.status_code == StatusCode.UNSET
     assert dict(named["loopsq.claim"].attributes or {})["loopsq.run.id"] == run_id
     # The target runs inside the execute span: a traced target's spans are its children.
-    assert seen.read_text() == f"00-{TRACE_ID}-{span_id(execute)}-01"
+    assert seen.read_text() == f"00-{TRACE_ID}-{span_id(execute)}-01 k=v"
 
 
 def test_a_failed_run_marks_its_execute_span_an_error(rt: Runtime, spans: InMemorySpanExporter) -> None:
@@ -297,3 +297,14 @@ def test_tracing_off_or_without_the_extra_is_a_no_op_that_imports_nothing(
     assert logged == warnings
     assert json.loads(last) == {"status": "succeeded", "enabled": False, "noop": True, "traceparent": False,
                                 "otel": False, "imported": []}
+
+
+@pytest.mark.parametrize("command", ["worker", "scheduler", "up"])
+def test_a_process_refuses_a_bad_loopsq_tracing_at_start(command: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    from click.testing import CliRunner
+
+    from loopsq.cli import cli
+
+    monkeypatch.setenv("LOOPSQ_TRACING", "maybe")
+    done = CliRunner().invoke(cli, [command])
+    assert (done.exit_code, done.output) == (2, "error: LOOPSQ_TRACING must be 1 or 0, got 'maybe'\n")
