@@ -35,6 +35,7 @@ from loopsq.state.pools import Pool, PoolState, PoolStore
 from loopsq.state.runs import RunStore
 from loopsq.system.config import resolve_redis_url
 from loopsq.system.prompt_files import resolve_prompt_file
+from loopsq.system.tracing import caller_carrier
 
 
 class LoopsClient:
@@ -157,10 +158,11 @@ class LoopsClient:
         """Start a run of a loop on a worker now; returns its run id.
 
         The same ``idempotency_key`` within ``window_ms`` (default 24 h) returns the same run id and starts
-        nothing new. The loop's retry policy applies to the run, unless ``retry=False``.
+        nothing new. The loop's retry policy applies to the run, unless ``retry=False``. The span current in the
+        calling application (OpenTelemetry), if any, becomes the parent of the run's spans.
         """
         return trigger_with(self.client, self.keys, id_or_name, idempotency_key, window_ms=window_ms,
-                            retry=retry)[0]
+                            retry=retry, trace=caller_carrier())[0]
 
     def cancel_run(self, run_id: str, reason: str | None = None) -> LoopRun:
         """Cancel a running loop run (``loopsq cancel``): the worker executing it kills its process group within a

@@ -28,6 +28,14 @@ def _runtime() -> Runtime:
         # job by the liveness key of the RQ worker that runs it.
         rt = Runtime(client=client, role="worker", worker_id=job.worker_name or None, reaper=reap_host).start()
         set_current_runtime(rt)
+        import contextlib
+
+        from loopsq.errors import ValidationError
+        from loopsq.system import tracing
+
+        # Spans as ``loopsq-worker``; a bad LOOPSQ_TRACING leaves tracing off (with a warning), not the job failed.
+        with contextlib.suppress(ValidationError):
+            tracing.configure("loopsq-worker")
     return rt
 
 
@@ -48,9 +56,19 @@ def fire(loop_id: str) -> dict[str, int]:
 REFUSED = "!"
 
 
+def _job_trace() -> dict[str, str]:
+    """The W3C trace context the enqueuer put in the running job's ``meta`` (``traceparent``, ``tracestate``)."""
+    from loopsq.engine.rqcompat.jobs import running_job
+    from loopsq.system.tracing import valid_carrier
+
+    job = running_job()
+    return valid_carrier(job.meta) if job is not None and isinstance(job.meta, dict) else {}
+
+
 def run_now(loop_id: str, request_id: str, retry: bool = True) -> str:
     """Run a loop now on this worker; the run id is published under the request id for the waiting CLI.
-    ``retry=False``: the loop's retry policy does not apply to this run (``--no-retry``)."""
+    ``retry=False``: the loop's retry policy does not apply to this run (``--no-retry``). The job's ``meta`` may
+    carry the request's W3C trace context (``traceparent``, ``tracestate``)."""
     rt = _runtime()
     from loopsq.domain.run_rules import LoopRun
     from loopsq.domain.timeutil import gen_id
@@ -62,7 +80,7 @@ def run_now(loop_id: str, request_id: str, retry: bool = True) -> str:
     from loopsq.errors import LoopsqError
 
     try:
-        final = runner.run_now(rt, loop_id, run_id=gen_id(), on_claim=publish, retry=retry)
+        final = runner.run_now(rt, loop_id, run_id=gen_id(), on_claim=publish, retry=retry, trace=_job_trace())
     except LoopsqError as exc:
         # Tell the waiting CLI why (e.g. the slot's run is going on another worker) instead of letting it time out.
         rt.client.set(rt.keys.run_request(request_id), REFUSED + exc.message, px=3_600_000)
@@ -76,9 +94,12 @@ def run_triggered(run_id: str) -> str | None:
     return final.id if final else None
 
 
-def trigger(loop: str, idempotency_key: str | None = None, no_retry: bool = False, **_ignored: Any) -> str:
+def trigger(loop: str, idempotency_key: str | None = None, no_retry: bool = False, traceparent: str | None = None,
+            tracestate: str | None = None, **_ignored: Any) -> str:
     """Trigger a loop from another service by dotted path; returns the run id (the same for a repeated key).
-    ``no_retry=True``: the loop's retry policy does not apply to this run (a keyword ``retry`` would be RQ's)."""
+    ``no_retry=True``: the loop's retry policy does not apply to this run (a keyword ``retry`` would be RQ's).
+    ``traceparent``/``tracestate`` (else the job's ``meta``): the caller's W3C trace context, the parent of the
+    run's spans."""
     from loopsq.domain.labels import satisfies
     from loopsq.engine.routing import loop_requirements
     from loopsq.engine.triggers import trigger_with
@@ -88,7 +109,10 @@ def trigger(loop: str, idempotency_key: str | None = None, no_retry: bool = Fals
     here = rt.labels is None or satisfies(rt.labels, loop_requirements(target))
     # Run here when this worker may run the loop's runs; else hand the run to the loop's queue (a service that
     # enqueues on the base queue reaches any worker, whatever the loop requires).
-    run_id, created = trigger_with(rt.client, rt.keys, loop, idempotency_key, enqueue=not here, retry=not no_retry)
+    trace = ({"traceparent": traceparent, **({"tracestate": tracestate} if tracestate else {})} if traceparent
+             else _job_trace())
+    run_id, created = trigger_with(rt.client, rt.keys, loop, idempotency_key, enqueue=not here, retry=not no_retry,
+                                   trace=trace)
     if created and here:
         runner.run_triggered(rt, run_id)
     return run_id

@@ -10,6 +10,7 @@ import click
 
 from loopsq.cli.app import get_app
 from loopsq.engine.slots import DEFAULT_CONCURRENCY
+from loopsq.system import tracing
 from loopsq.system.signals import stop_on_signals
 
 
@@ -38,6 +39,7 @@ def scheduler(poll_ms: int, no_migrate: bool) -> None:
 
     # Bad retention settings are bad input (exit 2) at start, not an error on every maintenance pass.
     limits.keep_runs(), limits.keep_workflow_runs(), limits.mirror_idle_ms(), stall_grace_min_ms()
+    tracing.configure("loopsq-scheduler")  # a bad LOOPSQ_TRACING is bad input here (exit 2)
     app = get_app()  # no fail-fast ping: an unreachable Redis is waited for; a configuration error ends it (3)
     url = app.redis_url  # before any log line
     _logging("scheduler")
@@ -67,6 +69,7 @@ def worker(burst: bool, grace: str | None, concurrency: str | None, labels: tupl
     from loopsq.ops.fleet_config import worker_concurrency, worker_declared_labels
 
     slots = worker_concurrency(concurrency, os.environ)
+    tracing.configure("loopsq-worker")  # a bad LOOPSQ_TRACING is bad input here (exit 2)
     declared = worker_declared_labels(labels, os.environ)
 
     if grace is not None:

@@ -30,6 +30,7 @@ from loopsq.domain.timeutil import gen_id
 from loopsq.engine.routing import enqueue_for_loop
 from loopsq.errors import LoopsqError, NotFoundError, ValidationError
 from loopsq.mirror import queries
+from loopsq.system.tracing import env_carrier
 
 SHOW_OUTPUT_LIMIT = 32 * 1024
 
@@ -74,7 +75,7 @@ def run_now(id_or_name: str, local: bool, show_output: bool, wait_s: float, no_r
 
         rt = _runtime(app, "manual")
         try:
-            final = execute_now(rt, loop.id, retry=not no_retry)
+            final = execute_now(rt, loop.id, retry=not no_retry, trace=env_carrier())
         finally:
             rt.stop()
     else:
@@ -96,8 +97,10 @@ def _run_on_worker(app: App, loop_id: str, wait_s: float, *, retry: bool = True)
     client = app.client()
     request_id = gen_id()
     # Positional: RQ's enqueue keeps a keyword named ``retry`` for itself.
+    # A traced caller's context (TRACEPARENT) rides in the job's meta, which a worker without tracing ignores.
+    trace = env_carrier()
     enqueue_for_loop(client, app.keys, loop_id, "worker.jobs.run_now", loop_id, request_id,
-                     *(() if retry else (False,)))
+                     *(() if retry else (False,)), **({"meta": trace} if trace else {}))
     deadline = time.monotonic() + wait_s
     run_id = None
     while run_id is None:
@@ -232,7 +235,8 @@ def trigger(id_or_name: str, key: str | None, no_retry: bool) -> None:
     if key is not None:
         check_visible(bounded_flag("--key", key, limits.MAX_IDEMPOTENCY_KEY_LENGTH), "--key", quote)
     app = get_app()
-    run_id, created = trigger_with(app.client(), app.keys, id_or_name, key, retry=not no_retry)
+    run_id, created = trigger_with(app.client(), app.keys, id_or_name, key, retry=not no_retry,
+                                   trace=env_carrier())
     app.emit({"runId": run_id, "created": created}, f"{run_id} {'created' if created else 'duplicate'}")
 
 

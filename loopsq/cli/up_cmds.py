@@ -18,7 +18,7 @@ from loopsq.mirror.identity import configured_name
 from loopsq.ops import install
 from loopsq.ops.fleet_config import worker_concurrency
 from loopsq.ops.up import API_TOKEN_ENV, UpConfig, api_token_setting, run_up
-from loopsq.system import config, limits
+from loopsq.system import config, limits, tracing
 from loopsq.system.exec_path import normalize_execution_path
 from loopsq.system.secrets import secret_from_env
 from loopsq.system.signals import SignalPipe
@@ -58,6 +58,7 @@ def up(workers: str, concurrency: str, demo: bool, stop_timeout: str, web_port: 
     app = get_app()
     configured_name()  # what the mirror would refuse (a malformed LOOPSQ_MIRROR_NAME)
     limits.keep_runs(), limits.keep_workflow_runs(), limits.mirror_idle_ms()  # what the scheduler would refuse
+    tracing.wanted()  # a bad LOOPSQ_TRACING, which the worker and the scheduler would refuse
     root = click.get_current_context().find_root().command
     has_web = isinstance(root, click.Group) and "web" in root.commands
     if has_web and not no_web:

@@ -11,8 +11,7 @@ queued behind it (``fire_queue.fire_queued``).
 from __future__ import annotations
 
 import logging
-import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
@@ -26,17 +25,15 @@ from loopsq.domain.run_rules import LoopRun
 from loopsq.domain.timeutil import from_iso, gen_id, to_iso
 from loopsq.engine import missed_slots, pool_slots, stalls, timers
 from loopsq.engine.faults import crash_point
-from loopsq.engine.live import LiveWriter
 from loopsq.engine.pool_slots import PoolHold, give_back, loop_pool
 from loopsq.engine.prechecks import precheck_slot
 from loopsq.engine.routing import loop_queue
-from loopsq.engine.runtime import LEASE_LOST, SHUTTING_DOWN, Runtime
-from loopsq.engine.steering import execute_with_control
-from loopsq.engine.workflow_runner import execute_workflow
+from loopsq.engine.run_target import run_attributes, run_target
+from loopsq.engine.runtime import LEASE_LOST, Runtime
 from loopsq.engine.workspaces import hold_workspace, release_workspace
-from loopsq.executor import RunMetadata, SpawnInfo
 from loopsq.state.feature_skips import end_skipped, skip_slot
 from loopsq.state.runs import After, Claim, Refusal
+from loopsq.system import tracing
 
 log = logging.getLogger("loopsq.runs")
 
@@ -160,35 +157,8 @@ def _execute_held(rt: Runtime, claim: Claim, *,
     # lease renewal or start record may change it meanwhile; a stale guess only costs a retry.)
     known_run = run.to_json()
     try:
-        def on_spawn(info: SpawnInfo) -> None:
-            # No Redis here: the beat records the start, or the finalize does if the run ends first (``Held``).
-            held.started = info
-            crash_point("after_spawn")
-
-        error: str | None
-        control: dict[str, object] = {}
-        if loop.target.get("type") == "workflow":
-            status, exit_code, stdout, stderr, error, pid, duration = _run_workflow_target(rt, loop, run, held.cancel,
-                                                                                          on_spawn)
-            if held.cancel.is_set() and held.reason and status != "succeeded":
-                status, error = "failed", held.reason  # replaced, or shutting down: say so, not "step x failed"
-        else:
-            metadata = RunMetadata(loop_id=loop.id, loop_name=loop.name, run_id=run.id,
-                                   scheduled_for=run.scheduled_for, attempt=run.attempt)
-            output = LiveWriter(rt.direct, rt.keys, run.id)
-            result, control = execute_with_control(loop.target, metadata, cancel=held.cancel, on_spawn=on_spawn,
-                                                   on_output=output)
-            output.close(result.status)
-            status, exit_code, stdout, stderr, error, pid, duration = (
-                result.status, result.exit_code, result.stdout, result.stderr, result.error, result.pid,
-                result.duration_ms,
-            )
-            status, error = rules.finished_status(loop, status, exit_code, error)  # exit 75: nothing to do
-            if status == "cancelled":
-                # loop_runs has no "cancelled": a cancelled run failed, with the reason of the cancel.
-                status, error = "failed", held.reason or "cancelled"
-        if held.reason == SHUTTING_DOWN and status != "succeeded":
-            status, error = "abandoned", rules.SHUTDOWN_ERROR  # retried elsewhere (runs.after_finish)
+        with tracing.span("loopsq.execute", attributes=run_attributes(run)) as traced:
+            status, exit_code, stdout, stderr, error, pid, duration, control = run_target(rt, claim, held, traced)
         if held.reason == LEASE_LOST:
             log.warning("run %s lease lost; its outcome is not recorded", run.id)
             current = rt.runs.get(run.id)
@@ -198,14 +168,16 @@ def _execute_held(rt: Runtime, claim: Claim, *,
         started = held.started
         arm = ArmAfter(rt, ended_at)
         replies: list[object] = []
-        finished = rt.runs.finalize(
-            run.id, claim.token, ended_at, status=status, exit_code=exit_code, duration_ms=duration,
-            stdout=stdout, stderr=stderr, error=error,
-            pid=pid if pid is not None or started is None else started.pid,
-            pid_start_time=started.start_time if started is not None else None,
-            known=(known_run, loop.to_json()), fields=control, after=arm, replies=replies,
-        ) or rt.runs.recorded_end(run.id, attempt=run.attempt, worker_id=rt.owner.worker_id, status=status,
-                                  finished_at=ended_at)
+        with tracing.span("loopsq.finalize", attributes={**run_attributes(run), "loopsq.status": status}) as fin:
+            finished = rt.runs.finalize(
+                run.id, claim.token, ended_at, status=status, exit_code=exit_code, duration_ms=duration,
+                stdout=stdout, stderr=stderr, error=error,
+                pid=pid if pid is not None or started is None else started.pid,
+                pid_start_time=started.start_time if started is not None else None,
+                known=(known_run, loop.to_json()), fields=control, after=arm, replies=replies,
+            ) or rt.runs.recorded_end(run.id, attempt=run.attempt, worker_id=rt.owner.worker_id, status=status,
+                                      finished_at=ended_at)
+            fin.set("loopsq.fenced", finished is None)
     finally:
         rt.release(run.id)
         release_workspace(rt, claim)
@@ -224,23 +196,16 @@ def _execute_held(rt: Runtime, claim: Claim, *,
     return final, new_loop, armed
 
 
-def _run_workflow_target(
-    rt: Runtime, loop: Loop, run: LoopRun, cancel: threading.Event, on_spawn: Callable[[SpawnInfo], None]
-) -> tuple[str, int | None, str, str, str | None, int | None, int]:
-    """A workflow loop target (§5.5): idempotent per slot attempt, with the target's timeout for the whole run."""
-    workflow_id = str(loop.target.get("workflowId"))
-    spec = rt.workflows.get(workflow_id)
-    if spec is None:
-        return "failed", None, "", "", f"workflow not found: {workflow_id}", None, 0
-    outcome = execute_workflow(
-        rt, spec, loop=loop.to_dict(), loop_run=run.to_dict(),
-        idempotency_key=f"{loop.id}:{run.scheduled_for}:attempt:{run.attempt}",
-        timeout_ms=loop.target.get("timeoutMs"), cancel=cancel, on_spawn=on_spawn,
-    )
-    return outcome.status, outcome.exit_code, outcome.stdout, "", outcome.error, None, outcome.duration_ms
-
-
 def fire(rt: Runtime, loop_id: str, *, taken: timers.Taken | None = None) -> FireResult:
+    """A loop's timer fired: run its due slots in order, then re-arm (``_fire``), in a ``loopsq.fire`` span."""
+    with tracing.span("loopsq.fire", attributes={"loopsq.loop.id": loop_id}) as traced:
+        out = _fire(rt, loop_id, taken=taken)
+        traced.set("loopsq.claimed", out.claimed)
+        traced.set("loopsq.skipped", out.skipped)
+        return out
+
+
+def _fire(rt: Runtime, loop_id: str, *, taken: timers.Taken | None = None) -> FireResult:
     """A loop's timer fired: run its due slots in order, then re-arm.
 
     Like the reference's tick, slots run one after another, and a failure that will be retried stops the rest
@@ -398,13 +363,20 @@ def claim_slot(rt: Runtime, loop_id: str, slot: datetime, now: datetime, *, sour
     ``retry=False``: the run is not retried (``--no-retry``). ``known_loop``, ``fresh_slot``, ``after``: see
     ``RunStore.claim``."""
     nonce = gen_id()
-    result = rt.runs.claim(loop_id, slot, rt.owner, now, source=source, run_id=run_id,
-                           idempotency_key=idempotency_key, nonce=nonce, ends_backlog=ends_backlog,
-                           trigger_request=trigger_request, retry=retry, known_loop=known_loop,
-                           fresh_slot=fresh_slot, after=after)
-    if isinstance(result, Refusal) and result.reason in ("claimed", "running"):
-        return rt.runs.won_claim(loop_id, slot, nonce) or result
-    return result
+    with tracing.span("loopsq.claim", attributes={"loopsq.loop.id": loop_id, "loopsq.slot": to_iso(slot),
+                                                  "loopsq.source": source}) as traced:
+        result = rt.runs.claim(loop_id, slot, rt.owner, now, source=source, run_id=run_id,
+                               idempotency_key=idempotency_key, nonce=nonce, ends_backlog=ends_backlog,
+                               trigger_request=trigger_request, retry=retry, known_loop=known_loop,
+                               fresh_slot=fresh_slot, after=after)
+        if isinstance(result, Refusal) and result.reason in ("claimed", "running"):
+            result = rt.runs.won_claim(loop_id, slot, nonce) or result
+        if isinstance(result, Claim):
+            traced.set("loopsq.run.id", result.run.id)
+            traced.set("loopsq.attempt", result.run.attempt)
+        else:
+            traced.set("loopsq.refused", result.reason)
+        return result
 
 
 def _claim_ad_hoc(rt: Runtime, loop: Loop, slot: datetime, source: str, run_id: str | None,
@@ -426,17 +398,25 @@ def _claim_ad_hoc(rt: Runtime, loop: Loop, slot: datetime, source: str, run_id: 
 
 
 def run_now(rt: Runtime, id_or_name: str, run_id: str | None = None,
-            on_claim: Callable[[LoopRun], None] | None = None, *, retry: bool = True) -> LoopRun:
+            on_claim: Callable[[LoopRun], None] | None = None, *, retry: bool = True,
+            trace: Mapping[str, str] | None = None) -> LoopRun:
     """Run a loop now (reference 0.3.3 sources): its due retry, its due slot, or an ad-hoc slot.
 
     ``run_id`` names a new run (a retry keeps its row's id); ``on_claim`` learns the claimed run before it
     executes (a worker publishes its id to the waiting CLI there). The loop's retry policy applies to the run
-    (``run_rules.after_finish``) unless ``retry`` is False.
+    (``run_rules.after_finish``) unless ``retry`` is False. ``trace``: the W3C context of the request, the parent
+    of the ``loopsq.run_now`` span (``loopsq.system.tracing``).
 
     Raises:
         NotFoundError: for an unknown loop.
         ConflictError: when the run could not be claimed.
     """
+    with tracing.span("loopsq.run_now", parent=trace, attributes={"loopsq.loop": id_or_name}):
+        return _run_now(rt, id_or_name, run_id, on_claim, retry=retry)
+
+
+def _run_now(rt: Runtime, id_or_name: str, run_id: str | None, on_claim: Callable[[LoopRun], None] | None, *,
+             retry: bool) -> LoopRun:
     from loopsq.errors import ConflictError
 
     loop = rt.loops.require(id_or_name)
@@ -477,9 +457,12 @@ def run_triggered(rt: Runtime, run_id: str) -> LoopRun | None:
     if loop is None:
         rt.client.zrem(rt.keys.triggers, run_id)
         return None
-    # The claim consumes the trigger (its request key and its entry in ``keys.triggers``) in one transition.
-    claim = _claim_ad_hoc(rt, loop, from_iso(str(data["at"])), "trigger", run_id, data.get("key"), text,
-                          retry=data.get("retry", True) is not False)
-    if isinstance(claim, Refusal):
-        return rt.runs.get(run_id)
-    return execute_claim(rt, claim)
+    # The claim consumes the trigger (its request key and its entry in ``keys.triggers``) in one transition. The
+    # trigger's W3C context, when it carried one, is the parent of the run's spans.
+    with tracing.span("loopsq.trigger", parent=tracing.valid_carrier(data),
+                      attributes={"loopsq.loop.id": loop.id, "loopsq.run.id": run_id}):
+        claim = _claim_ad_hoc(rt, loop, from_iso(str(data["at"])), "trigger", run_id, data.get("key"), text,
+                              retry=data.get("retry", True) is not False)
+        if isinstance(claim, Refusal):
+            return rt.runs.get(run_id)
+        return execute_claim(rt, claim)

@@ -24,6 +24,7 @@ from loopsq.engine.runtime import Runtime
 from loopsq.state import owned_key
 from loopsq.state.connection import sibling, unavailable
 from loopsq.state.outages import errors, is_configuration_error, is_transient, wait_for_redis
+from loopsq.system import tracing
 
 log = logging.getLogger("loopsq.scheduler")
 
@@ -180,7 +181,10 @@ def _loop(rt: Runtime, stop: threading.Event, poll_s: float, maintenance_s: floa
                 else:
                     leading.clear()
                 next_lead_check = now + LOCK_MS / 3000.0
-            timers.move_due(rt.raw)
+            started_ns = time.time_ns()
+            moved = timers.move_due(rt.raw)
+            if moved:  # (a span only for a move that moved something, not for every poll)
+                tracing.record("loopsq.timers.move", started_ns, {"loopsq.moved": moved})
             due_in = timers.next_due_in(rt.raw)
             stop.wait(poll_s if due_in is None else max(0.0, min(poll_s, due_in)))
     finally:

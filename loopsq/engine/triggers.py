@@ -5,6 +5,7 @@ trigger) and hand it to a worker (``worker.jobs.run_triggered``). Used by the SD
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 
 import redis
 
@@ -18,6 +19,7 @@ from loopsq.errors import ValidationError
 from loopsq.state.commit import Committer, Tx
 from loopsq.state.keys import Keys, has_old_spelling
 from loopsq.state.loops import LoopStore
+from loopsq.system.tracing import valid_carrier
 
 #: How long a trigger's idempotency key stands for its run.
 DEFAULT_IDEMPOTENCY_WINDOW_MS = 24 * 3600 * 1000
@@ -32,13 +34,15 @@ def trigger_with(
     window_ms: int = DEFAULT_IDEMPOTENCY_WINDOW_MS,
     enqueue: bool = True,
     retry: bool = True,
+    trace: Mapping[str, str] | None = None,
 ) -> tuple[str, bool]:
     """Reserve a triggered run of a loop; returns ``(run_id, created)``.
 
     With an idempotency key, the first trigger reserves the run id with ``SET NX`` (in the same transition that
     records the trigger) and every later trigger with the same key within ``window_ms`` gets that run id back
     and starts nothing. With ``enqueue`` the run is handed to a worker (``worker.jobs.run_triggered``). The loop's
-    retry policy applies to the run unless ``retry`` is False.
+    retry policy applies to the run unless ``retry`` is False. ``trace``: the trigger's W3C trace context
+    (``traceparent``, ``tracestate``), stored with the trigger (only when valid) as the parent of its run's spans.
     """
     if idempotency_key is not None and (not isinstance(idempotency_key, str) or not idempotency_key.strip()):
         raise ValidationError(f"idempotency key must be a non-empty string, got {quoted(idempotency_key)}")
@@ -57,7 +61,7 @@ def trigger_with(
     now = timeutil.now()
     run_id = gen_id()
     request = json.dumps({"loopId": loop.id, "at": to_iso(now), "key": idempotency_key,
-                          **({} if retry else {"retry": False})})
+                          **({} if retry else {"retry": False}), **valid_carrier(trace)})
     tx = Tx("run_triggered", to_iso(now))
     if idempotency_key is not None:
         idem = keys.idempotency(loop.id, idempotency_key)
@@ -68,7 +72,7 @@ def trigger_with(
         if existing:
             return (existing.decode() if isinstance(existing, bytes) else str(existing)), False
         return trigger_with(client, keys, id_or_name, idempotency_key, window_ms=window_ms, enqueue=enqueue,
-                            retry=retry)
+                            retry=retry, trace=trace)
     if enqueue:
         from loopsq.engine.routing import enqueue_for_loop
 

@@ -36,6 +36,7 @@ from loopsq.executor.preflight import step_target
 from loopsq.state.outages import is_transient
 from loopsq.state.remote_steps import RemoteStepStore, dispatch_token
 from loopsq.state.workflow_run_state import DONE_STEP, StepEnd, WorkflowRunState
+from loopsq.system import tracing
 
 log = logging.getLogger("loopsq.workflows")
 
@@ -112,6 +113,8 @@ class _Execution:
         self.cancelled = False
         self.done = threading.Event()
         self.pending_end: StepEnd | None = None  # one step at a time: the last end, written with the next start
+        #: The ``loopsq.workflow`` span's context: the parent of the step spans, which start on pool threads.
+        self.trace = tracing.current()
 
     # -- the monitor: cancel requests and the workflow timeout reach the running steps ---------------------------
     def _monitor(self) -> None:
@@ -128,8 +131,8 @@ class _Execution:
             event.set()
 
     # -- one step -------------------------------------------------------------------------------------------
-    def _assignment(self, step_id: str) -> StepAssignment:
-        """What executing the step takes, here or on another worker."""
+    def _assignment(self, step_id: str, traced: tracing.Span) -> StepAssignment:
+        """What executing the step takes, here or on another worker (its target continues ``traced``)."""
         step = self.steps[step_id]
         target = step_target(step)
         loop_target = self.loop.get("target")
@@ -139,7 +142,7 @@ class _Execution:
             loop_id=self.loop.get("id"), loop_name=self.loop.get("name"), run_id=self.state.run.get("loopRunId"),
             scheduled_for=self.state.run.get("scheduledFor"), workflow_id=str(self.spec["id"]),
             workflow_name=str(self.spec["name"]), workflow_run_id=self.state.run_id, workflow_step_id=step_id,
-            attempt=self.loop_run_attempt,
+            attempt=self.loop_run_attempt, **traced.carrier(),
         )
         workspace = step.get("workspace")
         pool = step.get("pool") or self.spec.get("pool")  # (a step's own pool, else its workflow's)
@@ -148,9 +151,23 @@ class _Execution:
                               str(pool) if pool else None)
 
     def _run_step(self, step_id: str, cancel: threading.Event) -> ExecutorResult | None:
-        """Execute the step to its end; None when another worker ran it (and recorded its end)."""
+        """Execute the step to its end, in a ``loopsq.step`` span; None when another worker ran it (and recorded
+        its end)."""
+        with tracing.span("loopsq.step", parent=self.trace, attributes={
+                "loopsq.workflow.id": str(self.spec["id"]), "loopsq.workflow_run.id": self.state.run_id,
+                "loopsq.step.id": step_id, "loopsq.remote": step_id in self.dispatched}) as traced:
+            result = self._run_step_traced(step_id, cancel, traced)
+            if result is not None:
+                traced.set("loopsq.status", result.status)
+                traced.set("loopsq.exit_code", result.exit_code)
+                if result.status != "succeeded":
+                    traced.fail(result.error)
+            return result
+
+    def _run_step_traced(self, step_id: str, cancel: threading.Event,
+                         traced: tracing.Span) -> ExecutorResult | None:
         if step_id in self.dispatched:
-            self._run_remote(step_id, cancel)
+            self._run_remote(step_id, cancel, traced)
             return None
 
         def spawned(info: SpawnInfo) -> None:
@@ -167,13 +184,13 @@ class _Execution:
             if self.on_spawn is not None:
                 self.on_spawn(info)
 
-        return execute_step(self.rt, self._assignment(step_id), cancel, spawned)
+        return execute_step(self.rt, self._assignment(step_id, traced), cancel, spawned)
 
-    def _run_remote(self, step_id: str, cancel: threading.Event) -> None:
+    def _run_remote(self, step_id: str, cancel: threading.Event, traced: tracing.Span) -> None:
         """Hand the step to a worker that has its labels and wait for its end (``remote_steps``)."""
         remote = RemoteStep(self.rt, self.state.run_id, step_id, self.dispatched[step_id])
         try:
-            remote.hand_over(self._assignment(step_id))
+            remote.hand_over(self._assignment(step_id, traced))
             remote.wait(cancel, self._stop_end)
         except Exception as exc:  # as an executor exception: the step fails, the workflow goes on deciding
             log.exception("workflow run %s step %s: handing it to another worker failed", self.state.run_id, step_id)
@@ -405,8 +422,13 @@ def execute_workflow(
     if state.terminal:
         return outcome_of(state, replayed=True)
     log.info("workflow run %s started workflow=%s", state.run_id, spec["name"])
-    execution = _Execution(rt, spec, state, timeout_ms=timeout_ms, cancel=cancel, on_spawn=on_spawn, loop=loop)
-    execution.loop_run_attempt = int(loop_run["attempt"]) if loop_run and loop_run.get("attempt") else None
-    outcome = execution.run()
+    with tracing.span("loopsq.workflow", attributes={"loopsq.workflow.id": str(spec["id"]),
+                                                     "loopsq.workflow_run.id": state.run_id}) as traced:
+        execution = _Execution(rt, spec, state, timeout_ms=timeout_ms, cancel=cancel, on_spawn=on_spawn, loop=loop)
+        execution.loop_run_attempt = int(loop_run["attempt"]) if loop_run and loop_run.get("attempt") else None
+        outcome = execution.run()
+        traced.set("loopsq.status", outcome.status)
+        if outcome.status != "succeeded":
+            traced.fail(outcome.error)
     log.info("workflow run %s %s workflow=%s", state.run_id, state.run.get("status"), spec["name"])
     return outcome

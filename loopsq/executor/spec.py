@@ -57,9 +57,13 @@ class RunMetadata:
     attempt: int | None = None
     #: Where the target may write its control JSON (``LOOPS_CONTROL_FILE``, ``domain.control``).
     control_file: str | None = None
+    #: The W3C trace context of the span the target runs in (``TRACEPARENT``, ``TRACESTATE``), when tracing is on
+    #: (``loopsq.system.tracing``): a traced target continues the trace.
+    traceparent: str | None = None
+    tracestate: str | None = None
 
     def env(self) -> dict[str, str]:
-        """Return the ``LOOPS_*`` variables of the set fields."""
+        """Return the ``LOOPS_*`` variables (and ``TRACEPARENT``/``TRACESTATE``) of the set fields."""
         pairs = (
             ("LOOPS_ATTEMPT", str(self.attempt) if self.attempt else None),
             ("LOOPS_CONTROL_FILE", self.control_file),
@@ -71,6 +75,8 @@ class RunMetadata:
             ("LOOPS_WORKFLOW_NAME", self.workflow_name),
             ("LOOPS_WORKFLOW_RUN_ID", self.workflow_run_id),
             ("LOOPS_WORKFLOW_STEP_ID", self.workflow_step_id),
+            ("TRACEPARENT", self.traceparent),
+            ("TRACESTATE", self.tracestate),
         )
         return {name: value for name, value in pairs if value}
 

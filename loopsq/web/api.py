@@ -229,11 +229,16 @@ def trigger_loop(
     = None,
     body: Annotated[Any, Body()] = None,
     sent: Annotated[bytes, Depends(raw_body)] = b"",
+    traceparent: Annotated[str | None, Header(description="W3C trace context: the run's spans are its children "
+                                                          "(an invalid one is ignored).")] = None,
+    tracestate: Annotated[str | None, Header(description="W3C trace state, with traceparent.")] = None,
 ) -> JSONResponse:
     """Start a run on a worker now. 201 with a new run id; 200 with the same run id for a repeated key. An optional
-    body ``{"retry": false}`` keeps the loop's retry policy from applying to this run. 409: the loop is archived."""
+    body ``{"retry": false}`` keeps the loop's retry policy from applying to this run. 409: the loop is archived.
+    A ``traceparent`` header (W3C trace context) is stored with the trigger: the run's spans are its children."""
     retry = _trigger_retry(body, sent=bool(sent.strip()))
-    run_id, created = trigger_with(ctx.client, ctx.keys, loop, idempotency_key, retry=retry)
+    trace = {k: v for k, v in (("traceparent", traceparent), ("tracestate", tracestate)) if v is not None}
+    run_id, created = trigger_with(ctx.client, ctx.keys, loop, idempotency_key, retry=retry, trace=trace)
     return JSONResponse({"runId": run_id, "created": created}, status_code=201 if created else 200)
 
 
