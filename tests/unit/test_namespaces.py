@@ -70,3 +70,28 @@ def test_a_bad_namespace_is_one_error_line_and_exit_2(monkeypatch: pytest.Monkey
     result = CliRunner().invoke(cli, args)
     value = "a:b" if env is None else env
     assert (result.exit_code, result.stdout, result.stderr) == (2, "", f'error: {source} {RULE}, got "{value}"\n')
+
+
+def test_the_sdk_works_in_the_namespace_it_is_given_or_the_environment_names(monkeypatch: pytest.MonkeyPatch) -> None:
+    import fakeredis
+
+    from loopsq.sdk import LoopsClient
+
+    redis_ = fakeredis.FakeRedis(decode_responses=True)
+    monkeypatch.setenv("LOOPSQ_NAMESPACE", "b")
+    assert LoopsClient(client=redis_).keys.namespace == "b"
+    assert LoopsClient(client=redis_, namespace="a").keys.namespace == "a"
+    with pytest.raises(ValidationError) as caught:
+        LoopsClient(client=redis_, namespace="a:b")
+    assert caught.value.message == f'LoopsClient(namespace) {RULE}, got "a:b"'
+
+
+def test_a_runtime_given_no_keys_works_in_the_environment_s_namespace(monkeypatch: pytest.MonkeyPatch) -> None:
+    """What an RQ job run by a plain ``rq worker`` (``worker.jobs``) goes by."""
+    import fakeredis
+
+    from loopsq.engine.runtime import Runtime
+
+    monkeypatch.setenv("LOOPSQ_NAMESPACE", "b")
+    rt = Runtime(client=fakeredis.FakeRedis(decode_responses=True))
+    assert rt.keys == Keys("b") and rt.loops.keys == Keys("b")
