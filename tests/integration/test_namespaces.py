@@ -21,13 +21,18 @@ def cluster(redis_server: RedisServer, tmp_path: Path) -> Iterator[Cluster]:
     yield from open_cluster(redis_server.url, tmp_path)
 
 
+def _deployment(cluster: Cluster, ns: str) -> dict[str, str]:
+    """The environment of deployment ``ns``: its namespace and a data dir of its own (its mirror is its own)."""
+    return {"LOOPSQ_NAMESPACE": ns, "LOOPSQ_DATA_DIR": str(cluster.tmp / f"data-{ns}")}
+
+
 def _ledger(cluster: Cluster, ns: str) -> list[str]:
     path = cluster.tmp / f"ledger-{ns}"
     return path.read_text().split() if path.exists() else []
 
 
 def _names(cluster: Cluster, ns: str) -> set[str]:
-    listed = json.loads(cluster.cli("--namespace", ns, "--json", "list").stdout)
+    listed = json.loads(cluster.cli("--namespace", ns, "--json", "list", env=_deployment(cluster, ns)).stdout)
     rows = listed if isinstance(listed, list) else listed.get("loops", [])
     return {str(row["name"]) for row in rows}
 
@@ -36,14 +41,15 @@ def _names(cluster: Cluster, ns: str) -> set[str]:
 def test_two_namespaces_share_one_redis_without_crosstalk(cluster: Cluster) -> None:
     for ns in ("a", "b"):
         # Which deployment's worker ran a command: its environment says (DEPLOYMENT), not the loop.
-        env = {"LOOPSQ_NAMESPACE": ns, "DEPLOYMENT": ns}
+        env = {**_deployment(cluster, ns), "DEPLOYMENT": ns}
         cluster.start("scheduler", name=f"scheduler-{ns}", env=env)
         cluster.start("worker", name=f"worker-{ns}", env=env)
         # The same name in both; ``a`` by the flag, ``b`` by the environment.
         args = ("--namespace", "a") if ns == "a" else ()
         cluster.cli(*args, "create", "command", "tick", "--every", "1s",
-                    "--cmd", f'echo "$DEPLOYMENT" >> {cluster.tmp}/ledger-{ns}', env={"LOOPSQ_NAMESPACE": ns})
-    cluster.cli("--namespace", "a", "create", "command", "only-a", "--every", "1h", "--cmd", "true")
+                    "--cmd", f'echo "$DEPLOYMENT" >> {cluster.tmp}/ledger-{ns}', env=_deployment(cluster, ns))
+    cluster.cli("--namespace", "a", "create", "command", "only-a", "--every", "1h", "--cmd", "true",
+                env=_deployment(cluster, "a"))
 
     cluster.wait_until(lambda: len(_ledger(cluster, "a")) >= 3 and len(_ledger(cluster, "b")) >= 3, 60,
                        "both deployments' tick to run three times")
@@ -55,7 +61,7 @@ def test_two_namespaces_share_one_redis_without_crosstalk(cluster: Cluster) -> N
     assert cluster.client.zcard("a:timers") >= 1 and cluster.client.zcard("b:timers") >= 1
     assert not cluster.client.exists("rq:scheduler:scheduled_jobs", "loopsq:meta")
 
-    cluster.cli("--namespace", "a", "remove", "tick")
+    cluster.cli("--namespace", "a", "remove", "tick", env=_deployment(cluster, "a"))
     assert _names(cluster, "a") == {"only-a"} and _names(cluster, "b") == {"tick"}
     seen = len(_ledger(cluster, "b"))
     cluster.wait_until(lambda: len(_ledger(cluster, "b")) >= seen + 2, 30, "b's tick to go on running")
@@ -69,10 +75,12 @@ def test_two_namespaces_share_one_redis_without_crosstalk(cluster: Cluster) -> N
     a_keys = list(cluster.client.scan_iter(match="a:*", count=1000))
     b_keys = list(cluster.client.scan_iter(match="b:*", count=1000))
     assert a_keys and b_keys
-    report = json.loads(cluster.cli("--namespace", "a", "--json", "status").stdout)["redisMemory"]
+    report = json.loads(cluster.cli("--namespace", "a", "--json", "status",
+                                     env=_deployment(cluster, "a")).stdout)["redisMemory"]
     expected = sum(int(cluster.client.memory_usage(k, samples=0) or 0) for k in a_keys)
     assert (report["namespace"], report["namespaceKeys"], report["namespaceBytes"], report["namespaceComplete"]) == (
         "a", len(a_keys), expected, True)
-    doctor = json.loads(cluster.cli("--namespace", "a", "--json", "doctor", check=False).stdout)
+    doctor = json.loads(cluster.cli("--namespace", "a", "--json", "doctor", check=False,
+                                     env=_deployment(cluster, "a")).stdout)
     memory = next(c for c in doctor["checks"] if c["id"] == "redis-memory")
     assert "namespace a: " in memory["message"] and f" in {len(a_keys)} keys; " in memory["message"], memory
