@@ -95,3 +95,27 @@ def test_a_runtime_given_no_keys_works_in_the_environment_s_namespace(monkeypatc
     monkeypatch.setenv("LOOPSQ_NAMESPACE", "b")
     rt = Runtime(client=fakeredis.FakeRedis(decode_responses=True))
     assert rt.keys == Keys("b") and rt.loops.keys == Keys("b")
+
+
+def test_each_namespace_moves_only_its_own_timers_onto_its_own_routed_queue() -> None:
+    """Two deployments' timers at the same time for loops needing ``gpu``: each scheduler's move takes its own,
+    onto its own ``<ns>+gpu`` queue, listed in its own queue registry; the fleet view of each sees its own."""
+    from datetime import UTC, datetime, timedelta
+
+    import fakeredis
+
+    from loopsq.engine import fleet
+
+    server = fakeredis.FakeServer()
+    raw, text = fakeredis.FakeRedis(server=server), fakeredis.FakeRedis(server=server, decode_responses=True)
+    due = datetime.now(UTC) - timedelta(seconds=1)
+    a, b = Keys("a"), Keys("b")
+    for keys in (a, b):
+        assert timers.arm(raw, keys, "L1", due, queue_name=labels.queue_name(["gpu"], keys.base_queue))
+    assert text.zcard("a:timers") == text.zcard("b:timers") == 1 and not text.exists(timers.scheduled_key())
+    assert timers.move_due(raw, keys=a) == 1
+    assert (text.llen("rq:queue:a+gpu"), text.llen("rq:queue:b+gpu"), text.zcard("b:timers")) == (1, 0, 1)
+    assert text.hkeys("a:queues") == ["a+gpu"] and text.hkeys("b:queues") == ["b+gpu"]
+    assert timers.move_due(raw) == 0  # the default namespace has none
+    assert [q.name for q in fleet.read_fleet(text, a).queues] == ["a", "a+gpu"]
+    assert fleet.read_fleet(text, b).timers.armed == 1 and fleet.read_fleet(text, a).timers.armed == 0
