@@ -149,7 +149,8 @@ def child_env(role: str, url: str | None, data_dir: Path, environ: dict[str, str
     Every child gets ``BASE_ENV_KEYS`` and ``LC_*``, the Redis URL (``LOOPSQ_REDIS_URL_FILE``, the file's path, when
     ``url_file`` holds it: the embedded Redis's ``redis.url``, or the file up was given) and the data dir (the
     embedded Redis gets neither);
-    ``LOOPSQ_HOST`` and the Redis connection settings (``LOOPSQ_REDIS_SSL_CERT_REQS``, ``LOOPSQ_CLAIM_REPLICAS``);
+    ``LOOPSQ_HOST``, the namespace (``LOOPSQ_NAMESPACE``, which ``--namespace`` sets) and the Redis connection
+    settings (``LOOPSQ_REDIS_SSL_CERT_REQS``, ``LOOPSQ_CLAIM_REPLICAS``);
     the web app its token (added by the caller), ``LOOPSQ_METRICS_PER_LOOP``, ``LOOPSQ_MCP_ALLOW_MUTATIONS`` and
     ``LOOPSQ_MCP_ALLOW_TOOLS``; the mirror ``LOOPSQ_MIRROR_NAME``; the scheduler the retention settings
     (``LOOPSQ_KEEP_RUNS``, ``LOOPSQ_KEEP_WORKFLOW_RUNS``, ``LOOPSQ_MIRROR_IDLE``). A worker gets the whole
