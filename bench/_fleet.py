@@ -63,7 +63,7 @@ def due_loops(client: Any, names: Sequence[str], every_ms: int, first_s: Sequenc
             loop = dataclasses.replace(loop, extra={**loop.extra, "requires": sorted(requires)})
         loop = store.create(loop)
         timers.arm(raw, keys, loop.id, datetime.fromtimestamp(first_ms / 1000, UTC),
-                   queue_name=routing.loop_queue(loop))
+                   queue_name=routing.loop_queue(loop, keys))
         ids.append(loop.id)
     return ids
 

@@ -21,6 +21,7 @@ import redis
 from loopsq.domain import limits, timeutil
 from loopsq.domain.loop_spec import new_loop
 from loopsq.domain.models import Loop
+from loopsq.domain.namespaces import check_namespace
 from loopsq.domain.run_rules import LoopRun
 from loopsq.domain.text import quoted, shown
 from loopsq.engine.cancel import cancel_run
@@ -33,7 +34,7 @@ from loopsq.state.keys import Keys
 from loopsq.state.loops import LoopStore
 from loopsq.state.pools import Pool, PoolState, PoolStore
 from loopsq.state.runs import RunStore
-from loopsq.system.config import resolve_redis_url
+from loopsq.system.config import configured_namespace, resolve_redis_url
 from loopsq.system.prompt_files import resolve_prompt_file
 from loopsq.system.tracing import caller_carrier
 
@@ -42,13 +43,18 @@ class LoopsClient:
     """A client of one loopsq deployment (its Redis)."""
 
     def __init__(self, redis_url: str | None = None, *, client: redis.Redis | None = None,
-                 keys: Keys | None = None) -> None:
+                 keys: Keys | None = None, namespace: str | None = None) -> None:
         """Connect to ``redis_url`` (validated first; ``RedisUrlError`` when malformed), else to the configured Redis
-        (``RedisNotConfiguredError`` when there is none), unless a ``client`` is given.
+        (``RedisNotConfiguredError`` when there is none), unless a ``client`` is given. The deployment is the one
+        of ``namespace``, else ``LOOPSQ_NAMESPACE``'s, else the default one (``loopsq``); a bad one is a
+        ``ValidationError`` naming ``LoopsClient(namespace)`` or ``LOOPSQ_NAMESPACE`` and the value.
 
         Raises:
             StateLayoutError: the Redis holds state in a layout this release does not read (``state.layout``).
         """
+        if keys is None:
+            keys = Keys(check_namespace(namespace, "LoopsClient(namespace)") if namespace is not None
+                        else configured_namespace())
         if client is None:
             url = target_of(redis_url, "LoopsClient(redis_url)") if redis_url is not None else resolve_redis_url()
             client = connect(url)
@@ -56,7 +62,7 @@ class LoopsClient:
             with contextlib.suppress(redis.RedisError):
                 RedisClock().measure(client)
         self.client = client
-        self.keys = keys or Keys()
+        self.keys = keys
         layout.check(self.client, self.keys)  # (refuses; the scheduler and workers stamp a new Redis)
         self.loops = LoopStore(self.client, self.keys)
         self.runs_store = RunStore(self.client, self.keys)

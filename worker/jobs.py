@@ -47,7 +47,7 @@ def fire(loop_id: str) -> dict[str, int]:
     from loopsq.engine.rqcompat.jobs import running_job
 
     job = running_job()
-    result.absorb(fire_queue.fire_queued(rt, queue_name=job.origin if job is not None else "loopsq"))
+    result.absorb(fire_queue.fire_queued(rt, queue_name=job.origin if job is not None else None))
     return {"claimed": result.claimed, "completed": result.completed, "skipped": result.skipped,
             "taken": result.taken}
 

@@ -7,6 +7,7 @@ The top interface: may import every layer (the web app too, which ``loopsq web``
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
 import sys
 from collections.abc import Sequence
@@ -43,6 +44,7 @@ from loopsq.domain.text import json_terminal_safe
 from loopsq.errors import LoopsqError
 from loopsq.mirror.damage import malformed_cause, malformed_error
 from loopsq.state.connection import unavailable
+from loopsq.state.keys import Keys
 from loopsq.system import config
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_REDIS = 0, 1, 2, 3
@@ -119,14 +121,23 @@ class RootGroup(workflows_cmds.AliasGroup):
               "[env LOOPSQ_REDIS_URL, then REDIS_URL; else the Redis of a running `loopsq up`; no default].")
 @click.option("--data-dir", metavar="DIR", help="Data directory for the SQLite mirror [env LOOPSQ_DATA_DIR; "
               "default ~/.loopsq].")
+@click.option("--namespace", metavar="NAME", help="Prefix of every key this deployment writes and name of its RQ "
+              "queues, so several deployments share one Redis database [env LOOPSQ_NAMESPACE; default loopsq].")
 @click.version_option(__version__, "--version", prog_name="loopsq", message="%(version)s")
 @click.pass_context
-def cli(ctx: click.Context, json_: bool, redis_url: str | None, data_dir: str | None) -> None:
+def cli(ctx: click.Context, json_: bool, redis_url: str | None, data_dir: str | None,
+        namespace: str | None) -> None:
     """loopsq: recurring commands, coding agents and workflows on Redis workers."""
+    # Validated before anything else (a bad one: one error line, exit 2). A flag is put in the environment, as
+    # LOOPSQ_NAMESPACE would be, so that every Runtime of this process and every child (up's, an installed
+    # service's) uses the same one.
+    chosen = config.configured_namespace(namespace)
+    if namespace is not None:
+        os.environ[config.NAMESPACE_ENV] = chosen
     resolved_dir = config.resolve_data_dir(data_dir)
     # Resolved and validated on first use, before anything connects; a command that needs Redis and has none
     # refuses (``RedisNotConfiguredError``).
-    app = App(redis_flag=redis_url, data_dir=resolved_dir, json=json_)
+    app = App(redis_flag=redis_url, data_dir=resolved_dir, json=json_, keys=Keys(chosen))
     ctx.obj = _invocation["app"] = app
     ctx.call_on_close(app.close)
 

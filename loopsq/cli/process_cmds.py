@@ -45,7 +45,7 @@ def scheduler(poll_ms: int, no_migrate: bool) -> None:
     _logging("scheduler")
     stop = threading.Event()
     stop_on_signals(stop, say=lambda: logging.getLogger("loopsq.scheduler").info("stop signal received"))
-    run_scheduler(url, stop, poll_s=max(1, poll_ms) / 1000.0, migrate=not no_migrate)
+    run_scheduler(url, stop, poll_s=max(1, poll_ms) / 1000.0, migrate=not no_migrate, keys=app.keys)
 
 
 @click.command("worker")
@@ -81,6 +81,6 @@ def worker(burst: bool, grace: str | None, concurrency: str | None, labels: tupl
     app = get_app()  # as the scheduler: Redis is waited for, a configuration error ends it (exit status 3)
     url = app.redis_url  # resolved first: with no Redis configured, the one error line comes before anything
     _logging("worker")
-    run_worker(url, burst=burst, grace_s=grace_ms / 1000.0, concurrency=slots, labels=declared,
+    run_worker(url, burst=burst, grace_s=grace_ms / 1000.0, concurrency=slots, labels=declared, keys=app.keys,
                announce=f"{slots} slot(s); on SIGTERM the current runs get {shutdown.describe_ms(grace_ms)} to finish "
                         f"({why})")

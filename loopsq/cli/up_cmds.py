@@ -12,6 +12,7 @@ import click
 
 from loopsq.cli.app import get_app, json_flag
 from loopsq.cli.options import duration_flag, positive_int_flag
+from loopsq.domain.namespaces import DEFAULT_NAMESPACE
 from loopsq.engine.slots import DEFAULT_CONCURRENCY
 from loopsq.errors import LoopsqError, RedisNotConfiguredError, ValidationError
 from loopsq.mirror.identity import configured_name
@@ -19,6 +20,7 @@ from loopsq.ops import install
 from loopsq.ops.fleet_config import worker_concurrency
 from loopsq.ops.up import API_TOKEN_ENV, UpConfig, api_token_setting, run_up
 from loopsq.system import config, limits, tracing
+from loopsq.system.config import NAMESPACE_ENV
 from loopsq.system.exec_path import normalize_execution_path
 from loopsq.system.secrets import secret_from_env
 from loopsq.system.signals import SignalPipe
@@ -118,6 +120,8 @@ def install_services(target: str, enable: bool, directory: str | None) -> None:
         env["LOOPSQ_REDIS_URL"] = configured.url
     if configured is None or _root_param("data_dir") or os.environ.get("LOOPSQ_DATA_DIR"):
         env["LOOPSQ_DATA_DIR"] = str(app.data_dir)
+    if app.keys.namespace != DEFAULT_NAMESPACE:  # each service works in this deployment's namespace
+        env[NAMESPACE_ENV] = app.keys.namespace
     default = install.default_dir(target)
     where = Path(directory).expanduser().absolute() if directory else default
     app.data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)

@@ -78,18 +78,23 @@ def requirement_set(target: Mapping[str, Any] | None, requires: Iterable[str] | 
     return tuple(sorted(labels))
 
 
-def queue_name(requirements: Iterable[str]) -> str:
-    """The RQ queue of runs with these requirements (``BASE_QUEUE`` for none)."""
+def queue_name(requirements: Iterable[str], base: str = BASE_QUEUE) -> str:
+    """The RQ queue of runs with these requirements (``base``, the namespace's base queue, for none)."""
     labels = sorted(set(requirements))
-    return QUEUE_SEPARATOR.join((BASE_QUEUE, *labels)) if labels else BASE_QUEUE
+    return QUEUE_SEPARATOR.join((base, *labels)) if labels else base
 
 
-def queue_requirements(name: str) -> tuple[str, ...] | None:
-    """The requirement set a queue name stands for; None when ``name`` is not one of loopsq's queues."""
-    if name == BASE_QUEUE:
+def queue_base(name: str) -> str:
+    """The base queue (the namespace) a queue name of loopsq's starts with: ``a`` of ``a+gpu``."""
+    return name.partition(QUEUE_SEPARATOR)[0]
+
+
+def queue_requirements(name: str, base: str = BASE_QUEUE) -> tuple[str, ...] | None:
+    """The requirement set a queue name stands for; None when ``name`` is not one of the queues under ``base``."""
+    if name == base:
         return ()
     head, sep, rest = name.partition(QUEUE_SEPARATOR)
-    if head != BASE_QUEUE or not sep:
+    if head != base or not sep:
         return None
     labels = tuple(rest.split(QUEUE_SEPARATOR))
     return labels if all(_LABEL.fullmatch(label) for label in labels) else None

@@ -18,7 +18,7 @@ DRAIN_BUDGET_S = 5.0
 
 
 def fire_queued(rt: Runtime, budget_s: float = DRAIN_BUDGET_S, *,
-                done_job: tuple[str, float] | None = None, queue_name: str = timers.QUEUE_NAME) -> runner.FireResult:
+                done_job: tuple[str, float] | None = None, queue_name: str | None = None) -> runner.FireResult:
     """Fire the loops whose timer jobs wait at the head of loopsq's queue, one after another, as this worker
     would once RQ dequeued them, but without RQ's per-job bookkeeping (about half the cost of a short run).
 
@@ -32,8 +32,10 @@ def fire_queued(rt: Runtime, budget_s: float = DRAIN_BUDGET_S, *,
 
     ``done_job``: (id, seconds) of a taken job this worker has finished already (the fire job loopsq's worker
     took from RQ itself: ``rq_worker._Worker``), settled in the first round trip. ``queue_name``: the queue it
-    came from, the one drained (every job there is one this worker may run).
+    came from, the one drained (every job there is one this worker may run); default: the base queue of the
+    runtime's namespace.
     """
+    queue_name = queue_name or rt.keys.base_queue
     out = runner.FireResult()
     deadline = time.monotonic() + budget_s
     done: str | None = done_job[0] if done_job else None
@@ -81,5 +83,6 @@ def _finish_taken(rt: Runtime, job_id: str, took_s: float = 0.0) -> None:
     error reaches RQ; the old id's liveness expires with its worker, so the job is orphaned and maintenance
     re-arms the loop.
     """
-    rt.ride(lambda: timers.finish_taken(rt.raw, job_id, rt.owner.worker_id, took_s),
+    rt.ride(lambda: timers.finish_taken(rt.raw, job_id, rt.owner.worker_id, took_s,
+                                             rt.keys.base_queue),
             deadline=time.monotonic() + FINISH_WAIT_S)

@@ -158,14 +158,14 @@ def read_fleet(client: redis.Redis, keys: Keys) -> FleetSnapshot:
     pipe.time()
     pipe.smembers(keys.workers)
     pipe.hkeys(keys.queues)
-    pipe.zcard(timers.scheduled_key())
-    pipe.zrange(timers.scheduled_key(), 0, 0, withscores=True)
+    pipe.zcard(timers.scheduled_key(keys))
+    pipe.zrange(timers.scheduled_key(keys), 0, 0, withscores=True)
     pipe.hkeys(keys.pools)
     (seconds, micros), members, registered, armed, first, pool_names = pipe.execute()
     now_ms = int(seconds) * 1000 + int(micros) // 1000
     worker_ids = sorted(_text(m) for m in members)
-    queues = timers.queues_named(registered)
-    names = sorted(queues, key=lambda n: (n != timers.QUEUE_NAME, n))
+    queues = timers.queues_named(registered, keys.base_queue)
+    names = sorted(queues, key=lambda n: (n != keys.base_queue, n))
     cutoff_s = (now_ms - OVERDUE_AFTER_MS) / 1000.0
     first_s = float(first[0][1]) if first else None
 
@@ -177,7 +177,7 @@ def read_fleet(client: redis.Redis, keys: Keys) -> FleetSnapshot:
         pipe.lrange(timers.queue_key(name), 0, HEAD_SAMPLE - 1)
     overdue_now = first_s is not None and first_s <= cutoff_s
     if overdue_now:
-        pipe.zcount(timers.scheduled_key(), "-inf", repr(cutoff_s))
+        pipe.zcount(timers.scheduled_key(keys), "-inf", repr(cutoff_s))
     replies = iter(pipe.execute())
     records = next(replies) if worker_ids else []
     depths: dict[str, int] = {}

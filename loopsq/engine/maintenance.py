@@ -198,7 +198,7 @@ def check_loops(rt: Runtime, loop_ids: list[str], now: datetime, report: Report,
             index.zadd(rt.keys.loop_watch, {loop.id: max(armed_score_ms(to_ms(want), now_ms), now_ms + RECHECK_MS)})
         else:
             # (moves its watch entry past the new timer's time)
-            timers.arm(rt.raw, rt.keys, loop.id, want, queue_name=loop_queue(loop))
+            timers.arm(rt.raw, rt.keys, loop.id, want, queue_name=loop_queue(loop, rt.keys))
             report.armed += 1
     if reindex and len(index):
         index.execute()

@@ -86,7 +86,8 @@ def take_for_slot(rt: Runtime, loop: Loop, slot: datetime, now: datetime, *,
         if not running and (got.position == 0 or log.isEnabledFor(logging.DEBUG)):
             log.info("slot %s of loop=%s waits for pool %s (%d of %d held, %d ahead)", to_iso(slot), loop.name, pool,
                      got.holders, got.limit, got.position)
-        timers.arm(rt.raw, rt.keys, loop.id, now + timedelta(milliseconds=RECHECK_MS), queue_name=loop_queue(loop))
+        timers.arm(rt.raw, rt.keys, loop.id, now + timedelta(milliseconds=RECHECK_MS),
+                   queue_name=loop_queue(loop, rt.keys))
         return got
     return _keep(rt, store, pool, holder, got)
 
@@ -144,4 +145,4 @@ def give_back(rt: Runtime, hold: PoolHold | None) -> None:
             continue  # a run started by hand, or a workflow step, asks again by itself
         loop = rt.loops.get(loop_id)
         if loop is not None and loop.status == "active":
-            timers.arm(rt.raw, rt.keys, loop_id, now, queue_name=loop_queue(loop))
+            timers.arm(rt.raw, rt.keys, loop_id, now, queue_name=loop_queue(loop, rt.keys))

@@ -109,7 +109,7 @@ def dispatch(rt: Runtime, store: RemoteStepStore, state: WorkflowRunState, step_
              requirements: tuple[str, ...]) -> Dispatch | None:
     """Record the dispatch of a step to the queue of ``requirements`` (``state``: the run as its execution knows
     it); None when the run is over. Says so in the event and the log when no live worker has the labels."""
-    queue = labels.queue_name(requirements)
+    queue = labels.queue_name(requirements, rt.keys.base_queue)
     try:
         lacking = routing.unserved(rt.client, rt.keys, requirements)
     except redis.RedisError:

@@ -33,14 +33,14 @@ def loop_requirements(loop: Loop) -> tuple[str, ...]:
     return labels.requirement_set(loop.target, loop.requires or ())
 
 
-def loop_queue(loop: Loop) -> str:
-    """The RQ queue of ``loop``'s runs."""
-    return labels.queue_name(loop_requirements(loop))
+def loop_queue(loop: Loop, keys: Keys) -> str:
+    """The RQ queue of ``loop``'s runs in ``keys``' namespace."""
+    return labels.queue_name(loop_requirements(loop), keys.base_queue)
 
 
-def workflow_queue(spec: Mapping[str, Any]) -> str:
-    """The RQ queue of a workflow run of its own (its spec's top-level ``requires``)."""
-    return labels.queue_name(labels.requirement_set(None, spec.get("requires") or ()))
+def workflow_queue(spec: Mapping[str, Any], keys: Keys) -> str:
+    """The RQ queue of a workflow run of its own (its spec's top-level ``requires``) in ``keys``' namespace."""
+    return labels.queue_name(labels.requirement_set(None, spec.get("requires") or ()), keys.base_queue)
 
 
 def worker_labels(can: Mapping[str, Any], host: str, declared: Iterable[str]) -> list[str]:
@@ -66,7 +66,7 @@ class QueueWatch:
         self.client, self.keys = client, keys
         self.labels = sorted(set(worker))
         self._lock = threading.Lock()
-        self._names: list[str] = [timers.QUEUE_NAME]
+        self._names: list[str] = [keys.base_queue]
         self._next = 0.0
 
     def names(self) -> list[str]:
@@ -90,16 +90,16 @@ def enqueue_for_loop(client: redis.Redis, keys: Keys, loop: Loop | str, func: st
         from loopsq.state.loops import LoopStore
 
         found = LoopStore(client, keys).get(loop)
-        name = loop_queue(found) if found is not None else timers.QUEUE_NAME
+        name = loop_queue(found, keys) if found is not None else keys.base_queue
     else:
-        name = loop_queue(loop)
+        name = loop_queue(loop, keys)
     return timers.enqueue(timers.raw_from(client), func, *args, queue_name=name, keys=keys, **kwargs)
 
 
 def enqueue_for_workflow(client: redis.Redis, keys: Keys, spec: Mapping[str, Any], run_id: str) -> str:
     """Enqueue a workflow run of its own (``worker.jobs.run_workflow``) on its workflow's queue."""
     return timers.enqueue(timers.raw_from(client), "worker.jobs.run_workflow", spec["id"], run_id,
-                          queue_name=workflow_queue(spec), keys=keys)
+                          queue_name=workflow_queue(spec, keys), keys=keys)
 
 
 def live_worker_labels(client: redis.Redis, keys: Keys) -> dict[str, list[str]]:
@@ -149,7 +149,7 @@ def arm_created(client: redis.Redis, keys: Keys, loop: Loop) -> Loop:
 
     at = timer_at(loop)
     if at is not None:
-        timers.arm(timers.raw_from(client), keys, loop.id, at, queue_name=loop_queue(loop))
+        timers.arm(timers.raw_from(client), keys, loop.id, at, queue_name=loop_queue(loop, keys))
     return loop
 
 
@@ -164,5 +164,5 @@ def arm_updated(client: redis.Redis, keys: Keys, loop: Loop) -> Loop:
     at = timer_at(loop)
     if at is not None:
         timers.arm(timers.raw_from(client), keys, loop.id, at, expect_loop=loop.to_json(),
-                   queue_name=loop_queue(loop))
+                   queue_name=loop_queue(loop, keys))
     return loop

@@ -68,7 +68,7 @@ def ensure_timer(rt: Runtime, loop: Loop | None) -> None:
     if at is None:
         timers.disarm(rt.raw, rt.keys, loop.id)
     else:
-        timers.arm(rt.raw, rt.keys, loop.id, at, queue_name=loop_queue(loop))
+        timers.arm(rt.raw, rt.keys, loop.id, at, queue_name=loop_queue(loop, rt.keys))
 
 
 class ArmAfter:
@@ -89,7 +89,7 @@ class ArmAfter:
         at = rules.timer_at(loop)
         if at is None or at <= self.not_before or (self.wanted is not None and not self.wanted(loop)):
             return
-        timers.arm_after(pipe, self.rt.raw, self.rt.keys, loop.id, at, loop_json, loop_queue(loop))
+        timers.arm_after(pipe, self.rt.raw, self.rt.keys, loop.id, at, loop_json, loop_queue(loop, self.rt.keys))
         self.at = at
 
     def outcome(self, replies: list[object]) -> datetime | str | None:

@@ -39,6 +39,7 @@ from loopsq.state.loops import LoopStore
 from loopsq.state.outages import OutageLog, errors, is_transient, note_seen, parse_seen, ride, riding
 from loopsq.state.runs import Owner, RunStore
 from loopsq.state.workflows import WorkflowStore
+from loopsq.system.config import configured_namespace
 from loopsq.system.procs import hostname
 
 log = logging.getLogger(__name__)
@@ -140,7 +141,9 @@ class Runtime:
             self._riding = lambda: until.is_set() or self._stop.is_set()
             client = riding(client, self.outage, self._riding)
         self.client = client
-        self.keys = keys or Keys()
+        # No keys given: the namespace of this process (``LOOPSQ_NAMESPACE``, which ``--namespace`` sets), as an
+        # RQ job run by a plain ``rq worker`` has nothing else to go by.
+        self.keys = keys or Keys(configured_namespace())
         self.role = role
         host = hostname()
         self.owner = Owner(worker_id or f"{role}:{host}:{os.getpid()}:{gen_id()[:6]}", host, os.getpid())

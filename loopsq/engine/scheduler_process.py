@@ -23,6 +23,7 @@ from loopsq.engine.notify import NotifierThread
 from loopsq.engine.runtime import Runtime
 from loopsq.state import owned_key
 from loopsq.state.connection import sibling, unavailable
+from loopsq.state.keys import Keys
 from loopsq.state.outages import errors, is_configuration_error, is_transient, wait_for_redis
 from loopsq.system import tracing
 
@@ -64,8 +65,8 @@ class Leadership:
 
 
 def run_scheduler(url: str, stop: threading.Event, *, poll_s: float = POLL_S, maintenance_s: float = MAINTENANCE_S,
-                  migrate: bool = True) -> None:
-    """The scheduler loop until ``stop`` is set.
+                  migrate: bool = True, keys: Keys | None = None) -> None:
+    """The scheduler loop until ``stop`` is set, for the namespace of ``keys`` (default: ``LOOPSQ_NAMESPACE``'s).
 
     Redis being unreachable or restarting never ends it: its calls wait for Redis (one log line when an outage
     starts, one when it ends) under the same identity, and go on. Only a configuration error ends it.
@@ -76,7 +77,7 @@ def run_scheduler(url: str, stop: threading.Event, *, poll_s: float = POLL_S, ma
         RedisUnavailableError: on a configuration error (wrong password, bad URL), with its one-line message.
         StateLayoutError: the state is in a layout this release does not read (exit 2).
     """
-    rt = Runtime(url, role="scheduler", ride_until=stop)
+    rt = Runtime(url, keys=keys, role="scheduler", ride_until=stop)
     if not wait_for_redis(rt.direct, rt.outage, stop):
         return
     try:  # (a state it does not read: exit 2 with one line, before anything is written)
@@ -182,10 +183,10 @@ def _loop(rt: Runtime, stop: threading.Event, poll_s: float, maintenance_s: floa
                     leading.clear()
                 next_lead_check = now + LOCK_MS / 3000.0
             started_ns = time.time_ns()
-            moved = timers.move_due(rt.raw)
+            moved = timers.move_due(rt.raw, keys=rt.keys)
             if moved:  # (a span only for a move that moved something, not for every poll)
                 tracing.record("loopsq.timers.move", started_ns, {"loopsq.moved": moved})
-            due_in = timers.next_due_in(rt.raw)
+            due_in = timers.next_due_in(rt.raw, rt.keys)
             stop.wait(poll_s if due_in is None else max(0.0, min(poll_s, due_in)))
     finally:
         leading.clear()

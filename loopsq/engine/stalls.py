@@ -55,7 +55,7 @@ def repair_lost_fire(rt: Runtime, loop: Loop, due: datetime, now: datetime) -> b
     if not job_id or timers.queued_in_place(rt.raw, job_id) is not False:
         return False
     timers.drop_stranded(rt.raw, job_id)
-    armed = timers.arm(rt.raw, rt.keys, loop.id, now, queue_name=loop_queue(loop))
+    armed = timers.arm(rt.raw, rt.keys, loop.id, now, queue_name=loop_queue(loop, rt.keys))
     late = (to_ms(now) - to_ms(due)) // 1000
     record(rt, loop, rules.LOST_FIRE_JOB, now, repaired=armed is not None,
            how=f"slot {to_iso(due)} overdue {late}s; dropped job {job_id}, timer re-armed now")

@@ -39,9 +39,11 @@ from loopsq.state.loop_watch import TIMER_PREFIX, armed_score_ms
 
 log = logging.getLogger("loopsq.timers")
 
-#: The queue of runs that require nothing of their worker; a requirement set has a queue of its own
-#: (``domain.labels.queue_name``), listed in ``keys.queues``.
+#: The default namespace's queue of runs that require nothing of their worker (a namespace's is
+#: ``keys.base_queue``); a requirement set has a queue of its own (``domain.labels.queue_name``), listed in
+#: ``keys.queues``.
 QUEUE_NAME = labels.BASE_QUEUE
+_DEFAULT_KEYS = Keys()
 FIRE = "worker.jobs.fire"
 #: Every timer's job id starts with this, then ``<loop id>-<due ms>-<random>``.
 FIRE_PREFIX = TIMER_PREFIX
@@ -66,9 +68,9 @@ def raw_from(client: redis.Redis) -> redis.Redis:
     return sibling(client, decode_responses=False)
 
 
-def scheduler(raw: redis.Redis) -> MsScheduler:
-    """The timer store (no loop of its own is run)."""
-    return rqjobs.scheduler(raw, QUEUE_NAME)
+def scheduler(raw: redis.Redis, keys: Keys = _DEFAULT_KEYS) -> MsScheduler:
+    """The timer store of ``keys``' namespace (no loop of its own is run)."""
+    return rqjobs.scheduler(raw, keys.base_queue, keys.scheduled_jobs)
 
 
 def queue(raw: redis.Redis, name: str = QUEUE_NAME) -> Queue:
@@ -77,30 +79,31 @@ def queue(raw: redis.Redis, name: str = QUEUE_NAME) -> Queue:
     return rqjobs.queue(raw, name)
 
 
-def queue_entry(name: str) -> str:
-    """The registry entry (``keys.queues``) of a queue: its requirement set and when it was first used."""
-    return json.dumps({"labels": list(labels.queue_requirements(name) or ()), "since": to_iso(now())},
+def queue_entry(name: str, base: str = QUEUE_NAME) -> str:
+    """The registry entry (``keys.queues``) of a queue under ``base``: its requirement set and when it was first
+    used."""
+    return json.dumps({"labels": list(labels.queue_requirements(name, base) or ()), "since": to_iso(now())},
                       separators=(",", ":"))
 
 
 def register_queue(client: redis.Redis, keys: Keys, name: str) -> None:
     """List ``name`` in the queue registry (a no-op for the base queue, and for one listed already)."""
-    if name != QUEUE_NAME:
-        client.hsetnx(keys.queues, name, queue_entry(name))
+    if name != keys.base_queue:
+        client.hsetnx(keys.queues, name, queue_entry(name, keys.base_queue))
 
 
 def registered_queues(client: redis.Redis, keys: Keys) -> dict[str, tuple[str, ...]]:
     """Every queue a run has been routed to, with its requirement set (the base queue, with none, included)."""
-    return queues_named(client.hkeys(keys.queues))
+    return queues_named(client.hkeys(keys.queues), keys.base_queue)
 
 
-def queues_named(names: Iterable[bytes | str]) -> dict[str, tuple[str, ...]]:
-    """The base queue and each of ``names`` (the registry's, ``HKEYS keys.queues``) that is one of loopsq's, with
-    its requirement set."""
-    found: dict[str, tuple[str, ...]] = {QUEUE_NAME: ()}
+def queues_named(names: Iterable[bytes | str], base: str = QUEUE_NAME) -> dict[str, tuple[str, ...]]:
+    """The base queue ``base`` and each of ``names`` (the registry's, ``HKEYS keys.queues``) that is one of
+    loopsq's under it, with its requirement set."""
+    found: dict[str, tuple[str, ...]] = {base: ()}
     for name in names:
         text = _text(name)
-        requirements = labels.queue_requirements(text)
+        requirements = labels.queue_requirements(text, base)
         if requirements is not None:
             found[text] = requirements
     return found
@@ -116,33 +119,33 @@ def _arm_command(raw: redis.Redis, keys: Keys, loop_id: str, at: datetime, expec
     watch = str(armed_score_ms(to_ms(at), to_ms(now())))
     job_id = f"{prefix}{gen_id()[:6]}"
     fields = rqjobs.unsaved_job_fields(raw, queue_name, FIRE, (loop_id,), job_id, NO_RESULT_TTL)
-    keys_ = [keys.timer(loop_id), names.SCHEDULED_KEY, keys.loop_watch, names.job_key(job_id), keys.loop(loop_id),
+    keys_ = [keys.timer(loop_id), keys.scheduled_jobs, keys.loop_watch, names.job_key(job_id), keys.loop(loop_id),
              keys.queues]
-    listed = "" if queue_name == QUEUE_NAME else queue_name
+    listed = "" if queue_name == keys.base_queue else queue_name
     args = [prefix, watch, loop_id, job_id, str(to_ms(at) / 1000.0), names.JOB_PREFIX, keys.worker(""),
-            expect_loop or "", listed, queue_entry(queue_name) if listed else "", *fields]
+            expect_loop or "", listed, queue_entry(queue_name, keys.base_queue) if listed else "", *fields]
     return keys_, args
 
 
 def arm(raw: redis.Redis, keys: Keys, loop_id: str, at: datetime, *, expect_loop: str | None = None,
-        queue_name: str = QUEUE_NAME) -> str | None:
+        queue_name: str | None = None) -> str | None:
     """Arm the loop's single timer at ``at``, replacing any previous entry, in one round trip. Returns the
     timer's job id; None when ``expect_loop`` (a loop's JSON) was given and the loop is no longer that.
 
     When the entry already armed is for the same millisecond and still scheduled, no timer is written. Either way
     the loop's maintenance watch (``state.loop_watch``) moves to a grace after ``at``.
     """
-    keys_, args = _arm_command(raw, keys, loop_id, at, expect_loop, queue_name)
+    keys_, args = _arm_command(raw, keys, loop_id, at, expect_loop, queue_name or keys.base_queue)
     armed = raw.eval(scripts.ARM, len(keys_), *keys_, *args)
     return _text(armed) if armed else None
 
 
 def arm_after(pipe: Pipeline, raw: redis.Redis, keys: Keys, loop_id: str, at: datetime, loop_json: str,
-              queue_name: str = QUEUE_NAME) -> None:
+              queue_name: str | None = None) -> None:
     """Queue ``arm`` of the loop's timer at ``at`` on ``pipe``, right behind the transition that wrote the loop
     as ``loop_json``: it applies only while the loop is exactly that (see ``scripts.ARM``). The pipeline's reply for it
     is the armed job id, or 0. ``raw``: RQ's client, for the job's serializer."""
-    keys_, args = _arm_command(raw, keys, loop_id, at, loop_json, queue_name)
+    keys_, args = _arm_command(raw, keys, loop_id, at, loop_json, queue_name or keys.base_queue)
     pipe.eval(scripts.ARM, len(keys_), *keys_, *args)
 
 
@@ -150,7 +153,7 @@ def disarm(raw: redis.Redis, keys: Keys, loop_id: str) -> None:
     """Remove the loop's timer entry, if any."""
     previous = raw.getdel(keys.timer(loop_id))
     if previous:
-        raw.eval(scripts.DROP, 2, names.SCHEDULED_KEY, names.job_key(_text(previous)), _text(previous))
+        raw.eval(scripts.DROP, 2, keys.scheduled_jobs, names.job_key(_text(previous)), _text(previous))
 
 
 def _text(value: bytes | str) -> str:
@@ -166,7 +169,7 @@ def armed_state(raw: redis.Redis, keys: Keys, loop_ids: list[str]) -> dict[str, 
     use the RQ worker's name as their worker id) is gone is reported ``orphaned``: its worker was killed while it
     ran the job, nobody will finish it, so nothing it would have re-armed gets armed.
     """
-    sched_key = names.SCHEDULED_KEY
+    sched_key = keys.scheduled_jobs
     pipe = raw.pipeline(transaction=False)
     for loop_id in loop_ids:
         pipe.get(keys.timer(loop_id))
@@ -233,15 +236,15 @@ def _origin(raw: redis.Redis, job_id: str) -> str:
 MOVE_BATCH = 500
 
 
-def move_due(raw: redis.Redis, now_s: float | None = None) -> int:
-    """Move every due timer onto the queue in batches of ``MOVE_BATCH`` (one scripted round trip each; cost grows
+def move_due(raw: redis.Redis, now_s: float | None = None, keys: Keys = _DEFAULT_KEYS) -> int:
+    """Move every due timer of ``keys``' namespace onto its queue in batches of ``MOVE_BATCH`` (one scripted round trip each; cost grows
     with what is due, not with what is armed). Safe to run from several schedulers at once. Returns how many."""
     until = repr(_now_s() if now_s is None else now_s)
     moved = 0
     while True:
-        done, seen = raw.eval(scripts.MOVE_DUE, 3, names.SCHEDULED_KEY, names.queue_key(QUEUE_NAME),
+        done, seen = raw.eval(scripts.MOVE_DUE, 3, keys.scheduled_jobs, names.queue_key(keys.base_queue),
                               names.QUEUES_KEY, until, MOVE_BATCH, names.JOB_PREFIX, names.rq_now_text(),
-                              QUEUE_NAME, names.QUEUE_PREFIX)
+                              keys.base_queue, names.QUEUE_PREFIX)
         moved += int(done)
         if int(seen) < MOVE_BATCH:
             return moved
@@ -307,9 +310,10 @@ def take_fire(raw: redis.Redis, worker: str, done: str | None = None, took_s: fl
     return Taken(job_id, fire_loop_id(job_id), _rq_time(enqueued))
 
 
-def finish_taken(raw: redis.Redis, job_id: str, worker: str = "", took_s: float = 0.0) -> None:
+def finish_taken(raw: redis.Redis, job_id: str, worker: str = "", took_s: float = 0.0,
+                 queue_name: str = QUEUE_NAME) -> None:
     """A job from ``take_fire`` is done: settled as RQ settles a finished job (see ``take_fire``)."""
-    raw.eval(scripts.FINISH, 2, names.queue_key(QUEUE_NAME), names.finished_registry_key(QUEUE_NAME),
+    raw.eval(scripts.FINISH, 2, names.queue_key(queue_name), names.finished_registry_key(queue_name),
              names.JOB_PREFIX, FIRE_PREFIX, worker, job_id, names.rq_now_text(), repr(took_s), names.WORKER_PREFIX)
 
 
@@ -345,32 +349,35 @@ def fire_loop_id(job_id: str) -> str:
     return job_id[len(FIRE_PREFIX):].rsplit("-", 2)[0]
 
 
-def next_due_in(raw: redis.Redis) -> float | None:
-    """Seconds until the earliest armed timer (negative when overdue), None when nothing is armed."""
-    first = raw.zrange(names.SCHEDULED_KEY, 0, 0, withscores=True)
+def next_due_in(raw: redis.Redis, keys: Keys = _DEFAULT_KEYS) -> float | None:
+    """Seconds until the earliest armed timer of ``keys``' namespace (negative when overdue), None when nothing is
+    armed."""
+    first = raw.zrange(keys.scheduled_jobs, 0, 0, withscores=True)
     if not first:
         return None
     return float(first[0][1]) - _now_s()
 
 
 def enqueue(raw: redis.Redis, func: str, *args: Any, job_id: str | None = None, result_ttl: int = RESULT_TTL,
-            queue_name: str = QUEUE_NAME, keys: Keys | None = None, **kwargs: Any) -> str:
+            queue_name: str | None = None, keys: Keys | None = None, **kwargs: Any) -> str:
     """Enqueue a loopsq job now on ``queue_name`` (the queue of the run's requirement set, listed in the queue
     registry of ``keys``); returns its id. ``result_ttl``: seconds RQ keeps the finished job and its result (0:
     deleted when done)."""
-    register_queue(raw, keys or Keys(), queue_name)
+    keys = keys or _DEFAULT_KEYS
+    queue_name = queue_name or keys.base_queue
+    register_queue(raw, keys, queue_name)
     return rqjobs.enqueue(raw, queue_name, func, *args, job_id=job_id, result_ttl=result_ttl,
                           failure_ttl=FAILURE_TTL, **kwargs)
 
 
-def queue_depth(raw: redis.Redis) -> int:
-    """Jobs waiting in loopsq's queue."""
-    return rqjobs.queue_count(raw, QUEUE_NAME)
+def queue_depth(raw: redis.Redis, keys: Keys = _DEFAULT_KEYS) -> int:
+    """Jobs waiting in the base queue of ``keys``' namespace."""
+    return rqjobs.queue_count(raw, keys.base_queue)
 
 
-def scheduled_count(raw: redis.Redis) -> int:
-    """Timers armed."""
-    return int(raw.zcard(names.SCHEDULED_KEY))
+def scheduled_count(raw: redis.Redis, keys: Keys = _DEFAULT_KEYS) -> int:
+    """Timers armed in ``keys``' namespace."""
+    return int(raw.zcard(keys.scheduled_jobs))
 
 
 # -- what the fleet view reads (``engine.fleet``, pipelined with its other reads): RQ's and rq-scheduler's keys ----
@@ -397,7 +404,7 @@ def enqueued_time(value: bytes | str | None) -> datetime | None:
         return None
 
 
-def scheduled_key() -> str:
-    """rq-scheduler's sorted set of armed timers: job id -> due time in epoch seconds (to the millisecond, as
-    ``MsScheduler`` writes them)."""
-    return names.SCHEDULED_KEY
+def scheduled_key(keys: Keys = _DEFAULT_KEYS) -> str:
+    """The sorted set of ``keys``' namespace's armed timers, in rq-scheduler's format: job id -> due time in epoch
+    seconds (to the millisecond, as ``MsScheduler`` writes them)."""
+    return keys.scheduled_jobs

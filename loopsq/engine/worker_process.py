@@ -18,6 +18,7 @@ from loopsq.engine.runtime import Runtime, current_runtime, set_current_runtime
 from loopsq.engine.slots import DEFAULT_CONCURRENCY, Slots
 from loopsq.executor.capabilities import published
 from loopsq.state.connection import unavailable
+from loopsq.state.keys import Keys
 from loopsq.state.outages import errors, is_configuration_error, is_transient, wait_for_redis
 from loopsq.system.signals import stop_on_signals
 
@@ -43,8 +44,8 @@ def kill_orphans(rt: Runtime) -> int:
 
 def run_worker(url: str, *, burst: bool = False, stop: threading.Event | None = None, grace_s: float = 30.0,
                announce: str | None = None, concurrency: int = DEFAULT_CONCURRENCY,
-               labels: list[str] | None = None) -> None:
-    """Run the worker until SIGTERM/SIGINT: it stops taking jobs, lets the current runs finish within
+               labels: list[str] | None = None, keys: Keys | None = None) -> None:
+    """Run the worker of ``keys``' namespace (default: ``LOOPSQ_NAMESPACE``'s) until SIGTERM/SIGINT: it stops taking jobs, lets the current runs finish within
     ``grace_s``, then cancels them so they are recorded and retried elsewhere (nothing is left running unowned).
 
     It holds up to ``concurrency`` runs at once (``engine.slots``) and takes them from the queues its labels
@@ -58,7 +59,7 @@ def run_worker(url: str, *, burst: bool = False, stop: threading.Event | None = 
         RedisUnavailableError: on a configuration error (wrong password, bad URL), with its one-line message.
     """
     stop = stop or threading.Event()
-    rt = Runtime(url, role="worker", reaper=reap_host, ride_until=stop)
+    rt = Runtime(url, keys=keys, role="worker", reaper=reap_host, ride_until=stop)
     if not _between_incarnations(stop, lambda: wait_for_redis(rt.direct, rt.outage, stop)):
         return
     try:  # (a state it does not read: exit 2 with one line, before anything is written)

@@ -180,7 +180,7 @@ def _redis_checks(client: redis.Redis, keys: Keys, data_dir: Path, age_warn_ms: 
     for loop in loops:
         if loop.status != "active":
             continue
-        needed.setdefault(loop_queue(loop), []).append(loop.name)
+        needed.setdefault(loop_queue(loop, keys), []).append(loop.name)
         checks.append(_workers_check(client, keys, loop.id, loop.name, loop.target, WorkflowStore(client, keys),
                                      workers))
         try:

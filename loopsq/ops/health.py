@@ -57,12 +57,40 @@ def writes_refused(client: redis.Redis) -> str | None:
 
 #: Run keys whose MEMORY USAGE is sampled for the bytes per run in the window (the newest ones).
 MEMORY_SAMPLE = 20
+#: The most keys of the namespace whose MEMORY USAGE is summed (``namespace_memory``): beyond, the sum is a floor.
+NAMESPACE_SCAN_LIMIT = 200_000
+
+
+def namespace_memory(client: redis.Redis, keys: Keys, limit: int = NAMESPACE_SCAN_LIMIT) -> tuple[int, int, bool]:
+    """(bytes, keys, complete): the MEMORY USAGE of the keys of ``keys``' namespace only (``SCAN MATCH <ns>:*``
+    and its timer set), so that a deployment sharing its Redis with others counts its own. ``complete`` is False
+    when more than ``limit`` keys were found (the figures are then those of the first ``limit``) or MEMORY USAGE
+    is refused."""
+    names = [keys.scheduled_jobs] if not keys.scheduled_jobs.startswith(keys.namespace + ":") else []
+    complete = True
+    for key in client.scan_iter(match=keys.pattern, count=1000):
+        if len(names) >= limit:
+            complete = False
+            break
+        names.append(key)
+    total = 0
+    for start in range(0, len(names), 1000):
+        pipe = client.pipeline(transaction=False)
+        for key in names[start:start + 1000]:
+            pipe.memory_usage(key, samples=0)
+        try:
+            total += sum(int(n) for n in pipe.execute() if n)
+        except redis.ResponseError:
+            return total, len(names), False
+    return total, len(names), complete
 
 
 def redis_memory(client: redis.Redis, keys: Keys) -> dict[str, Any]:
-    """``usedMemory``, ``maxMemory`` (0: no limit) and ``policy`` from ``INFO memory``; ``loops`` and ``runs``
-    (in Redis's windows); ``bytesPerLoop`` (used memory over loops) and ``bytesPerRun`` (the mean MEMORY USAGE
-    of the newest run keys), None when there is nothing to divide by."""
+    """``usedMemory``, ``maxMemory`` (0: no limit) and ``policy`` from ``INFO memory`` (the whole server's);
+    ``namespace``, ``namespaceBytes``, ``namespaceKeys`` and ``namespaceComplete`` (``namespace_memory``: this
+    deployment's keys only); ``loops`` and ``runs`` (in Redis's windows); ``bytesPerLoop`` (the namespace's bytes
+    over its loops) and ``bytesPerRun`` (the mean MEMORY USAGE of the newest run keys), None when there is nothing
+    to divide by."""
     try:
         info = client.info("memory")
     except redis.ResponseError:  # INFO refused (a managed Redis that renames it, a test double): no figures
@@ -82,10 +110,12 @@ def redis_memory(client: redis.Redis, keys: Keys) -> dict[str, Any]:
             sizes = [int(n) for n in pipe.execute() if n]
         except redis.ResponseError:
             sizes = []
+    own, own_keys, complete = namespace_memory(client, keys)
     return {
         "usedMemory": used, "maxMemory": maximum, "policy": str(info.get("maxmemory_policy", "unknown")),
+        "namespace": keys.namespace, "namespaceBytes": own, "namespaceKeys": own_keys, "namespaceComplete": complete,
         "loops": int(loops), "runs": int(runs),
-        "bytesPerLoop": used // int(loops) if loops else None,
+        "bytesPerLoop": own // int(loops) if loops else None,
         "bytesPerRun": sum(sizes) // len(sizes) if sizes else None,
     }
 
@@ -103,10 +133,13 @@ def human_bytes(n: int | None) -> str:
 
 
 def memory_line(memory: dict[str, Any]) -> str:
-    """One line: used of max (percent), policy, per loop and per run in the window."""
+    """One line: used of max (percent), policy, the namespace's own keys, per loop and per run in the window."""
     used, maximum = memory["usedMemory"], memory["maxMemory"]
     of = f" of {human_bytes(maximum)} ({100 * used / maximum:.0f}%)" if maximum else " (no maxmemory)"
-    return (f"{human_bytes(used)}{of}, policy {memory['policy']}; {human_bytes(memory['bytesPerLoop'])} per loop "
+    floor = "" if memory["namespaceComplete"] else "at least "
+    return (f"{human_bytes(used)}{of}, policy {memory['policy']}; namespace {memory['namespace']}: {floor}"
+            f"{human_bytes(memory['namespaceBytes'])} in {memory['namespaceKeys']} keys; "
+            f"{human_bytes(memory['bytesPerLoop'])} per loop "
             f"({memory['loops']}), {human_bytes(memory['bytesPerRun'])} per run in the window ({memory['runs']})")
 
 
@@ -164,8 +197,8 @@ def status_report(client: redis.Redis, keys: Keys, conn: sqlite3.Connection | No
         "redisMemory": redis_memory(client, keys),
         "schedulers": live_processes(client, keys, "scheduler"),
         "workers": live_processes(client, keys, "worker"),
-        "queueDepth": timers.queue_depth(raw),
-        "timersArmed": timers.scheduled_count(raw),
+        "queueDepth": timers.queue_depth(raw, keys),
+        "timersArmed": timers.scheduled_count(raw, keys),
         "mirrorLag": mirror_lag(client, keys, conn) if conn is not None else None,
         "loops": by_status,
         "runs": runs,

@@ -134,7 +134,7 @@ BASE_ENV_KEYS = frozenset({"PATH", "HOME", "USER", "LOGNAME", "SHELL", "LANG", "
                            "PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV", "SYSTEMROOT"})
 #: loopsq's own variables a child may be given (each only to the children that use it), never inherited as such.
 PASSED_LOOPSQ_KEYS = {
-    "all": ("LOOPSQ_HOST", "LOOPSQ_REDIS_SSL_CERT_REQS", "LOOPSQ_CLAIM_REPLICAS"),
+    "all": ("LOOPSQ_HOST", "LOOPSQ_REDIS_SSL_CERT_REQS", "LOOPSQ_CLAIM_REPLICAS", "LOOPSQ_NAMESPACE"),
     "web": ("LOOPSQ_METRICS_PER_LOOP", "LOOPSQ_MCP_ALLOW_MUTATIONS", "LOOPSQ_MCP_ALLOW_TOOLS"),
     "mirror": ("LOOPSQ_MIRROR_NAME",),
     # What maintenance reads: the history windows and how long a silent mirror group holds the stream back.
@@ -149,7 +149,8 @@ def child_env(role: str, url: str | None, data_dir: Path, environ: dict[str, str
     Every child gets ``BASE_ENV_KEYS`` and ``LC_*``, the Redis URL (``LOOPSQ_REDIS_URL_FILE``, the file's path, when
     ``url_file`` holds it: the embedded Redis's ``redis.url``, or the file up was given) and the data dir (the
     embedded Redis gets neither);
-    ``LOOPSQ_HOST`` and the Redis connection settings (``LOOPSQ_REDIS_SSL_CERT_REQS``, ``LOOPSQ_CLAIM_REPLICAS``);
+    ``LOOPSQ_HOST``, the namespace (``LOOPSQ_NAMESPACE``, which ``--namespace`` sets) and the Redis connection
+    settings (``LOOPSQ_REDIS_SSL_CERT_REQS``, ``LOOPSQ_CLAIM_REPLICAS``);
     the web app its token (added by the caller), ``LOOPSQ_METRICS_PER_LOOP``, ``LOOPSQ_MCP_ALLOW_MUTATIONS`` and
     ``LOOPSQ_MCP_ALLOW_TOOLS``; the mirror ``LOOPSQ_MIRROR_NAME``; the scheduler the retention settings
     (``LOOPSQ_KEEP_RUNS``, ``LOOPSQ_KEEP_WORKFLOW_RUNS``, ``LOOPSQ_MIRROR_IDLE``). A worker gets the whole
@@ -265,10 +266,11 @@ def bring_layout_forward(sup: Supervisor, url: str) -> None:
     any child writes into it (README, "Upgrading")."""
     from loopsq.state import layout, migrations
     from loopsq.state.keys import Keys
+    from loopsq.system.config import configured_namespace
 
     client = connect(url)
     try:
-        keys = Keys()
+        keys = Keys(configured_namespace())
         found = layout.read(client, keys)
         if layout.EMPTY < found.version < layout.LAYOUT or found.migrating_to is not None:
             migrations.migrate(client, keys, wait_s=120.0, say=sup.say)
@@ -324,7 +326,10 @@ def run_up(cfg: UpConfig, stop: threading.Event, force: threading.Event | None =
 
             client = connect(url)
             try:
-                for line in create_demo(client, timeutil.now()):
+                from loopsq.state.keys import Keys
+                from loopsq.system.config import configured_namespace
+
+                for line in create_demo(client, timeutil.now(), Keys(configured_namespace())):
                     sup.say(line)
             finally:
                 client.close()

@@ -1,7 +1,9 @@
 """Every Redis key name loopsq uses, in one place.
 
-Keys live under a namespace (default ``loopsq``) so that one Redis can host several deployments. Nothing else in
-the code base spells a key.
+Keys live under a namespace (default ``loopsq``; ``LOOPSQ_NAMESPACE`` or ``--namespace``) so that one Redis can
+host several deployments. Nothing else in the code base spells a key. The namespace also names the deployment's RQ
+queues (``base_queue``) and its timer set (``scheduled_jobs``). The default namespace keeps exactly the key and
+queue names loopsq used before namespaces could be chosen, so choosing none needs no state-layout change.
 
 A user-chosen value inside a key (a workspace key, a pool name, an idempotency key, a host, a step id) is spelled
 by ``key_part``, so that no value can make another value's key: ``workspace("X:fence")`` is not
@@ -15,7 +17,10 @@ import re
 from dataclasses import dataclass, replace
 from urllib.parse import unquote_to_bytes
 
-DEFAULT_NAMESPACE = "loopsq"
+from loopsq.domain.namespaces import DEFAULT_NAMESPACE
+
+#: rq-scheduler's own sorted set of scheduled jobs: the default namespace's timers (``Keys.scheduled_jobs``).
+RQ_SCHEDULED_JOBS = "rq:scheduler:scheduled_jobs"
 
 #: The longest spelling of a user-chosen value inside a key. Longer ones are cut and end in a digest (``key_part``).
 MAX_PART_LENGTH = 200
@@ -117,6 +122,25 @@ class Keys:
         return replace(self, raw_parts=True)
 
     # -- deployment -------------------------------------------------------------------------------------------
+    @property
+    def pattern(self) -> str:
+        """SCAN pattern of every key under this namespace (``<ns>:*``)."""
+        return self._k("*")
+
+    @property
+    def base_queue(self) -> str:
+        """The RQ queue of runs that require nothing: the namespace itself (``loopsq`` for the default, RQ's
+        ``rq:queue:loopsq``, as before namespaces). A requirement set's queue is ``<ns>+<label>+...``
+        (``domain.labels.queue_name``), so two namespaces never share a queue."""
+        return self.namespace
+
+    @property
+    def scheduled_jobs(self) -> str:
+        """Sorted set in rq-scheduler's format (job id -> due time in epoch seconds): this namespace's armed
+        timers. The default namespace keeps rq-scheduler's own key (``RQ_SCHEDULED_JOBS``); any other has its own
+        (``<ns>:timers``), so one deployment's scheduler never moves another's timers."""
+        return RQ_SCHEDULED_JOBS if self.namespace == DEFAULT_NAMESPACE else self._k("timers")
+
     @property
     def instance(self) -> str:
         """String: random id of this Redis dataset; a mirror that sees it change rebuilds."""

@@ -31,8 +31,8 @@ WRITE_GRACE_MS = 2_000
 DUE_GRACE_MS = 5_000
 
 TABLE = "loops"
-#: rq-scheduler's sorted set of scheduled timers, and the start of every loop timer's job id (``engine.timers``
-#: uses these; a unit test holds them equal to rq-scheduler's).
+#: rq-scheduler's sorted set of scheduled timers (the default namespace's, ``Keys.scheduled_jobs``), and the start
+#: of every loop timer's job id (``engine.timers`` uses these; a unit test holds them equal to rq-scheduler's).
 SCHEDULED_KEY = "rq:scheduler:scheduled_jobs"
 TIMER_PREFIX = "loopsq-fire-"
 
@@ -60,7 +60,7 @@ def _entity_ops(entity: dict[str, Any], at: str, keys: Keys) -> list[tuple[str, 
         # The timer already armed at the time this write wants (a finalize after the claim armed the next slot):
         # no arm follows, so the watch goes to the armed score at once (checked inside the transition).
         parts += [str(armed_score_ms(to_ms(want), at_ms)), keys.timer(loop_id), f"{TIMER_PREFIX}{loop_id}-{to_ms(want)}-",
-                  SCHEDULED_KEY]
+                  keys.scheduled_jobs]
     ops = [("watch", keys.loop_watch, loop_id, "\n".join(parts))]
     expires = entity.get("expiresAt")
     if expires:

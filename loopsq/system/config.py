@@ -12,6 +12,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from loopsq.domain.namespaces import DEFAULT_NAMESPACE, check_namespace
 from loopsq.domain.redis_url import CERT_REQS_ENV, RedisUrl, apply_cert_reqs_default, parse_redis_url
 from loopsq.errors import RedisNotConfiguredError
 from loopsq.system.secrets import secret_from_env
@@ -23,6 +24,24 @@ REDIS_URL_FILENAME = "redis.url"
 UP_LOCK_FILENAME = "up.lock"
 #: Held (``flock``) by the one process that follows the change stream into the data dir's mirror; holds its pid.
 MIRROR_LOCK_FILENAME = "mirror.lock"
+
+
+#: The environment variable that names a deployment's namespace (``--namespace`` sets it for the process and its
+#: children: ``up``'s, an installed service's, an RQ job's runtime).
+NAMESPACE_ENV = "LOOPSQ_NAMESPACE"
+
+
+def configured_namespace(flag: str | None = None) -> str:
+    """``--namespace``, else ``LOOPSQ_NAMESPACE`` (empty counts as unset), else ``loopsq``, validated.
+
+    Raises:
+        ValidationError: naming ``--namespace`` or ``LOOPSQ_NAMESPACE`` and the value when it may not be one
+            (``domain.namespaces.check_namespace``).
+    """
+    if flag is not None:
+        return check_namespace(flag, "--namespace")
+    value = os.environ.get(NAMESPACE_ENV)
+    return check_namespace(value, NAMESPACE_ENV) if value else DEFAULT_NAMESPACE
 
 
 #: Where a Redis URL can come from, in order; the first one set wins. ``LOOPSQ_REDIS_URL_FILE`` (a file holding

@@ -15,6 +15,7 @@ from fastapi.openapi.utils import get_openapi
 from starlette.types import ASGIApp
 
 from loopsq import __version__
+from loopsq.domain.namespaces import DEFAULT_NAMESPACE
 from loopsq.mcp.context import McpContext
 from loopsq.mcp.http import PATH as MCP_PATH
 from loopsq.mcp.http import HttpTransport
@@ -69,7 +70,7 @@ def _dashboard_connect(url: str, *args: Any, **kwargs: Any) -> tuple[Any, Any]:
 _DASHBOARD_FROM_URL: list[Any] = []
 
 
-def rq_dashboard_app(redis_url: str, raw: redis.Redis, api_token: str) -> ASGIApp:
+def rq_dashboard_app(redis_url: str, raw: redis.Redis, api_token: str, queue: str = DEFAULT_NAMESPACE) -> ASGIApp:
     """rq-dashboard (a Flask blueprint) on ``raw`` (the web app's bytes client), as an ASGI app through a2wsgi.
 
     rq-dashboard connects from its configured URL on every request, with a parser of its own that knows none of
@@ -78,7 +79,7 @@ def rq_dashboard_app(redis_url: str, raw: redis.Redis, api_token: str) -> ASGIAp
     that URL with loopsq's own client. Deleting jobs is disabled: loopsq's timers and runs own their jobs.
     Deleting jobs is disabled: loopsq's timers and runs own their jobs. Its routes that change state (requeue,
     requeue all, empty, compact) answer GET and HEAD with 405 (``refuse_state_changes_by_get``): a link, an image
-    or a prefetch cannot trigger them.
+    or a prefetch cannot trigger them. ``/rq/`` opens on ``queue`` (the namespace's base queue).
     """
     import flask
     import rq_dashboard  # type: ignore[import-untyped]  # rq-dashboard ships no type information
@@ -97,7 +98,7 @@ def rq_dashboard_app(redis_url: str, raw: redis.Redis, api_token: str) -> ASGIAp
     flask_app.config.update(RQ_DASHBOARD_REDIS_URL=shown, RQ_DASHBOARD_DISABLE_DELETE=True)
     flask_app.register_blueprint(rq_dashboard.blueprint)
     flask_app.before_request(refuse_state_changes_by_get)
-    flask_app.before_request(rq_view.open_on_our_queue)
+    flask_app.before_request(rq_view.open_on_queue(queue))
     flask_app.after_request(rq_view.link_back)
     rq_guard.install(flask_app, api_token, rq_dashboard.web.NoSuchJobError)
     # A POST-only route's GET is refused by Flask's routing, before any hook: answer it the same way.
@@ -184,7 +185,8 @@ def create_app(settings: WebSettings, *, client: redis.Redis | None = None) -> F
     # Starlette routes an endpoint that is not a function as an ASGI app; its type hint names functions only.
     app.add_route(MCP_PATH, mcp, include_in_schema=False)  # type: ignore[arg-type]
     if settings.rq_dashboard:
-        app.mount("/rq", rq_dashboard_app(settings.redis_url, ctx.raw(), settings.token))
+        app.mount("/rq", rq_dashboard_app(settings.redis_url, ctx.raw(), settings.token,
+                                               settings.keys.base_queue))
     app.add_middleware(HeadAsGet)  # innermost: a HEAD is checked and bounded as any request, then run as GET
     app.add_middleware(BodyLimit)  # inside the token check: an unauthenticated body is never read
     app.add_middleware(TokenAuth, token=settings.token, sessions=ctx.sessions)

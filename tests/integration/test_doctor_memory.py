@@ -49,7 +49,9 @@ def test_noeviction_under_the_limit_is_ok_and_shows_memory_per_loop_and_per_run(
                                         "message": "maxmemory-policy is noeviction"}
     memory = checks["redis-memory"]
     assert memory["status"] == "ok"
-    assert re.fullmatch(r"redis memory: [\d.]+ (KB|MB) \(no maxmemory\), policy noeviction; [\d.]+ (KB|MB) per loop "
+    assert re.fullmatch(r"redis memory: [\d.]+ (KB|MB) \(no maxmemory\), policy noeviction; "
+                        r"namespace loopsq: [\d.]+ (B|KB|MB) in \d+ keys; "
+                        r"[\d.]+ (B|KB|MB) per loop "
                         r"\(1\), - per run in the window \(0\)", memory["message"]), memory["message"]
     status = CliRunner().invoke(cli, ["status"]).stdout
     assert re.search(r"^redis memory: .+ \(no maxmemory\), policy noeviction; .+ per loop \(1\)", status, re.M), status

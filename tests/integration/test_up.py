@@ -519,10 +519,12 @@ def test_up_gives_its_children_only_what_they_need(tmp_path: Path) -> None:
     environ = {"PATH": "/bin", "HOME": "/h", "LC_ALL": "C", "ANTHROPIC_API_KEY": "k", "LOOPSQ_FAULT": "after_claim",
                "LOOPSQ_TEST_FAULTS": "1", "LOOPSQ_API_TOKEN": "t" * 32, "REDIS_URL": "redis://other:6379/0",
                "LOOPSQ_REDIS_URL": "redis://old:6379/0", "PORT": "5000", "LOOPSQ_HOST": "h1",
+               "LOOPSQ_NAMESPACE": "team-a",
                "LOOPSQ_METRICS_PER_LOOP": "1", "LOOPSQ_MIRROR_NAME": "archive", "LOOPSQ_MIRROR_IDLE": "2h",
                "LOOPSQ_KEEP_RUNS": "20", "LOOPSQ_KEEP_WORKFLOW_RUNS": "30", "LOOPSQ_MCP_ALLOW_TOOLS": "loop_pause"}
     url, data = "redis://:pw@127.0.0.1:7000/0", tmp_path
-    common = {"LOOPSQ_REDIS_URL": url, "LOOPSQ_DATA_DIR": str(data), "PYTHONUNBUFFERED": "1", "LOOPSQ_HOST": "h1"}
+    common = {"LOOPSQ_REDIS_URL": url, "LOOPSQ_DATA_DIR": str(data), "PYTHONUNBUFFERED": "1", "LOOPSQ_HOST": "h1",
+              "LOOPSQ_NAMESPACE": "team-a"}  # every loopsq child works in up's namespace
     base = {"PATH": "/bin", "HOME": "/h", "LC_ALL": "C"}
     assert child_env("scheduler", url, data, environ) == {**base, **common, "LOOPSQ_MIRROR_IDLE": "2h",
                                                           "LOOPSQ_KEEP_RUNS": "20", "LOOPSQ_KEEP_WORKFLOW_RUNS": "30"}

@@ -225,6 +225,21 @@ def test_rq_dashboard_opens_on_loopsqs_queue_and_links_back(settings: WebSetting
         assert overview.status_code == 200 and 'id="loopsq-back"' in overview.text
 
 
+
+def test_a_namespaces_dashboard_shows_its_own_loops_and_opens_rq_dashboard_on_its_own_queue(
+        settings: WebSettings, real_redis: redis.Redis) -> None:
+    from dataclasses import replace
+
+    cron_loop(real_redis)  # the default namespace's
+    LoopStore(real_redis, Keys("team-a")).create(new_loop(loop_body("theirs"), timeutil.now()))
+    app = create_app(replace(settings, rq_dashboard=True, keys=Keys("team-a")))
+    with TestClient(app, headers={**AUTH, **BROWSER}) as client:
+        page = client.get("/").text
+        assert ">theirs</a>" in page and "nightly" not in page
+        home = client.get("/rq/", follow_redirects=False)
+        assert (home.status_code, home.headers["location"]) == (302, "/rq/0/view/jobs/team-a/queued/8/asc/1")
+
+
 # -- stored and live output -----------------------------------------------------------------------------------
 def test_a_finished_runs_page_shows_its_earlier_attempts_with_their_reasons_redacted_when_hidden(
         client: TestClient, real_redis: redis.Redis) -> None:

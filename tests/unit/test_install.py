@@ -106,6 +106,15 @@ def test_install_systemd_writes_three_private_units_and_prints_how_to_enable_the
         assert "s3cret" not in unit.read_text()
 
 
+def test_a_namespace_is_passed_to_every_service(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LOOPSQ_NAMESPACE", "")  # restored after the test: the flag sets it in this process
+    out = tmp_path / "units"
+    result = run("--namespace", "team-a", "--redis-url", URL, "install", "systemd", "--dir", str(out))
+    assert result.exit_code == 0, result.stderr
+    for name in UNITS:
+        assert "Environment=LOOPSQ_NAMESPACE=team-a\n" in (out / name).read_text(), name
+
+
 def test_the_web_credential_is_the_api_token_that_up_keeps_in_the_data_dir(tmp_path: Path) -> None:
     data = tmp_path / "data"
     result = run("--redis-url", URL, "--data-dir", str(data), "install", "systemd", "--dir", str(tmp_path / "u"))

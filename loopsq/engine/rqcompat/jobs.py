@@ -41,9 +41,12 @@ class MsScheduler(Scheduler):  # type: ignore[misc]
         return self.get_jobs(to_ms(now()) / 1000.0, with_times=with_times)
 
 
-def scheduler(raw: redis.Redis, queue_name: str) -> MsScheduler:
-    """The timer store (no loop of its own is run)."""
-    return MsScheduler(queue_name=queue_name, connection=raw, interval=1)
+def scheduler(raw: redis.Redis, queue_name: str, scheduled_key: str = names.SCHEDULED_KEY) -> MsScheduler:
+    """The timer store (no loop of its own is run) in the sorted set ``scheduled_key`` (rq-scheduler's own by
+    default; a namespace other than the default keeps its timers in one of its own)."""
+    found = MsScheduler(queue_name=queue_name, connection=raw, interval=1)
+    found.scheduled_jobs_key = scheduled_key
+    return found
 
 
 def queue(raw: redis.Redis, name: str) -> Queue:
