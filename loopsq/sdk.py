@@ -88,18 +88,20 @@ class LoopsClient:
         return arm_updated(self.client, self.keys, self.loops.edit(id_or_name, changes, timeutil.now()))
 
     def apply(self, specs: Sequence[Mapping[str, Any]], *, dry_run: bool = False, owner: str | None = None,
-              prune: bool = False) -> builtins.list[dict[str, Any]]:
-        """``loopsq apply`` on a list of loop specs (create bodies, identity by name, plus an optional
-        ``status``): returns the plan, ``[{"action": "create"|"update"|"unchanged"|"prune", "name", "changes"}]``,
-        carried out unless ``dry_run``. Every spec is validated first: one bad spec raises ``ValidationError``
-        (``loops[<i>] "<name>": …``) and nothing is written."""
-        from loopsq.ops.apply_plan import body_specs, check_owner, execute, plan
+              prune: bool = False, workflows: Sequence[Mapping[str, Any]] = ()) -> builtins.list[dict[str, Any]]:
+        """``loopsq apply`` on a list of loop specs (create bodies, identity by name, plus an optional ``status``)
+        and of ``workflows`` specs: returns the plan, ``[{"action": "create"|"update"|"unchanged"|"prune", "kind":
+        "loop"|"workflow", "name", "changes"}]``, carried out unless ``dry_run``. Every spec is validated first:
+        one bad spec raises ``ValidationError`` (``loops[<i>] "<name>": …``) and nothing is written."""
+        from loopsq.ops.apply_plan import check_owner, execute, plan
+        from loopsq.ops.apply_specs import body_specs
 
         now = timeutil.now()
-        steps = plan(self.client, self.keys, body_specs(specs), now, check_owner(owner, prune), prune)
+        steps = plan(self.client, self.keys, body_specs(specs, list(workflows)), now, check_owner(owner, prune),
+                     prune)
         if not dry_run:
             execute(self.client, self.keys, steps, now)
-        return [{"action": s.action, "name": s.name, "changes": s.changes} for s in steps]
+        return [s.public() for s in steps]
 
     def list(self, *, archived: bool | None = False) -> list[Loop]:
         """Loops: not archived (default), archived only (``archived=True``) or all (``archived=None``)."""
