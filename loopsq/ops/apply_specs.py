@@ -110,7 +110,7 @@ def _items(data: Any) -> list[Any]:
     return data if isinstance(data, list) else [data]
 
 
-def body_specs(loops: Any, workflows: Any = None) -> Specs:
+def body_specs(loops: Any, workflows: Any = ()) -> Specs:
     """The specs of an API or SDK request (lists of create bodies); where is ``loops[<i>] "<name>"`` or
     ``workflows[<i>] "<name>"``.
 
@@ -118,8 +118,7 @@ def body_specs(loops: Any, workflows: Any = None) -> Specs:
         ValidationError: ``loops must be an array of at most 1000 loop specs``, ``loops[<i>] must be an object``
             (likewise for ``workflows``).
     """
-    return Specs(_body_items(loops, "loops", "loop"),
-                 _body_items([] if workflows is None else workflows, "workflows", "workflow"))
+    return Specs(_body_items(loops, "loops", "loop"), _body_items(workflows, "workflows", "workflow"))
 
 
 def _body_items(items: Any, field_name: str, kind: str) -> list[Located]:

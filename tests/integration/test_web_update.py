@@ -162,6 +162,7 @@ def test_post_apply_plans_applies_and_is_idempotent(web: Web) -> None:
      'workflows[1] "nightly": workflow.steps must contain at least one step'),
     ({"loops": [], "workflows": [{**FLOW, "x": 1}]}, 'workflows[0] "nightly": unknown workflow field: "x"'),
     ({"loops": [], "workflows": {}}, "workflows must be an array of at most 1000 workflow specs, got {}"),
+    ({"loops": [], "workflows": None}, "workflows must be an array of at most 1000 workflow specs, got null"),
     ({"loops": [], "extra": 1}, 'unknown apply field: "extra"'),
     ({}, "loops is required"),
     ({"loops": [], "dryRun": "yes"}, 'dryRun must be a boolean, got "yes"'),
