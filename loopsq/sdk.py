@@ -1,5 +1,5 @@
 """``LoopsClient``: the Python SDK for other services — create and manage loops, trigger runs with an
-idempotency key, run now, read runs, and set fleet-wide pools.
+idempotency key, run now, read runs, set fleet-wide pools, and manage notification endpoints.
 
     from loopsq.sdk import LoopsClient
     client = LoopsClient("redis://:PASSWORD@redis.internal:6379/0")  # or redis+sentinel://…, rediss://…
@@ -18,7 +18,7 @@ from typing import Any
 
 import redis
 
-from loopsq.domain import limits, timeutil
+from loopsq.domain import limits, notify, timeutil
 from loopsq.domain.loop_spec import new_loop
 from loopsq.domain.models import Loop
 from loopsq.domain.namespaces import check_namespace
@@ -32,6 +32,7 @@ from loopsq.state.clock import RedisClock
 from loopsq.state.connection import connect, target_of
 from loopsq.state.keys import Keys
 from loopsq.state.loops import LoopStore
+from loopsq.state.notify import LOG_SIZE, NotifyStore
 from loopsq.state.pools import Pool, PoolState, PoolStore
 from loopsq.state.runs import RunStore
 from loopsq.system.config import configured_namespace, resolve_redis_url
@@ -95,18 +96,20 @@ class LoopsClient:
         return arm_updated(self.client, self.keys, self.loops.edit(id_or_name, changes, timeutil.now()))
 
     def apply(self, specs: Sequence[Mapping[str, Any]], *, dry_run: bool = False, owner: str | None = None,
-              prune: bool = False) -> builtins.list[dict[str, Any]]:
-        """``loopsq apply`` on a list of loop specs (create bodies, identity by name, plus an optional
-        ``status``): returns the plan, ``[{"action": "create"|"update"|"unchanged"|"prune", "name", "changes"}]``,
-        carried out unless ``dry_run``. Every spec is validated first: one bad spec raises ``ValidationError``
-        (``loops[<i>] "<name>": …``) and nothing is written."""
-        from loopsq.ops.apply_plan import body_specs, check_owner, execute, plan
+              prune: bool = False, workflows: Sequence[Mapping[str, Any]] = ()) -> builtins.list[dict[str, Any]]:
+        """``loopsq apply`` on a list of loop specs (create bodies, identity by name, plus an optional ``status``)
+        and of ``workflows`` specs: returns the plan, ``[{"action": "create"|"update"|"unchanged"|"prune", "kind":
+        "loop"|"workflow", "name", "changes"}]``, carried out unless ``dry_run``. Every spec is validated first:
+        one bad spec raises ``ValidationError`` (``loops[<i>] "<name>": …``) and nothing is written."""
+        from loopsq.ops.apply_plan import check_owner, execute, plan
+        from loopsq.ops.apply_specs import body_specs
 
         now = timeutil.now()
-        steps = plan(self.client, self.keys, body_specs(specs), now, check_owner(owner, prune), prune)
+        steps = plan(self.client, self.keys, body_specs(specs, list(workflows)), now, check_owner(owner, prune),
+                     prune)
         if not dry_run:
             execute(self.client, self.keys, steps, now)
-        return [{"action": s.action, "name": s.name, "changes": s.changes} for s in steps]
+        return [s.public() for s in steps]
 
     def list(self, *, archived: bool | None = False) -> list[Loop]:
         """Loops: not archived (default), archived only (``archived=True``) or all (``archived=None``)."""
@@ -197,6 +200,37 @@ class LoopsClient:
         """Remove pool ``name`` (runs holding its slots finish); ``NotFoundError`` when there is none."""
         if not self.pool_store.delete(name):
             raise NotFoundError(f"pool not found: {shown(name)}")
+
+    # -- notifications ---------------------------------------------------------------------------------------------
+    def notifications(self) -> builtins.list[dict[str, Any]]:
+        """Every notification endpoint (``loopsq notify list``), by name, as ``GET /api/notifications`` gives them:
+        ``{name, webhook, on, tags, alertAfterMs, createdAt, pending}`` (never the secret)."""
+        return NotifyStore(self.client, self.keys).listing()
+
+    def notification_add(self, name: str, webhook: str, *, on: Sequence[str] | None = None,
+                         tags: Mapping[str, str] | None = None,
+                         alert_after_ms: int | None = None) -> dict[str, Any]:
+        """Add notification ``name`` (``loopsq notify add``), or replace its settings, keeping its secret: signed
+        webhooks POSTed to ``webhook`` on the events ``on`` (default failed, recovered, missed, paused; also
+        overdue) of the loops carrying every one of ``tags``. Returns the endpoint; a new one's includes its
+        ``secret`` this once. ``ValidationError`` names a bad field, and nothing is written."""
+        body: dict[str, Any] = {"webhook": webhook, "tags": dict(tags or {}), "alertAfterMs": alert_after_ms}
+        if on is not None:
+            body["on"] = list(on) if isinstance(on, list | tuple) else on
+        saved, created = NotifyStore(self.client, self.keys).set(notify.endpoint_from_body(name, body))
+        return saved.to_dict(secret=created)
+
+    def notification_remove(self, name: str) -> None:
+        """Remove notification ``name`` with its undelivered events and its log; ``NotFoundError`` when there is
+        none."""
+        NotifyStore(self.client, self.keys).require_remove(name)
+
+    def notification_log(self, name: str | None = None, limit: int = 20) -> builtins.list[dict[str, Any]]:
+        """The newest ``limit`` (1 to 1,000) delivery attempts of notification ``name`` (of each one when None),
+        newest first (``loopsq notify log``): ``{notification, at, type, id, attempt, status, ok, error?}``."""
+        if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= LOG_SIZE:
+            raise ValidationError(f"limit must be an integer from 1 to {LOG_SIZE}, got {quoted(limit)}")
+        return NotifyStore(self.client, self.keys).logs(name, limit)
 
     def close(self) -> None:
         """Close the connection."""

@@ -11,8 +11,6 @@ from loopsq.cli.app import get_app, json_flag
 from loopsq.cli.options import positive_int_flag
 from loopsq.cli.workflows_cmds import AliasGroup
 from loopsq.domain import notify as domain
-from loopsq.domain.text import shown
-from loopsq.errors import NotFoundError
 from loopsq.state.notify import LOG_SIZE, NotifyStore
 
 
@@ -78,8 +76,7 @@ def list_endpoints() -> None:
 def remove(name: str) -> None:
     """Remove notification NAME, with its undelivered events and its log."""
     name = domain.check_endpoint_name(name)
-    if not _store().delete(name):
-        raise NotFoundError(f"notification not found: {shown(name)}")
+    _store().require_remove(name)
     get_app().emit({"removed": True, "name": name}, f"{name} removed")
 
 
@@ -101,13 +98,5 @@ def _log_line(name: str, entry: dict[str, Any]) -> str:
 def log(name: str | None, limit_text: str) -> None:
     """Show the latest delivery attempts, newest first: of NAME, or of every notification."""
     limit = positive_int_flag("--limit", limit_text, LOG_SIZE)
-    store = _store()
-    if name is not None:
-        name = domain.check_endpoint_name(name)
-        if store.get(name) is None:
-            raise NotFoundError(f"notification not found: {shown(name)}")
-        names = [name]
-    else:
-        names = [e.name for e in store.list()]
-    items = [{"notification": n, **entry} for n in names for entry in store.log(n, limit)]
+    items = _store().logs(name, limit)
     get_app().emit(items, lambda: "\n".join(_log_line(str(i["notification"]), i) for i in items))

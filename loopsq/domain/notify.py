@@ -168,6 +168,34 @@ class Endpoint:
                    secret=data.get("secret") or "", created_at=data.get("createdAt") or "")
 
 
+#: The fields of an endpoint's body (``PUT /api/notifications/{name}``, the SDK, the MCP tool).
+BODY_FIELDS = ("webhook", "on", "tags", "alertAfterMs")
+
+
+def endpoint_from_body(name: Any, body: Mapping[str, Any]) -> Endpoint:
+    """A new endpoint (with a fresh secret, which the store keeps for an endpoint that exists) from a camelCase
+    body: ``webhook`` (required), ``on`` (a list of events; default ``DEFAULT_EVENTS``), ``tags`` and
+    ``alertAfterMs``.
+
+    Raises:
+        ValidationError: ``notification body takes only webhook, on, tags, alertAfterMs, got "<field>"``,
+            ``webhook is required``, or the field's own check's message.
+    """
+    unknown = sorted(set(body) - set(BODY_FIELDS))
+    if unknown:
+        raise ValidationError(f"notification body takes only {', '.join(BODY_FIELDS)}, got {quoted(unknown[0])}")
+    if "webhook" not in body:
+        raise ValidationError("webhook is required")
+    on = body.get("on")
+    if on is not None and not isinstance(on, list | tuple):
+        raise ValidationError(f"on must be a list of {', '.join(EVENTS)}, got {quoted(on)}")
+    after = body.get("alertAfterMs")
+    return Endpoint(name=check_endpoint_name(name), url=check_webhook(body["webhook"]),
+                    events=DEFAULT_EVENTS if on is None else check_events(on), tags=check_tags(body.get("tags")),
+                    alert_after_ms=None if after is None else check_alert_after(after, "alertAfterMs"),
+                    secret=new_secret())
+
+
 def summary_line(endpoint: Endpoint) -> str:
     """One line for ``notify list``."""
     tags = ",".join(f"{k}:{v}" for k, v in sorted(endpoint.tags.items()))

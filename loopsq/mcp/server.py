@@ -27,7 +27,7 @@ from loopsq import __version__
 from loopsq.domain.limits import MAX_BODY_BYTES
 from loopsq.domain.text import shown
 from loopsq.errors import LoopsqError
-from loopsq.mcp import mutation_tools, output, read_tools, resources, run_tools
+from loopsq.mcp import mutation_tools, notify_tools, output, read_tools, resources, run_tools
 from loopsq.mcp.arguments import check_gates, check_schema, parse_allowed_tools, without_ignored
 from loopsq.mcp.context import ALLOW_TOOLS_ENV, McpContext
 from loopsq.mcp.registry import Call, Progress, Tool
@@ -44,7 +44,8 @@ INSTRUCTIONS = (
     "and, when LOOPSQ_MCP_ALLOW_TOOLS is set, only the tools it names): no argument can allow one."
 )
 
-TOOLS: tuple[Tool, ...] = (*read_tools.TOOLS, *output.TOOLS, *mutation_tools.TOOLS, *run_tools.TOOLS)
+TOOLS: tuple[Tool, ...] = (*read_tools.TOOLS, *output.TOOLS, *notify_tools.READ_TOOLS, *mutation_tools.TOOLS,
+                           *run_tools.TOOLS, *notify_tools.MUTATION_TOOLS)
 TOOLS_BY_NAME = {tool.name: tool for tool in TOOLS}
 #: The names ``LOOPSQ_MCP_ALLOW_TOOLS`` may hold.
 MUTATION_TOOLS = tuple(tool.name for tool in TOOLS if tool.mutation)

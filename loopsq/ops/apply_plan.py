@@ -1,19 +1,18 @@
-"""``loopsq apply`` and ``export``: loops kept as files, planned against what is stored, then applied.
+"""``loopsq apply`` and ``export``: loops and workflows kept as files, planned against what is stored, then applied.
 
-A spec is a loop's create body (the API's camelCase fields, ``name`` its identity). The plan says for each one
-``create``, ``update`` (with the fields that change) or ``unchanged``, and ``prune`` for the loops this apply owns
-that no file names any more. Everything is validated while planning, so one bad spec refuses the whole apply and
-nothing is written. Operator state wins: a loop's status is never changed unless its spec sets ``status``
-explicitly. The owner of the loops an apply creates is recorded as the tag ``OWNER_TAG``; ``prune`` removes only
-loops carrying the owner given, never an operator's.
+A loop spec is a loop's create body (the API's camelCase fields, ``name`` its identity); a workflow spec is a
+workflow's (``ops.apply_workflows``). The plan says for each one ``create``, ``update`` (with the fields that
+change) or ``unchanged``, and ``prune`` for the loops and workflows this apply owns that no file names any more.
+Everything is validated while planning, so one bad spec refuses the whole apply and nothing is written. Operator
+state wins: a loop's status is never changed unless its spec sets ``status`` explicitly. The owner of what an apply
+creates is recorded as the tag ``OWNER_TAG``; ``prune`` removes only loops (and archives only workflows) carrying
+the owner given, never an operator's. A loop spec's workflow target may name its workflow by name (one of this
+apply's, or a stored one); the loop stores its id, and ``export`` writes the name back.
 """
 
 from __future__ import annotations
 
-import json
-import os
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
@@ -21,123 +20,63 @@ import redis
 
 from loopsq.domain.loop_spec import new_loop, validate_name
 from loopsq.domain.loop_update import UPDATABLE, create_body, updated_loop
-from loopsq.domain.models import Loop
 from loopsq.domain.tags import check_tag_value, validate_tags
 from loopsq.domain.text import quoted
 from loopsq.engine.routing import arm_created, arm_updated
-from loopsq.errors import LoopsqError, ValidationError
+from loopsq.errors import LoopsqError, NotFoundError, ValidationError
+from loopsq.ops.apply_specs import OWNER_TAG, Specs, Step
+from loopsq.ops.apply_workflows import execute_workflow_step, export_workflows, plan_workflows, workflow_names
 from loopsq.state.keys import Keys
 from loopsq.state.loops import LoopStore
+from loopsq.state.workflows import WorkflowStore
 
-#: The tag recording which apply created a loop (``--owner``).
-OWNER_TAG = "apply.owner"
 #: The statuses a spec may set explicitly.
 SPEC_STATUSES = ("active", "paused", "stopped")
-#: How many specs one API or SDK apply takes.
-MAX_SPECS = 1000
 _SPEC_KEYS = frozenset({"name", "status", *UPDATABLE})
 
 
-@dataclass
-class Step:
-    """One line of the plan."""
-
-    action: str  # create | update | unchanged | prune
-    name: str
-    changes: list[str] = field(default_factory=list)
-    loop: Loop | None = None
-    patch: dict[str, Any] | None = None
-    status: str | None = None
-
-    def line(self) -> str:
-        """``update nightly (schedule, maxAttempts)``; ``create x``; ``unchanged y``; ``prune z``."""
-        detail = f" ({', '.join(self.changes)})" if self.changes else ""
-        return f"{self.action} {self.name}{detail}"
-
-
-def read_specs(path: str) -> list[tuple[str, dict[str, Any]]]:
-    """The loop specs of a file (a list of specs, ``{"loops": [...]}`` or one spec; JSON, or YAML when PyYAML is
-    installed) or of every ``*.json``/``*.yaml``/``*.yml`` file of a directory, in name order: ``(where, spec)``.
+def plan(client: redis.Redis, keys: Keys, specs: Specs, now: datetime, owner: str | None,
+         prune: bool) -> list[Step]:
+    """The plan of ``specs`` against the stored workflows and loops; every spec validated (nothing is written).
+    Workflows come first (a loop may run one of them), and the prunes last: loops', then workflows'.
 
     Raises:
-        ValidationError: ``<file>: ...`` for a file that cannot be read or parsed, or is not specs.
+        ValidationError: ``<file>: workflow "<name>": <message>`` or ``<file>: loop "<name>": <message>`` for the
+            first bad spec.
     """
-    if os.path.isdir(path):
-        files = sorted(os.path.join(path, n) for n in os.listdir(path) if n.endswith((".json", ".yaml", ".yml")))
-    else:
-        files = [path]
-    out: list[tuple[str, dict[str, Any]]] = []
-    for file in files:
-        try:
-            with open(file, encoding="utf-8") as handle:
-                text = handle.read(4_000_001)
-        except OSError as exc:
-            raise ValidationError(f"{file}: cannot read: {exc.strerror}") from exc
-        if len(text) > 4_000_000:
-            raise ValidationError(f"{file}: larger than 4000000 characters")
-        data = _parse(file, text)
-        items = data.get("loops") if isinstance(data, dict) and "loops" in data else data
-        items = items if isinstance(items, list) else [items]
-        for index, item in enumerate(items):
-            if not isinstance(item, dict):
-                raise ValidationError(f"{file}: loop {index + 1} must be an object, got {quoted(item)}")
-            out.append((f"{file}: loop {quoted(item.get('name'))}", item))
-    return out
-
-
-def body_specs(items: Any) -> list[tuple[str, dict[str, Any]]]:
-    """The specs of an API or SDK request (a list of create bodies): ``(where, spec)``, where is
-    ``loops[<i>] "<name>"``.
-
-    Raises:
-        ValidationError: ``loops must be an array of at most 1000 loop specs`` or ``loops[<i>] must be an object``.
-    """
-    if not isinstance(items, list | tuple) or len(items) > MAX_SPECS:
-        raise ValidationError(f"loops must be an array of at most {MAX_SPECS} loop specs, got {quoted(items)}")
-    out: list[tuple[str, dict[str, Any]]] = []
-    for index, item in enumerate(items):
-        if not isinstance(item, Mapping):
-            raise ValidationError(f"loops[{index}] must be an object, got {quoted(item)}")
-        out.append((f"loops[{index}] {quoted(item.get('name'))}", dict(item)))
-    return out
-
-
-def _parse(file: str, text: str) -> Any:
-    if file.endswith((".yaml", ".yml")):
-        try:
-            import yaml  # type: ignore[import-untyped]  # (optional: PyYAML, when installed)
-        except ImportError as exc:
-            raise ValidationError(f"{file}: reading YAML needs PyYAML (pip install pyyaml); or use JSON") from exc
-        try:
-            return yaml.safe_load(text)
-        except yaml.YAMLError as exc:
-            raise ValidationError(f"{file}: not valid YAML: {str(exc).splitlines()[0]}") from exc
-    try:
-        return json.loads(text)
-    except ValueError as exc:
-        raise ValidationError(f"{file}: not valid JSON: {exc}") from exc
-
-
-def plan(client: redis.Redis, keys: Keys, specs: list[tuple[str, dict[str, Any]]], now: datetime,
-         owner: str | None, prune: bool) -> list[Step]:
-    """The plan of ``specs`` against the stored loops; every spec validated (nothing is written).
-
-    Raises:
-        ValidationError: ``<file>: loop "<name>": <message>`` for the first bad spec.
-    """
-    store = LoopStore(client, keys)
-    steps: list[Step] = []
+    flows, planned = plan_workflows(client, keys, specs.workflows, owner, prune)
+    store, workflows = LoopStore(client, keys), WorkflowStore(client, keys)
+    steps: list[Step] = [step for step in flows if step.action != "prune"]
     seen: set[str] = set()
-    for where, spec in specs:
+    for where, spec in specs.loops:
         try:
-            steps.append(_plan_one(store, spec, now, owner, seen))
+            steps.append(_plan_one(store, _named_workflow(spec, workflows, planned), now, owner, seen))
         except LoopsqError as exc:
             raise ValidationError(f"{where}: {exc.message}") from exc
     if prune:
         for loop in store.all():
             if (loop.tags or {}).get(OWNER_TAG) == owner and loop.name not in seen:
                 steps.append(Step("prune", loop.name, loop=loop))
-    return steps
+    return steps + [step for step in flows if step.action == "prune"]
+
+
+def _named_workflow(spec: dict[str, Any], workflows: WorkflowStore, planned: Mapping[str, str]) -> dict[str, Any]:
+    """A workflow target's ``workflowId`` given as a name (of this apply's workflows, or a stored one) or an id,
+    turned into the id the loop stores."""
+    target = spec.get("target")
+    if not isinstance(target, Mapping) or target.get("type") != "workflow":
+        return spec
+    ref = target.get("workflowId")
+    if not isinstance(ref, str) or not ref.strip():
+        return spec  # new_loop names the field
+    workflow_id = planned.get(ref)
+    if workflow_id is None:
+        found = workflows.find(ref)
+        if found is None:
+            raise ValidationError(f"target.workflowId must name a stored workflow or one of this apply's, "
+                                  f"got {quoted(ref)}")
+        workflow_id = str(found["id"])
+    return {**spec, "target": {**target, "workflowId": workflow_id}}
 
 
 def _plan_one(store: LoopStore, spec: Mapping[str, Any], now: datetime, owner: str | None,
@@ -191,7 +130,9 @@ def execute(client: redis.Redis, keys: Keys, steps: list[Step], now: datetime) -
     """Carry out a plan (``plan`` validated it): creates, updates, status changes asked for, prunes."""
     store = LoopStore(client, keys)
     for step in steps:
-        if step.action == "create" and step.loop is not None:
+        if step.kind == "workflow":
+            execute_workflow_step(client, keys, step, now)
+        elif step.action == "create" and step.loop is not None:
             created = arm_created(client, keys, store.create(step.loop))
             _set_status(store, created.id, step.status, now)
         elif step.action == "update" and step.loop is not None:
@@ -211,8 +152,32 @@ def _set_status(store: LoopStore, loop_id: str, status: str | None, now: datetim
 
 
 def export_specs(client: redis.Redis, keys: Keys, names: list[str]) -> dict[str, Any]:
-    """``{"loops": [...]}``: the create bodies of the named loops (all unarchived loops when none is named), by
-    name; ``apply`` takes them back unchanged."""
+    """``{"loops": [...], "workflows": [...]}``: the create bodies of the named loops and active workflows (all
+    unarchived loops and all active workflows when none is named), by name; ``apply`` takes them back unchanged.
+    A loop that runs an active workflow names it by name.
+
+    Raises:
+        NotFoundError: ``no loop or workflow is named "<name>"``.
+    """
     store = LoopStore(client, keys)
-    loops = [store.require(name) for name in names] if names else [lp for lp in store.all() if not lp.archived]
-    return {"loops": [create_body(loop) for loop in sorted(loops, key=lambda lp: lp.name)]}
+    if names:
+        found = [store.find(name) for name in names]
+        flows = export_workflows(client, keys, names)
+        flow_names = {str(flow["name"]) for flow in flows}
+        for name, loop in zip(names, found, strict=True):
+            if loop is None and name not in flow_names:
+                raise NotFoundError(f"no loop or workflow is named {quoted(name)}")
+        loops = [loop for loop in found if loop is not None]
+    else:
+        loops = [loop for loop in store.all() if not loop.archived]
+        flows = export_workflows(client, keys, None)
+    by_id = workflow_names(client, keys)
+    return {"loops": [_workflow_by_name(create_body(loop), by_id) for loop in sorted(loops, key=lambda lp: lp.name)],
+            "workflows": flows}
+
+
+def _workflow_by_name(body: dict[str, Any], names: Mapping[str, str]) -> dict[str, Any]:
+    target = body.get("target")
+    if isinstance(target, dict) and target.get("type") == "workflow" and target.get("workflowId") in names:
+        return {**body, "target": {**target, "workflowId": names[str(target["workflowId"])]}}
+    return body

@@ -21,8 +21,9 @@ import redis
 
 from loopsq.domain import timeutil
 from loopsq.domain.notify import Endpoint, check_endpoint_name
+from loopsq.domain.text import shown
 from loopsq.domain.timeutil import to_iso
-from loopsq.errors import ConflictError
+from loopsq.errors import ConflictError, NotFoundError
 from loopsq.state.commit import Committer, Tx
 from loopsq.state.keys import Keys
 
@@ -161,3 +162,28 @@ class NotifyStore:
     def log(self, name: str, limit: int) -> builtins.list[dict[str, Any]]:
         """The newest ``limit`` attempts of ``name``, newest first."""
         return [json.loads(_s(raw)) for raw in self.client.lrange(self.keys.notify_log(name), 0, limit - 1)]
+
+    # -- views (the CLI, the SDK and the MCP tools) ----------------------------------------------------------
+    def listing(self) -> builtins.list[dict[str, Any]]:
+        """Every endpoint's public view (never its secret) with how many events wait for delivery."""
+        return [{**e.to_dict(), "pending": self.pending_count(e.name)} for e in self.list()]
+
+    def logs(self, name: str | None, limit: int) -> builtins.list[dict[str, Any]]:
+        """The newest ``limit`` attempts of endpoint ``name`` (of each endpoint, by name, when None), newest first,
+        each with its ``notification``.
+
+        Raises:
+            NotFoundError: ``notification not found: <name>``.
+        """
+        if name is not None:
+            name = check_endpoint_name(name)
+            if self.get(name) is None:
+                raise NotFoundError(f"notification not found: {shown(name)}")
+        names = [name] if name is not None else [e.name for e in self.list()]
+        return [{"notification": n, **entry} for n in names for entry in self.log(n, limit)]
+
+    def require_remove(self, name: str) -> None:
+        """``delete``, or ``NotFoundError('notification not found: <name>')`` when there is no such endpoint."""
+        name = check_endpoint_name(name)
+        if not self.delete(name):
+            raise NotFoundError(f"notification not found: {shown(name)}")

@@ -1,4 +1,5 @@
-"""Workflow specs in Redis: create (active names unique), read, archive; each one atomic transition."""
+"""Workflow specs in Redis: create (active names unique), read, edit in place, archive; each one atomic
+transition."""
 
 from __future__ import annotations
 
@@ -55,6 +56,13 @@ class WorkflowStore:
             raise NotFoundError(f"workflow not found: {shown(id_or_name)}")
         return spec
 
+    def active(self, name: str) -> dict[str, Any] | None:
+        """The active spec named ``name`` (never by id), or None."""
+        wf_id = self.client.hget(self.keys.workflow_names, name)
+        if not wf_id:
+            return None
+        return self.get(wf_id.decode() if isinstance(wf_id, bytes) else str(wf_id))
+
     def all(self) -> list[dict[str, Any]]:
         """Every spec, active and archived."""
         ids = sorted(str(i) for i in self.client.smembers(self.keys.workflows))
@@ -63,16 +71,17 @@ class WorkflowStore:
         raws = self.client.mget([self.keys.workflow(i) for i in ids])
         return [dict(json.loads(str(raw))) for raw in raws if raw]
 
-    def create(self, body: Mapping[str, Any], now: datetime) -> dict[str, Any]:
-        """Store a validated, normalised workflow body as a new active spec.
+    def create(self, body: Mapping[str, Any], now: datetime, workflow_id: str | None = None) -> dict[str, Any]:
+        """Store a validated, normalised workflow body as a new active spec (with id ``workflow_id`` when given:
+        an apply names it in its plan before writing).
 
         Raises:
-            ConflictError: when an active workflow already has that name.
+            ConflictError: when an active workflow already has that name, or ``workflow_id`` is taken.
             ValidationError: when the spec or one of its steps names a pool that does not exist
                 (``pool_registry``); nothing is written, and the write is guarded on the pools' records as read.
         """
         stamp = to_iso(now)
-        spec: dict[str, Any] = {"id": gen_id(), **body, "status": "active", "createdAt": stamp, "updatedAt": stamp}
+        spec: dict[str, Any] = {"id": workflow_id or gen_id(), **body, "status": "active", "createdAt": stamp, "updatedAt": stamp}
         spec.setdefault("version", 1)
         name = str(spec["name"])
         for _ in range(MAX_RETRIES):
@@ -103,8 +112,39 @@ class WorkflowStore:
                     f"an active workflow is already named {shown(name)} ({existing}); archive it first")
             if result.failed_guard == 1:
                 raise ConflictError(f"workflow name is another workflow's id: {shown(name)}")
+            if workflow_id is not None:
+                raise ConflictError(f"workflow id is taken: {shown(workflow_id)}; try again")
             spec["id"] = gen_id()  # the new id is taken (or is a name): draw another
         raise ConflictError(f"no free workflow id after {MAX_RETRIES} attempts; try again")
+
+    def edit(self, workflow_id: str, body: Mapping[str, Any], now: datetime) -> dict[str, Any]:
+        """Replace an active spec's body in place (``loopsq apply``): its id, name, status and ``createdAt`` stay,
+        so loops that run it by id run the new body from their next run on; a run already started keeps the spec
+        it read. One ``workflow_updated`` transition, guarded on the spec as read and on its pools' records.
+
+        Raises:
+            NotFoundError: when there is no such spec.
+            ConflictError: when it is archived, or changed concurrently ``MAX_RETRIES`` times.
+            ValidationError: when the body names a pool that does not exist (nothing is written).
+        """
+        stamp = to_iso(now)
+        for _ in range(MAX_RETRIES):
+            raw = self.client.get(self.keys.workflow(workflow_id))
+            if not raw:
+                raise NotFoundError(f"workflow not found: {shown(workflow_id)}")
+            current = dict(json.loads(str(raw)))
+            if current.get("status") != "active":
+                raise ConflictError(f"workflow is archived: {shown(workflow_id)}")
+            spec: dict[str, Any] = {**body, "id": workflow_id, "name": current["name"], "status": "active",
+                                    "createdAt": current.get("createdAt", stamp), "updatedAt": stamp}
+            spec.setdefault("version", 1)
+            pools = require_named_pools(self.client, self.keys, workflow_pools(spec))
+            tx = Tx("workflow_updated", stamp).expect(self.keys.workflow(workflow_id), str(raw))
+            expect_pools(tx, self.keys, pools)
+            tx.set(self.keys.workflow(workflow_id), _dumps(spec)).put(TABLE, spec)
+            if self.committer.commit(tx).ok:
+                return spec
+        raise ConflictError(f"workflow {workflow_id} changed concurrently {MAX_RETRIES} times; try again")
 
     def archive(self, id_or_name: str, now: datetime) -> dict[str, Any]:
         """Set status ``archived`` and free its name. Archiving an archived spec changes nothing."""

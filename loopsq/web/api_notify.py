@@ -11,8 +11,8 @@ from pydantic import BaseModel
 
 from loopsq.domain import notify as domain
 from loopsq.domain.labels import LABEL_PATTERN
-from loopsq.domain.text import quoted, shown
-from loopsq.errors import NotFoundError, ValidationError
+from loopsq.domain.text import shown
+from loopsq.errors import NotFoundError
 from loopsq.state.notify import NotifyStore
 from loopsq.web import schemas
 from loopsq.web.deps import Ctx, json_object, responses
@@ -21,7 +21,6 @@ router = APIRouter(prefix="/api")
 
 NotificationName = Annotated[str, Path(description="A notification's name: a label.",
                                        json_schema_extra={"pattern": f"^{LABEL_PATTERN}$"})]
-_FIELDS = ("webhook", "on", "tags", "alertAfterMs")
 
 SET_SCHEMA: dict[str, Any] = {
     "type": "object", "required": ["webhook"], "additionalProperties": False,
@@ -92,23 +91,7 @@ def show_notification(ctx: Ctx, name: NotificationName) -> JSONResponse:
 def set_notification(ctx: Ctx, name: NotificationName, body: Annotated[Any, Body()]) -> JSONResponse:
     """Create the endpoint (the answer holds its signing ``secret``, shown this once) or replace its settings
     (its secret is kept)."""
-    name = _name(name)
-    request = json_object(body)
-    unknown = sorted(set(request) - set(_FIELDS))
-    if unknown:
-        raise ValidationError(f"notification body takes only {', '.join(_FIELDS)}, got {quoted(unknown[0])}")
-    if "webhook" not in request:
-        raise ValidationError("webhook is required")
-    on = request.get("on")
-    if on is not None and not isinstance(on, list):
-        raise ValidationError(f"on must be a list of {', '.join(domain.EVENTS)}, got {quoted(on)}")
-    after = request.get("alertAfterMs")
-    endpoint = domain.Endpoint(
-        name=name, url=domain.check_webhook(request["webhook"]),
-        events=domain.DEFAULT_EVENTS if on is None else domain.check_events(on),
-        tags=domain.check_tags(request.get("tags")),
-        alert_after_ms=None if after is None else domain.check_alert_after(after, "alertAfterMs"),
-        secret=domain.new_secret())
+    endpoint = domain.endpoint_from_body(_name(name), json_object(body))
     saved, created = NotifyStore(ctx.client, ctx.keys).set(endpoint)
     return JSONResponse(saved.to_dict(secret=created))
 

@@ -1,4 +1,4 @@
-"""Checks of the list filters the dashboard and the API share: a time range, a choice, a page size.
+"""Checks of the list filters the dashboard and the API share: a time range, a choice, a page size, a tag filter.
 
 Each bad value is a ``ValidationError`` (400, the one error body) naming the parameter and quoting the value.
 """
@@ -8,6 +8,7 @@ from __future__ import annotations
 import re
 
 from loopsq.domain import limits
+from loopsq.domain.tags import parse_tags
 from loopsq.domain.text import quoted
 from loopsq.domain.timeutil import from_iso, to_iso
 from loopsq.errors import ValidationError
@@ -64,3 +65,20 @@ def page_size(value: str | None, default: int) -> int:
     if not 1 <= number <= limits.MAX_PAGE_LIMIT:
         raise ValidationError(f"limit must be an integer from 1 to {limits.MAX_PAGE_LIMIT}, got {quoted(value)}")
     return number
+
+
+#: The longest tag filter a dashboard form takes (``key:value`` pairs separated by spaces).
+MAX_TAG_TEXT = 4000
+
+
+def tag_text(value: str | None) -> tuple[str | None, dict[str, str]]:
+    """A dashboard form's tag filter: ``key:value`` pairs separated by spaces, all of which must match; the text as
+    shown back in the form (None when empty) and the tags.
+
+    Raises:
+        ValidationError: ``tag must be at most 4000 characters, got <n>``, or a bad pair as ``parse_tags`` names it.
+    """
+    text = (value or "").strip() or None
+    if text and len(text) > MAX_TAG_TEXT:
+        raise ValidationError(f"tag must be at most {MAX_TAG_TEXT} characters, got {len(text)}")
+    return text, parse_tags(text.split() if text else (), "tag")

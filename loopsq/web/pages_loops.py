@@ -19,7 +19,6 @@ from loopsq.domain.checks import check_visible
 from loopsq.domain.models import LOOP_STATUSES
 from loopsq.domain.redaction import public_loop
 from loopsq.domain.run_rules import RUN_STATUSES
-from loopsq.domain.tags import parse_tags
 from loopsq.domain.text import shown
 from loopsq.domain.timeutil import from_iso
 from loopsq.domain.upcoming import fire_times, policies_in_words, schedule_in_words
@@ -99,9 +98,11 @@ def loop_page(request: Request, ctx: Ctx, loop: str, status: Text = None, since:
 
 @router.get("/runs")
 def runs_page(request: Request, ctx: Ctx, loop: Text = None, status: Text = None, since: Text = None,
-              until: Text = None, cursor: Cursor = None, limit: Text = None) -> HTMLResponse:
-    """Loop runs, newest first, by loop (id or name; a removed loop's too), status and creation time."""
+              until: Text = None, cursor: Cursor = None, limit: Text = None, tag: Text = None) -> HTMLResponse:
+    """Loop runs, newest first, by loop (id or name; a removed loop's too), status, creation time and the tags of
+    their loops (``key:value`` pairs separated by spaces, all of which a run's loop must carry)."""
     wanted = run_filters(status, since, until)
+    tag_shown, tags = filters.tag_text(tag)
     size = filters.page_size(limit, HISTORY_PAGE * 2)
     with ctx.mirror() as conn:
         owner: dict[str, str] = {}
@@ -110,9 +111,11 @@ def runs_page(request: Request, ctx: Ctx, loop: Text = None, status: Text = None
             if matched is None:
                 raise NotFoundError(f"loop not found: {shown(loop)}")
             owner = matched
-        page = pages.runs_page(conn, cursor=cursor, limit=size, **owner, **wanted)
-    query = {k: v for k, v in {"loop": loop or None, **wanted, "limit": limit or None}.items() if v}
-    return render(request, ctx, "runs.html", {"page": page, "filters": {**wanted, "loop": loop or ""},
+        page = pages.runs_page(conn, tags, cursor=cursor, limit=size, **owner, **wanted)
+    query = {k: v for k, v in {"loop": loop or None, **wanted, "tag": tag_shown, "limit": limit or None}.items()
+             if v}
+    return render(request, ctx, "runs.html", {"page": page, "filters": {**wanted, "loop": loop or "",
+                                                                        "tag": tag_shown},
                                                "query": query, "statuses": RUN_STATUSES})
 
 
@@ -126,10 +129,7 @@ def loops_list(ctx: Ctx, name: str | None, status: str | None, cursor: str | Non
     if wanted:
         check_visible(wanted, "name")  # no name holds one; SQLite's LIKE stops at a NUL
     chosen = filters.choice("status", status, LOOP_STATUSES)
-    tag_text = (tag or "").strip() or None
-    if tag_text and len(tag_text) > 4000:
-        raise ValidationError(f"tag must be at most 4000 characters, got {len(tag_text)}")
-    tags = parse_tags(tag_text.split() if tag_text else (), "tag")
+    tag_text, tags = filters.tag_text(tag)
     with ctx.mirror() as conn:
         page = pages.loops_page(conn, name=wanted, status=chosen, cursor=cursor, limit=LIST_PAGE, tags=tags)
     return page, {"name": wanted, "status": chosen, "tag": tag_text}

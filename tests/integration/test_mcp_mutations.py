@@ -44,7 +44,8 @@ PIPELINE: dict[str, Any] = {"name": "pipeline", "steps": [
 SLOW: dict[str, Any] = {"name": "slow", "steps": [
     {"id": "hold", "target": {"type": "command", "command": "echo holding; sleep 60", "shell": True}}]}
 MUTATIONS = ("loop_pause", "loop_resume", "loop_create_command", "loop_create_agent", "loop_create_workflow",
-             "loop_update", "loop_trigger", "run_cancel", "loop_run_now", "workflow_run")
+             "loop_update", "loop_trigger", "run_cancel", "loop_run_now", "workflow_run", "notification_add",
+             "notification_remove")
 
 
 def setup(cluster: Cluster) -> None:
@@ -80,6 +81,8 @@ def valid_calls(transport: str) -> dict[str, dict[str, Any]]:
         "run_cancel": {"runId": "0123456789ab"},
         "loop_run_now": {"idOrName": f"steady-{transport}"},
         "workflow_run": {"idOrName": "pipeline"},
+        "notification_add": {"name": f"gated-{transport}", "webhook": "http://127.0.0.1:9/hook"},
+        "notification_remove": {"name": f"gated-{transport}"},
     }
 
 
@@ -133,7 +136,7 @@ def test_a_bad_allowlist_stops_loopsq_mcp_before_it_serves_exit_2(deployment: De
     assert (done.returncode, done.stdout) == (2, "")
     assert done.stderr == ("error: LOOPSQ_MCP_ALLOW_TOOLS must name mutation tools (loop_pause, loop_resume, "
                            "loop_create_command, loop_create_agent, loop_create_workflow, loop_update, loop_trigger, run_cancel, "
-                           "loop_run_now, workflow_run), got 'create_loop'\n")
+                           "loop_run_now, workflow_run, notification_add, notification_remove), got 'create_loop'\n")
 
 
 @pytest.mark.parametrize("transport", TRANSPORTS)

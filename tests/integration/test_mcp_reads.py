@@ -30,9 +30,10 @@ from tests.redis_server import RedisServer, free_port
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
 READ_TOOLS = ["loops_list", "loops_show", "loop_runs", "loops_doctor", "workflows_list", "workflow_read",
-              "workflow_validate", "workflow_run_inspect", "run_logs"]
+              "workflow_validate", "workflow_run_inspect", "run_logs", "notifications_list", "notification_log"]
 MUTATION_TOOLS = ["loop_pause", "loop_resume", "loop_create_command", "loop_create_agent", "loop_create_workflow",
-                  "loop_update", "loop_trigger", "run_cancel", "loop_run_now", "workflow_run"]
+                  "loop_update", "loop_trigger", "run_cancel", "loop_run_now", "workflow_run", "notification_add",
+                  "notification_remove"]
 PROMPT = ("Review every open pull request, list the failing checks of each one, and propose a fix for every "
           "failure you find.")
 SECRET = "s3cret-value-42"

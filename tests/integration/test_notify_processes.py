@@ -1,6 +1,7 @@
 """Notifications with real processes (a scheduler and a worker) to a real HTTP receiver that checks every
-signature: failures, the circuit breaker's pause and the recovery reach it; a receiver that is down gets everything
-once it is back, each event under one id; ``overdue`` alerts once and ``recovered`` follows the next success."""
+signature: failures, the circuit breaker's pause and the recovery reach it; a receiver that is down (for seconds,
+and for over a minute) gets everything once it is back, each event under one id; ``overdue`` alerts once and
+``recovered`` follows the next success."""
 
 from __future__ import annotations
 
@@ -136,3 +137,49 @@ def test_slots_missed_while_no_scheduler_ran_are_told_once_by_the_next_scheduler
     assert (told.body["data"]["run"], told.body["data"]["kind"]) == (row.id, "no_scheduler")
     assert told.body["data"]["count"] >= 3
     assert receiver.rejected == 0
+
+
+@pytest.mark.timeout(420)
+def test_a_receiver_down_for_a_minute_gets_every_event_afterwards_each_with_one_id(
+        cluster: Cluster, receiver: Receiver, tmp_path: Path) -> None:
+    add(cluster, receiver, "ops", "--on", "failed,recovered")
+    cluster.start("scheduler", env=FAST)
+    cluster.start("worker")
+    ok = tmp_path / "ok"
+    cluster.create("flaky", f"test -f {ok}", "--every", "2s", "--pause-after-failures", "0")
+    cluster.wait_until(lambda: "loop.failed" in receiver.types(), 60, "a first failure told")
+    receiver.down()
+    down_at = time.monotonic()
+    told_before = {d.id for d in receiver.received()}
+
+    def failed_runs() -> list[str]:
+        runs = json.loads(cluster.cli("--json", "runs", "flaky", "--limit", "1000").stdout)
+        return sorted(r["id"] for r in runs if r["status"] == "failed")
+
+    first_failures = len(failed_runs())
+    cluster.wait_until(lambda: sum(not e["ok"] for e in json.loads(
+        cluster.cli("--json", "notify", "log", "ops", "--limit", "1000").stdout)) >= 2, 60,
+        "delivery attempts failing while the receiver is down")
+    cluster.wait_until(lambda: time.monotonic() - down_at >= 60 and len(failed_runs()) >= first_failures + 5, 180,
+                       "a minute down, with failures meanwhile")
+    ok.touch()  # the loop recovers while the receiver is still down: every event of the test is then made
+    cluster.wait_until(lambda: any(r.status == "succeeded" for r in cluster.runs("flaky")), 60, "a success")
+    failed = failed_runs()
+    cluster.wait_until(lambda: pending(cluster, "ops") >= len(failed) - len(told_before) + 1, 60,
+                       "the failures since the receiver went down and the recovery waiting")
+    receiver.up()
+    cluster.wait_until(lambda: pending(cluster, "ops") == 0 and "loop.recovered" in receiver.types(), 120,
+                       "everything delivered")
+    assert receiver.rejected == 0
+    delivered = by_id(receiver.received())
+    for bodies in delivered.values():  # a duplicate (at least once) is the same event under the same id
+        assert all(body == bodies[0] for body in bodies)
+    ids_by_run: dict[str, set[str]] = defaultdict(set)
+    for event_id, bodies in delivered.items():
+        if bodies[0]["type"] == "loop.failed":
+            ids_by_run[bodies[0]["data"]["run"]].add(event_id)
+    assert sorted(ids_by_run) == failed  # every failure told, those made while the receiver was down too
+    assert all(len(ids) == 1 for ids in ids_by_run.values())  # each under one id
+    assert len(distinct(receiver, "loop.recovered")) == 1
+    log = json.loads(cluster.cli("--json", "notify", "log", "ops", "--limit", "1000").stdout)
+    assert {e["id"] for e in log if e["ok"]} <= set(delivered)

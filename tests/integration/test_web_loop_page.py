@@ -457,3 +457,28 @@ def test_the_loops_list_shows_tags_and_filters_by_them(client: TestClient, real_
     assert bad.status_code == 400
     assert bad.json()["error"]["message"] == (
         'tag must be KEY:VALUE, each of [A-Za-z0-9_./-] (key at most 64, value at most 128 characters), got "team"')
+
+
+def test_the_runs_page_filters_by_the_tags_of_the_runs_loops(client: TestClient, real_redis: redis.Redis) -> None:
+    store = LoopStore(real_redis)
+    etl = store.create(new_loop(loop_body("etl", tags={"team": "data", "env": "prod"}), timeutil.now()))
+    web = store.create(new_loop(loop_body("web", tags={"team": "web", "env": "prod"}), timeutil.now()))
+    for index, loop in enumerate((etl, web, etl)):
+        put_run(real_redis, f"r{index}", loop.id, f"2026-12-01T00:00:0{index}.000Z", loopName=loop.name)
+
+    def run_ids(**params: str) -> list[str]:
+        return re.findall(r'<a href="/runs/(r\d)">', client.get("/runs", params=params).text)
+
+    assert run_ids() == ["r2", "r1", "r0"]
+    assert run_ids(tag="team:data") == ["r2", "r0"]
+    assert run_ids(tag=" env:prod  team:web ") == ["r1"]
+    assert run_ids(tag="env:prod team:nobody") == []
+    page = client.get("/runs", params={"tag": "team:data", "limit": "1"}).text
+    assert 'name="tag" placeholder="team:data env:prod" value="team:data"' in page
+    older = html.unescape(re.findall(r'<a id="older" href="([^"]+)"', page)[0])
+    assert "tag=team%3Adata" in older
+    assert re.findall(r'<a href="/runs/(r\d)">', client.get(older).text) == ["r0"]
+    bad = client.get("/runs", params={"tag": "team"}, headers={"Accept": "application/json"})
+    assert bad.status_code == 400
+    assert bad.json()["error"]["message"] == (
+        'tag must be KEY:VALUE, each of [A-Za-z0-9_./-] (key at most 64, value at most 128 characters), got "team"')

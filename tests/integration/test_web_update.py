@@ -19,6 +19,8 @@ from tests.redis_server import RedisServer
 
 pytestmark = pytest.mark.integration
 
+FLOW = {"name": "nightly", "steps": [{"id": "a", "target": {"type": "command", "command": "true"}}]}
+
 
 @pytest.fixture
 def web(redis_server: RedisServer, real_redis: redis.Redis, tmp_path: Path,
@@ -136,8 +138,9 @@ def test_bad_tags_are_400_naming_the_field_and_change_nothing(web: Web, method: 
 def test_post_apply_plans_applies_and_is_idempotent(web: Web) -> None:
     specs = [loop_body("etl", tags={"team": "data"}), loop_body("web")]
     dry = web.client.post("/api/apply", json={"loops": specs, "dryRun": True})
-    assert dry.json() == {"plan": [{"action": "create", "name": "etl", "changes": []},
-                                   {"action": "create", "name": "web", "changes": []}], "applied": False}
+    assert dry.json() == {"plan": [{"action": "create", "kind": "loop", "name": "etl", "changes": []},
+                                   {"action": "create", "kind": "loop", "name": "web", "changes": []}],
+                          "applied": False}
     assert web.redis.keys("loopsq:loop:*") == []
     assert web.client.post("/api/apply", json={"loops": specs, "owner": "repo1"}).json()["applied"] is True
     before = redis_state(web.redis)
@@ -145,7 +148,7 @@ def test_post_apply_plans_applies_and_is_idempotent(web: Web) -> None:
     assert [s["action"] for s in again["plan"]] == ["unchanged", "unchanged"]
     assert redis_state(web.redis) == before
     pruned = web.client.post("/api/apply", json={"loops": specs[:1], "owner": "repo1", "prune": True}).json()
-    assert pruned["plan"][1] == {"action": "prune", "name": "web", "changes": []}
+    assert pruned["plan"][1] == {"action": "prune", "kind": "loop", "name": "web", "changes": []}
     assert web.client.get("/api/loops/web").status_code == 404
 
 
@@ -155,6 +158,11 @@ def test_post_apply_plans_applies_and_is_idempotent(web: Web) -> None:
     ({"loops": [loop_body("a")], "prune": True}, "prune requires owner (only loops an apply created are pruned)"),
     ({"loops": [], "owner": "a b"}, 'owner must be 1 to 128 characters of [A-Za-z0-9_./-], got "a b"'),
     ({"loops": [1]}, "loops[0] must be an object, got 1"),
+    ({"loops": [], "workflows": [FLOW, {**FLOW, "steps": []}]},
+     'workflows[1] "nightly": workflow.steps must contain at least one step'),
+    ({"loops": [], "workflows": [{**FLOW, "x": 1}]}, 'workflows[0] "nightly": unknown workflow field: "x"'),
+    ({"loops": [], "workflows": {}}, "workflows must be an array of at most 1000 workflow specs, got {}"),
+    ({"loops": [], "workflows": None}, "workflows must be an array of at most 1000 workflow specs, got null"),
     ({"loops": [], "extra": 1}, 'unknown apply field: "extra"'),
     ({}, "loops is required"),
     ({"loops": [], "dryRun": "yes"}, 'dryRun must be a boolean, got "yes"'),
@@ -170,10 +178,38 @@ def test_the_sdk_applies_the_same_plan(web: Web) -> None:
 
     client = LoopsClient(web.url)
     try:
-        assert client.apply([loop_body("etl")], dry_run=True) == [{"action": "create", "name": "etl", "changes": []}]
-        assert client.apply([loop_body("etl")]) == [{"action": "create", "name": "etl", "changes": []}]
+        planned = [{"action": "create", "kind": "loop", "name": "etl", "changes": []}]
+        assert client.apply([loop_body("etl")], dry_run=True) == planned
+        assert client.apply([loop_body("etl")]) == planned
         changed = client.apply([loop_body("etl", maxAttempts=2)])
-        assert changed == [{"action": "update", "name": "etl", "changes": ["maxAttempts"]}]
+        assert changed == [{"action": "update", "kind": "loop", "name": "etl", "changes": ["maxAttempts"]}]
         assert client.get("etl").max_attempts == 2
+        runs_flow = loop_body("flow", target={"type": "workflow", "workflowId": "nightly"})
+        assert client.apply([runs_flow], workflows=[FLOW]) == [
+            {"action": "create", "kind": "workflow", "name": "nightly", "changes": []},
+            {"action": "create", "kind": "loop", "name": "flow", "changes": []}]
+        assert [s["action"] for s in client.apply([runs_flow], workflows=[FLOW])] == ["unchanged", "unchanged"]
     finally:
         client.close()
+
+
+def test_post_apply_takes_workflows_and_a_loop_naming_one(web: Web) -> None:
+    runs_flow = loop_body("etl", target={"type": "workflow", "workflowId": "nightly"})
+    body = {"loops": [runs_flow], "workflows": [FLOW], "owner": "repo1"}
+    created = web.client.post("/api/apply", json=body)
+    assert created.status_code == 200, created.text
+    assert created.json()["plan"] == [{"action": "create", "kind": "workflow", "name": "nightly", "changes": []},
+                                      {"action": "create", "kind": "loop", "name": "etl", "changes": []}]
+    flow = web.client.get("/api/workflows/nightly").json()
+    assert web.client.get("/api/loops/etl").json()["target"]["workflowId"] == flow["id"]
+    before = redis_state(web.redis)
+    again = web.client.post("/api/apply", json=body).json()
+    assert [(s["action"], s["kind"]) for s in again["plan"]] == [("unchanged", "workflow"), ("unchanged", "loop")]
+    assert redis_state(web.redis) == before
+    edited = {**FLOW, "description": "two"}
+    plan = web.client.post("/api/apply", json={**body, "workflows": [edited]}).json()["plan"]
+    assert plan[0] == {"action": "update", "kind": "workflow", "name": "nightly", "changes": ["description"]}
+    assert web.client.get("/api/workflows/nightly").json()["id"] == flow["id"]
+    pruned = web.client.post("/api/apply", json={"loops": [], "owner": "repo1", "prune": True}).json()["plan"]
+    assert pruned == [{"action": "prune", "kind": "loop", "name": "etl", "changes": []},
+                      {"action": "prune", "kind": "workflow", "name": "nightly", "changes": []}]

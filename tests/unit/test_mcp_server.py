@@ -24,9 +24,11 @@ from loopsq.mcp.registry import MUTATION_NOTE, Call, Tool
 from loopsq.mcp.stdio import READ_CHUNK, BoundedLines, request_id
 
 MUTATIONS = ("loop_pause", "loop_resume", "loop_create_command", "loop_create_agent", "loop_create_workflow",
-             "loop_update", "loop_trigger", "run_cancel", "loop_run_now", "workflow_run")
+             "loop_update", "loop_trigger", "run_cancel", "loop_run_now", "workflow_run", "notification_add",
+             "notification_remove")
 ALLOW_TOOLS_RULE = ("LOOPSQ_MCP_ALLOW_TOOLS must name mutation tools (loop_pause, loop_resume, loop_create_command, "
-                    "loop_create_agent, loop_create_workflow, loop_update, loop_trigger, run_cancel, loop_run_now, workflow_run)")
+                    "loop_create_agent, loop_create_workflow, loop_update, loop_trigger, run_cancel, loop_run_now, workflow_run, "
+                    "notification_add, notification_remove)")
 HOURLY = {"type": "interval", "everyMs": 3_600_000}
 
 
