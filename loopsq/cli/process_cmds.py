@@ -64,6 +64,7 @@ def worker(burst: bool, grace: str | None, concurrency: str | None, labels: tupl
     import os
 
     from loopsq.cli.options import duration_flag
+    from loopsq.domain.durations import describe_ms
     from loopsq.engine.worker_process import run_worker
     from loopsq.ops import shutdown
     from loopsq.ops.fleet_config import worker_concurrency, worker_declared_labels
@@ -76,11 +77,11 @@ def worker(burst: bool, grace: str | None, concurrency: str | None, labels: tupl
         grace_ms, why = duration_flag("--grace", grace) or 0, "--grace"
     else:
         kill_ms, source = shutdown.kill_timeout_ms(os.environ)
-        grace_ms, why = shutdown.grace_for(kill_ms), f"kill timeout {shutdown.describe_ms(kill_ms)}: {source}"
+        grace_ms, why = shutdown.grace_for(kill_ms), f"kill timeout {describe_ms(kill_ms)}: {source}"
 
     app = get_app()  # as the scheduler: Redis is waited for, a configuration error ends it (exit status 3)
     url = app.redis_url  # resolved first: with no Redis configured, the one error line comes before anything
     _logging("worker")
     run_worker(url, burst=burst, grace_s=grace_ms / 1000.0, concurrency=slots, labels=declared, keys=app.keys,
-               announce=f"{slots} slot(s); on SIGTERM the current runs get {shutdown.describe_ms(grace_ms)} to finish "
+               announce=f"{slots} slot(s); on SIGTERM the current runs get {describe_ms(grace_ms)} to finish "
                         f"({why})")

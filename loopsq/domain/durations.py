@@ -89,3 +89,9 @@ def duration_setting(env: Mapping[str, str], name: str, default_ms: int, example
     if ms <= 0:
         raise ValidationError(f"{name} must be a duration greater than zero such as {example}, got '{text}'")
     return int(ms)
+
+
+def describe_ms(ms: int) -> str:
+    """A duration as the logs and messages show it: ``2.5s``, ``30s``, ``500ms`` (the same figure everywhere, so
+    a worker that announces a 2.5 s grace never says 2 s or 3 s when it applies it)."""
+    return f"{ms / 1000:g}s" if ms >= 1000 else f"{ms}ms"

@@ -27,6 +27,7 @@ import redis
 
 from loopsq.domain import run_rules as rules
 from loopsq.domain import timeutil
+from loopsq.domain.durations import describe_ms
 from loopsq.domain.timeutil import gen_id
 from loopsq.engine.timers import raw_from
 from loopsq.executor import SpawnInfo
@@ -251,14 +252,15 @@ class Runtime:
         (reason ``SHUTTING_DOWN``) so they are recorded and retried elsewhere instead of dying with us."""
         if self._shutdown_timer is not None:
             return
-        log.info("shutdown requested; current runs get %.0fs to finish", grace_s)
+        shown = describe_ms(round(grace_s * 1000))
+        log.info("shutdown requested; current runs get %s to finish", shown)
 
         def expire() -> None:
             with self._lock:
                 held = list(self._held.items())
             for run_id, h in held:
                 if not h.cancel.is_set():
-                    log.warning("run %s still going after the %.0fs grace; cancelling it", run_id, grace_s)
+                    log.warning("run %s still going after the %s grace; cancelling it", run_id, shown)
                     h.reason = SHUTTING_DOWN
                     h.cancel.set()
 

@@ -62,6 +62,3 @@ def grace_for(kill_ms: int) -> int:
     return max(MIN_GRACE_MS, kill_ms - HANDOVER_MS)
 
 
-def describe_ms(ms: int) -> str:
-    """``2.5s``, ``30s``, ``500ms``."""
-    return f"{ms / 1000:g}s" if ms >= 1000 else f"{ms}ms"

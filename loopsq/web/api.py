@@ -225,7 +225,8 @@ def trigger_loop(
     loop: LoopRef,
     idempotency_key: Annotated[str | None, Header(alias="Idempotency-Key", min_length=1, max_length=MAX_KEY_LENGTH,
                                                   json_schema_extra=schemas.KEY_SCHEMA,
-                                                  description="The same key within 24 h returns the same run.")]
+                                                  description="The same key within 24 h returns the same run (sent as UTF-8: "
+                                                              "the same key as the CLI's --key and the SDK's).")]
     = None,
     body: Annotated[Any, Body()] = None,
     sent: Annotated[bytes, Depends(raw_body)] = b"",
@@ -238,8 +239,21 @@ def trigger_loop(
     A ``traceparent`` header (W3C trace context) is stored with the trigger: the run's spans are its children."""
     retry = _trigger_retry(body, sent=bool(sent.strip()))
     trace = {k: v for k, v in (("traceparent", traceparent), ("tracestate", tracestate)) if v is not None}
-    run_id, created = trigger_with(ctx.client, ctx.keys, loop, idempotency_key, retry=retry, trace=trace)
+    run_id, created = trigger_with(ctx.client, ctx.keys, loop, header_text(idempotency_key), retry=retry,
+                                   trace=trace)
     return JSONResponse({"runId": run_id, "created": created}, status_code=201 if created else 200)
+
+
+def header_text(value: str | None) -> str | None:
+    """A header's text as its sender wrote it: HTTP hands header bytes over as Latin-1, so the UTF-8 bytes of
+    ``café`` arrive as ``cafÃ©`` and would be another idempotency key than the CLI's and the SDK's ``café``.
+    Bytes that are not UTF-8 are kept as Latin-1 text."""
+    if value is None:
+        return None
+    try:
+        return value.encode("latin-1").decode("utf-8")
+    except (UnicodeEncodeError, UnicodeDecodeError):
+        return value
 
 
 def _trigger_retry(body: Any, *, sent: bool) -> bool:

@@ -119,6 +119,11 @@ def test_sigterm_gives_every_running_run_the_grace_then_hands_each_on(cluster: C
     cluster.wait_until(lambda: len(running(cluster, names)) == 3, 30, "three runs")
     worker.sigterm()
     assert worker.popen.wait(30) == 0, worker.text()
+    # The grace it announces is the grace it says it applies, and the one it cancels after (2.5 s, not "2s").
+    log = worker.text()
+    assert "on SIGTERM the current runs get 2.5s to finish (kill timeout 5s" in log
+    assert "shutdown requested; current runs get 2.5s to finish" in log
+    assert "still going after the 2.5s grace; cancelling it" in log
     (quick,) = cluster.runs("quick")
     assert quick.status == "succeeded"  # it ended within the grace
     stuck = [next(r for r in cluster.runs(name) if r.status != "skipped") for name in names[1:]]

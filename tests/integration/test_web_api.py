@@ -303,6 +303,19 @@ def test_a_repeated_idempotency_key_returns_the_same_run_with_200_and_starts_not
     assert redis_state(web.redis) == before
 
 
+def test_a_non_ascii_idempotency_key_sent_as_utf8_is_the_same_key_as_the_sdks_and_the_clis(web: Web) -> None:
+    from loopsq.engine.triggers import trigger_with
+
+    web.client.post("/api/loops", json=loop_body())
+    key = "commande-é-ü-東京"
+    first = web.client.post("/api/loops/hello/trigger", headers={"Idempotency-Key": key.encode()})
+    assert first.status_code == 201, first.text
+    # The CLI's `trigger --key` and the SDK's `trigger(idempotency_key=...)` both come down to trigger_with.
+    assert trigger_with(web.redis, Keys(), "hello", key) == (first.json()["runId"], False)
+    again = web.client.post("/api/loops/hello/trigger", headers={"Idempotency-Key": key.encode()})
+    assert (again.status_code, again.json()["runId"]) == (200, first.json()["runId"])
+
+
 # -- runs -------------------------------------------------------------------------------------------------------
 def test_runs_are_filtered_by_loop_and_status_and_paginated_newest_first(web: Web) -> None:
     loop_id = web.client.post("/api/loops", json=loop_body()).json()["id"]
