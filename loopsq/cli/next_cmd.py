@@ -8,7 +8,14 @@ import click
 from loopsq.cli.app import get_app, json_flag
 from loopsq.cli.options import limit_flag
 from loopsq.domain.text import shown
-from loopsq.domain.upcoming import DEFAULT_COUNT, MAX_COUNT, fire_times, schedule_in_words
+from loopsq.domain.upcoming import (
+    DEFAULT_COUNT,
+    MAX_COUNT,
+    fire_times,
+    jitter_in_words,
+    jitter_of,
+    schedule_in_words,
+)
 from loopsq.errors import NotFoundError
 from loopsq.mirror import queries
 
@@ -27,9 +34,11 @@ def next_times(id_or_name: str, count: int) -> None:
         raise NotFoundError(f"loop not found: {shown(id_or_name)}")
     times = fire_times(loop, count)
     zone = str(loop.get("timezone") or "UTC")
-    words = schedule_in_words(loop.get("schedule") or {}, zone)
+    words = schedule_in_words(loop.get("schedule") or {}, zone) + jitter_in_words(loop)
+    jitter = jitter_of(loop)
     payload = {"id": loop["id"], "name": loop["name"], "status": loop["status"], "timezone": zone,
-               "schedule": words, "fireTimes": [t.to_dict() for t in times]}
+               "schedule": words, "fireTimes": [t.to_dict() for t in times],
+               **({"jitterMs": jitter["jitterMs"], "offsetMs": jitter["offsetMs"]} if jitter else {})}
 
     def human() -> str:
         lines = [f"{loop['id']}  {loop['status']}  {words}"]

@@ -105,3 +105,33 @@ def policies_in_words(loop: Mapping[str, Any]) -> dict[str, str]:
                                           "allow": "runs may overlap",
                                           "replace": "a slot due while a run goes on cancels it and runs"}.get(overlap, overlap),
             "catchUp": catch, "retry": retry}
+
+
+def offset_words(ms: int) -> str:
+    """An offset in hours, minutes and seconds: ``2m13.456s``, ``1h0m5s``, ``0.25s``."""
+    hours, rest = divmod(ms, 3_600_000)
+    minutes, rest = divmod(rest, 60_000)
+    seconds = f"{rest // 1000}.{rest % 1000:03d}".rstrip("0").rstrip(".") + "s"
+    if hours:
+        return f"{hours}h{minutes}m{seconds}"
+    return f"{minutes}m{seconds}" if minutes else seconds
+
+
+def jitter_of(loop: Mapping[str, Any]) -> dict[str, Any] | None:
+    """A jittered loop's ``jitterMs`` and its offset (``schedule.offsetMs``, ``domain/jitter.py``) in words, for
+    where its next run is shown (the times shown already include the offset); None without jitter."""
+    jitter = loop.get("jitterMs")
+    if not isinstance(jitter, int) or isinstance(jitter, bool) or jitter <= 0:
+        return None
+    offset = (loop.get("schedule") or {}).get("offsetMs")
+    offset = offset if isinstance(offset, int) and not isinstance(offset, bool) and offset > 0 else 0
+    return {"jitterMs": jitter, "jitter": format_duration(jitter), "offsetMs": offset, "offset": offset_words(offset)}
+
+
+def jitter_in_words(loop: Mapping[str, Any]) -> str:
+    """``, jitter 5m: this loop's slots are 2m13.5s after the schedule's`` for a jittered loop, else empty: said
+    where fire times are listed, which already include the offset."""
+    jitter = jitter_of(loop)
+    if jitter is None:
+        return ""
+    return f", jitter {jitter['jitter']}: this loop's slots are {jitter['offset']} after the schedule's"

@@ -64,27 +64,6 @@ def describe_schedule(schedule: dict[str, Any], timezone: str | None = None) -> 
     return str(kind or "?")
 
 
-def offset_words(ms: int) -> str:
-    """An offset in hours, minutes and seconds: ``2m13.456s``, ``1h0m5s``, ``0.25s``."""
-    hours, rest = divmod(ms, 3_600_000)
-    minutes, rest = divmod(rest, 60_000)
-    seconds = f"{rest // 1000}.{rest % 1000:03d}".rstrip("0").rstrip(".") + "s"
-    if hours:
-        return f"{hours}h{minutes}m{seconds}"
-    return f"{minutes}m{seconds}" if minutes else seconds
-
-
-def jitter_of(loop: dict[str, Any]) -> dict[str, Any] | None:
-    """A jittered loop's ``jitterMs`` and its offset (``schedule.offsetMs``, ``domain/jitter.py``) in words, for
-    where its next run is shown (the times shown already include the offset); None without jitter."""
-    jitter = loop.get("jitterMs")
-    if not isinstance(jitter, int) or isinstance(jitter, bool) or jitter <= 0:
-        return None
-    offset = (loop.get("schedule") or {}).get("offsetMs")
-    offset = offset if isinstance(offset, int) and not isinstance(offset, bool) and offset > 0 else 0
-    return {"jitterMs": jitter, "jitter": format_duration(jitter), "offsetMs": offset, "offset": offset_words(offset)}
-
-
 def next_run_of(loop: dict[str, Any]) -> str | None:
     """The next run to show: none for a loop that is not active (a paused, stopped, expired or archived loop keeps
     a ``nextRunAt`` from before, in the past by now, which it does not run at)."""

@@ -21,12 +21,12 @@ from loopsq.domain.redaction import public_loop
 from loopsq.domain.run_rules import RUN_STATUSES
 from loopsq.domain.text import shown
 from loopsq.domain.timeutil import from_iso
-from loopsq.domain.upcoming import fire_times, policies_in_words, schedule_in_words
+from loopsq.domain.upcoming import fire_times, jitter_of, policies_in_words, schedule_in_words
 from loopsq.errors import NotFoundError, ValidationError
 from loopsq.executor.digest import command_fields
 from loopsq.mirror import pages, queries
 from loopsq.web import filters, run_chart
-from loopsq.web.dashboard import STRIP_RUNS, describe_schedule, jitter_of, next_run_of, render
+from loopsq.web.dashboard import STRIP_RUNS, describe_schedule, next_run_of, render
 from loopsq.web.deps import Ctx
 
 router = APIRouter(include_in_schema=False)

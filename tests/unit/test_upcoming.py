@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -97,3 +98,21 @@ def test_next_refuses_bad_input_with_one_line(cli: Cli, args: tuple[str, ...], m
     cli.ok("create", "command", "nightly", "--cmd", "true", "--cron", "0 9 * * *")
     result = cli.run(*args)
     assert (result.exit_code, result.output) == (2 if "count" in message else 1, message)
+
+
+def test_next_says_a_jittered_loops_jitter_and_offset_and_its_times_include_the_offset(cli: Cli) -> None:
+    from loopsq.domain.jitter import offset_ms
+    from loopsq.domain.upcoming import offset_words
+
+    loop_id = cli.ok("create", "command", "spread", "--cmd", "true", "--cron", "0 9 * * *", "--jitter", "5m"
+                     ).split()[2]
+    offset = offset_ms(loop_id, 300_000)
+    assert 0 < offset < 300_000
+    first = (datetime(2026, 1, 1, 9, tzinfo=UTC) + timedelta(milliseconds=offset)).isoformat(
+        timespec="milliseconds").replace("+00:00", "Z")
+    assert cli.ok("next", "spread", "-n", "1") == (
+        f"{loop_id}  active  on cron '0 9 * * *' in UTC, jitter 5m: this loop's slots are {offset_words(offset)} "
+        "after the schedule's\n"
+        f"  {first.replace('Z', '+00:00')}  {first}\n")
+    body = cli.json("next", "spread", "-n", "1")
+    assert (body["jitterMs"], body["offsetMs"]) == (300_000, offset)
