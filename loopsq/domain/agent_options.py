@@ -43,10 +43,11 @@ COMMAND_DEFAULT_TIMEOUT_MS = 1_800_000
 #: ordinary long run, not a hang.
 AGENT_IDLE_TIMEOUT_MS = 1_800_000
 BUFFERED_AGENT_IDLE_TIMEOUT_MS = 14_400_000
-#: The providers that write while they work: ``codex exec --json`` streams its events. The others print their
-#: result at the end: ``claude -p --output-format json``, ``cursor -p`` (text), ``opencode``/``aicopilot run
-#: --format json`` (as OpenLoops 0.4.0 counts them) and codewith's durable agent, whose progress can stay flat.
-STREAMING_PROVIDERS = frozenset({"codex"})
+#: The providers that write while they work: ``codex exec --json`` and ``codewith exec --json`` (OpenLoops 0.4.9's
+#: one-shot mode, which loopsq runs) stream their events. The others print their result at the end: ``claude -p
+#: --output-format json``, ``cursor -p`` (text), ``opencode``/``aicopilot run --format json`` (as OpenLoops 0.4.0
+#: counts them).
+STREAMING_PROVIDERS = frozenset({"codex", "codewith"})
 
 
 def default_prompt_via(provider: str) -> str:

@@ -202,7 +202,7 @@ def test_the_agent_option_flags_are_stored_on_the_target(cli: Cli) -> None:
     assert loop["target"] == {
         "type": "agent", "provider": "codewith", "prompt": "p", "configIsolation": "safe", "promptVia": "stdin",
         "variant": "high", "permissionMode": "bypass", "sandbox": "read-only", "addDirs": ["/a", "/b"],
-        "authProfile": "work", "timeoutMs": None, "idleTimeoutMs": 14_400_000,
+        "authProfile": "work", "timeoutMs": None, "idleTimeoutMs": 1_800_000,
     }
     assert cli.json(*AGENT[:2], "c", *AGENT[3:], "codex", "--prompt", "p")["target"]["promptVia"] == "stdin"
 

@@ -70,7 +70,7 @@ def test_a_bad_pause_after_failures_in_a_body_names_the_field_and_the_value(valu
 
 # -- the idle timeout of new agent loops ---------------------------------------------------------------------------
 @pytest.mark.parametrize(("provider", "idle_ms"), [("codex", 1_800_000), ("claude", 14_400_000),
-                                                    ("cursor", 14_400_000), ("codewith", 14_400_000),
+                                                    ("cursor", 14_400_000), ("codewith", 1_800_000),
                                                     ("aicopilot", 14_400_000)])
 def test_a_new_agent_loop_stores_the_default_idle_timeout_of_its_provider(cli: Cli, provider: str,
                                                                           idle_ms: int) -> None:
