@@ -82,6 +82,12 @@ def take_for_slot(rt: Runtime, loop: Loop, slot: datetime, now: datetime, *,
     got = Waiting(position=0, holders=0, limit=0) if running else store.acquire(pool, holder, POOL_LEASE_MS)
     if got is None:
         return None
+    if isinstance(got, Acquired) and not got.fresh:
+        # The loop holds its slot already: another fire of it (raced past the running-run read) took it for a run
+        # that goes on. This one must neither run beside it on the same slot nor give that slot back when its
+        # claim is refused (a third run would take it: a pool of 2 held 3): it waits, as with a run going.
+        got = Waiting(position=0, holders=0, limit=0)
+        running = True
     if isinstance(got, Waiting):
         if not running and (got.position == 0 or log.isEnabledFor(logging.DEBUG)):
             log.info("slot %s of loop=%s waits for pool %s (%d of %d held, %d ahead)", to_iso(slot), loop.name, pool,

@@ -70,10 +70,12 @@ class Pool:
 
 @dataclass(frozen=True)
 class Acquired:
-    """A slot held: the token its lease holds (for ``renew`` and ``release``) and its fencing number."""
+    """A slot held: the token its lease holds (for ``renew`` and ``release``) and its fencing number. ``fresh``:
+    taken by this call; False: the holder held a live slot already (this call's ``acquire`` re-entered it)."""
 
     token: str
     fence: int
+    fresh: bool = True
 
 
 @dataclass(frozen=True)
@@ -231,13 +233,14 @@ class PoolStore:
             raise ValidationError(f"lease_ms must be a positive integer, got {lease_ms!r}")
         keys = [self.keys.pools, self.keys.pool_holders(pool), self.keys.pool_waiters(pool),
                 self.keys.pool_seen(pool), self.keys.pool_fence(pool), self.keys.pool_lease(pool, holder)]
-        reply = self._acquire(keys=keys, args=[pool, holder, lease_ms, gen_id() + gen_id(), self.waiter_ttl_ms,
-                                               MAX_WALK])
+        token = gen_id() + gen_id()
+        reply = self._acquire(keys=keys, args=[pool, holder, lease_ms, token, self.waiter_ttl_ms, MAX_WALK])
         kind = int(reply[0])
         if kind == 0:
             return None
         if kind == 1:
-            return Acquired(_s(reply[1]), int(_s(reply[2])))
+            held = _s(reply[1])
+            return Acquired(held, int(_s(reply[2])), fresh=held == token)
         return Waiting(int(reply[1]), int(reply[2]), int(reply[3]))
 
     def renew(self, pool: str, holder: str, token: str, lease_ms: int) -> bool:

@@ -4,6 +4,7 @@ change; each test on fakeredis and on a real redis-server (the ``client`` fixtur
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 import redis
@@ -133,11 +134,37 @@ def test_acquire_of_an_unknown_pool_is_none_and_writes_nothing(client: redis.Red
     assert client.keys("*") == []
 
 
-def test_a_resent_acquire_of_a_live_holder_returns_its_slot(pools: PoolStore) -> None:
+def test_a_resent_acquire_of_a_live_holder_returns_its_slot_marked_not_fresh(pools: PoolStore) -> None:
     held = take(pools, "a")
-    assert pools.acquire("acct", "a", LEASE) == held
+    assert held.fresh
+    assert pools.acquire("acct", "a", LEASE) == replace(held, fresh=False)
     take(pools, "b")
-    assert pools.acquire("acct", "a", LEASE) == held  # even when the pool is full
+    assert pools.acquire("acct", "a", LEASE) == replace(held, fresh=False)  # even when the pool is full
+
+
+def test_a_second_fire_of_a_loop_whose_pooled_run_goes_on_waits_and_never_gives_that_slot_back(
+    client: redis.Redis,
+) -> None:
+    """Two fires of one pooled loop race past the running-run read: the first holds the pool slot (under the
+    loop's id) for its run; the second re-enters that hold. Its claim being refused, it gave the slot back: the
+    run went on without it and a third loop took it (seen: a pool of 2 held 3 runs). Now it waits."""
+    from datetime import UTC, datetime
+
+    from loopsq.engine import pool_slots
+    from loopsq.engine.runtime import Runtime
+
+    sdk = LoopsClient(client=client)
+    sdk.pool_set("acct", 1)
+    loop = sdk.create({"name": "agent", "schedule": {"type": "interval", "everyMs": 1000}, "pool": "acct",
+                       "target": {"type": "command", "command": "true"}})
+    rt = Runtime(client=client, keys=KEYS, role="worker", worker_id="worker:a")
+    now = datetime.now(UTC)
+    first = pool_slots.take_for_slot(rt, loop, now, now)
+    assert isinstance(first, pool_slots.PoolHold)
+    second = pool_slots.take_for_slot(rt, loop, now, now)  # (its read of the loop's runs saw none yet)
+    assert isinstance(second, Waiting)
+    assert [h.holder for h in PoolStore(client, KEYS).state("acct").holders] == [loop.id]  # still held
+    assert PoolStore(client, KEYS).acquire("acct", "another-loop", LEASE) == Waiting(0, 1, 1)
 
 
 def test_the_first_waiter_gets_the_freed_slot_not_a_later_asker(pools: PoolStore) -> None:
