@@ -27,7 +27,7 @@ from loopsq.state.connection import connect, mask_url, unavailable
 from loopsq.state.keys import Keys
 from loopsq.state.outages import OutageLog, is_transient, wait_for_redis
 from loopsq.system import config
-from loopsq.system.signals import stop_on_signals
+from loopsq.system.signals import dump_stacks_on_sigusr2, stop_on_signals
 
 log = logging.getLogger("loopsq.mirror")
 
@@ -124,6 +124,7 @@ def _run(url: str, keys: Keys, data_dir: Path) -> None:
 
 def _follow(url: str, keys: Keys, path: Path) -> None:
     logging.basicConfig(level=logging.INFO, format="[loopsq-mirror] %(message)s")
+    dump_stacks_on_sigusr2()
     stop = threading.Event()
 
     stop_on_signals(stop, say=lambda: log.info("stop signal received"))

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import signal
 import threading
 
 import click
@@ -11,20 +10,15 @@ import click
 from loopsq.cli.app import get_app
 from loopsq.engine.slots import DEFAULT_CONCURRENCY
 from loopsq.system import tracing
-from loopsq.system.signals import stop_on_signals
+from loopsq.system.signals import dump_stacks_on_sigusr2, stop_on_signals
 
 
 def _logging(name: str) -> None:
-    import faulthandler
-    import sys
-
     from loopsq.engine.faults import warn_if_enabled
 
     logging.basicConfig(level=logging.INFO, format=f"[loopsq-{name}] %(message)s", force=True)
     warn_if_enabled(logging.getLogger(f"loopsq.{name}"))
-    # `kill -USR2 <pid>` prints every thread's stack to stderr (the log) and goes on: how a process that will
-    # not stop, or seems stuck, is diagnosed in place (README, "When a process hangs").
-    faulthandler.register(signal.SIGUSR2, file=sys.stderr, all_threads=True, chain=False)
+    dump_stacks_on_sigusr2()
 
 
 @click.command("scheduler")

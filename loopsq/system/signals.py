@@ -95,6 +95,15 @@ class SignalPipe:
                 os.close(self._read_fd)
 
 
+def dump_stacks_on_sigusr2() -> None:
+    """``kill -USR2 <pid>`` prints every thread's stack to stderr (the process's log) and the process goes on: how
+    a process that will not stop, or seems stuck, is diagnosed in place (README, "When a process hangs")."""
+    import faulthandler
+    import sys
+
+    faulthandler.register(signal.SIGUSR2, file=sys.stderr, all_threads=True, chain=False)
+
+
 def stop_on_signals(stop: threading.Event, *, say: Callable[[], None] | None = None,
                     signals: Iterable[int] = STOP_SIGNALS) -> SignalPipe:
     """Set ``stop`` when one of ``signals`` arrives (``say()`` first, e.g. a log line), off the handler."""
