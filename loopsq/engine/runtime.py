@@ -36,6 +36,7 @@ from loopsq.state.clock import OFFSET_FIELD, RedisClock, published_offset_ms
 from loopsq.state.commit import Committer
 from loopsq.state.connection import connect
 from loopsq.state.keys import Keys
+from loopsq.state.layout import LAYOUT, LIVENESS_LAYOUT_FIELD
 from loopsq.state.loops import LoopStore
 from loopsq.state.outages import OutageLog, errors, is_transient, note_seen, parse_seen, ride, riding
 from loopsq.state.runs import Owner, RunStore
@@ -295,7 +296,7 @@ class Runtime:
         record = {
             "id": self.owner.worker_id, "role": self.role, "host": self.owner.host, "pid": self.owner.pid,
             "startedAt": self.started_at, "runs": self.held_ids(), "beatAt": timeutil.to_iso(timeutil.now()),
-            OFFSET_FIELD: published_offset_ms(),
+            OFFSET_FIELD: published_offset_ms(), LIVENESS_LAYOUT_FIELD: LAYOUT,
         }
         if self.role == "worker":
             record["can"] = published()  # what its targets can find: PATH, provider CLIs, accounts CLI

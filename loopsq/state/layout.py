@@ -12,7 +12,11 @@ says which layout it is in ``keys.meta`` (a hash: ``layout``, ``readableFrom``, 
 
 A Redis with no ``keys.meta`` holds either nothing of loopsq (``EMPTY``: the first scheduler or worker stamps the
 current layout) or state from before versioning: layout 1 (commit 9923ab3, 0.1.0) when a ``<ns>:slot:*`` key
-exists, else layout 2 as today's main wrote it (the same keys, no stamp) which is stamped as it is.
+exists, else layout 2 as today's main wrote it (the same keys, no stamp) which is stamped as it is. A writer does
+not stamp unstamped state while a scheduler or worker of a release from before versioning is live on it (its
+liveness record names no ``layout``): a 0.1.0 one that has run no slot yet holds no slot key, and would go on
+writing a key per slot into a state stamped v2 beside today's processes. The writer is refused instead (exit 2,
+restarted by its process manager) until those are gone.
 """
 
 from __future__ import annotations
@@ -40,6 +44,11 @@ EMPTY = 0
 LAYOUT_FIELD = "layout"
 READABLE_FIELD = "readableFrom"
 MIGRATING_FIELD = "migratingTo"
+
+
+#: The field of a process's liveness record naming the layout its release writes (``engine.runtime``): a record
+#: without it is of a release from before versioned state.
+LIVENESS_LAYOUT_FIELD = "layout"
 
 
 class StateLayoutError(LoopsqError):
@@ -120,6 +129,31 @@ def read(client: redis.Redis, keys: Keys) -> Layout:
     return Layout(EMPTY, EMPTY, False)
 
 
+def live_processes(client: redis.Redis, keys: Keys) -> list[str]:
+    """The schedulers and workers live on this namespace (their liveness keys), as ``worker:<id>``."""
+    return sorted(_text(k)[len(keys.namespace) + 1:] for k in _liveness_keys(client, keys))
+
+
+def unversioned_processes(client: redis.Redis, keys: Keys) -> list[str]:
+    """The live schedulers and workers whose liveness record names no layout: of a release from before versioned
+    state (0.1.0, or main before it), as ``worker:<id>``."""
+    found = []
+    for key in _liveness_keys(client, keys):
+        raw = client.get(key)
+        if raw is not None and f'"{LIVENESS_LAYOUT_FIELD}":' not in _text(raw):
+            found.append(_text(key)[len(keys.namespace) + 1:])
+    return sorted(found)
+
+
+def _liveness_keys(client: redis.Redis, keys: Keys) -> list[Any]:
+    return [k for pattern in (f"{keys.namespace}:worker:*", f"{keys.namespace}:scheduler:*")
+            for k in client.scan_iter(match=pattern, count=1000)]
+
+
+def _text(value: object) -> str:
+    return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
+
+
 def stamp(client: redis.Redis, keys: Keys, version: int = LAYOUT, readable_from: int = READABLE_FROM) -> None:
     """Write the layout into ``keys.meta`` (the end of a migration, or a fresh or unstamped current state)."""
     pipe = client.pipeline(transaction=True)
@@ -140,6 +174,12 @@ def check(client: redis.Redis, keys: Keys, *, writer: bool = False) -> Layout:
     why = layout.refusal()
     if why is not None:
         raise StateLayoutError(why)
+    if writer and not layout.stamped and layout.version == LAYOUT:
+        older = unversioned_processes(client, keys)
+        if older:
+            shown = ", ".join(older[:3]) + (f" and {len(older) - 3} more" if len(older) > 3 else "")
+            raise StateLayoutError(f"{len(older)} loopsq process(es) of a release from before versioned state are "
+                                   f"live on this Redis ({shown}); stop them, then start this release")
     if writer and not layout.stamped and layout.version in (EMPTY, LAYOUT):
         # HSETNX: of two writers racing on an empty Redis, neither overwrites a stamp a migration wrote meanwhile.
         pipe = client.pipeline(transaction=True)

@@ -57,10 +57,7 @@ class Report:
 
 
 def _live_processes(client: redis.Redis, keys: Keys) -> list[str]:
-    live: list[str] = []
-    for pattern in (f"{keys.namespace}:worker:*", f"{keys.namespace}:scheduler:*"):
-        live += [str(k)[len(keys.namespace) + 1:] for k in client.scan_iter(match=pattern, count=1000)]
-    return sorted(live)
+    return layout.live_processes(client, keys)
 
 
 def _batches(client: redis.Redis, pattern: str, accept: Callable[[str], bool]) -> Iterator[list[str]]:

@@ -51,6 +51,26 @@ def test_unstamped_state_is_v1_with_a_slot_key_else_v2(client: redis.Redis) -> N
     assert layout.read(client, KEYS) == Layout(1, 1, False)
 
 
+def test_a_writer_does_not_stamp_unstamped_state_beside_a_live_process_of_a_release_before_versioning(
+    client: redis.Redis,
+) -> None:
+    """A 0.1.0 deployment that has run no slot yet holds no slot key: its live processes (liveness records that
+    name no layout) say it is not today's, so today's worker must not stamp v2 and run beside them."""
+    client.sadd(KEYS.loops, "l1")
+    client.set("loopsq:worker:vm:41:abc", '{"id": "worker:vm:41:abc", "role": "worker"}', px=60_000)
+    client.set("loopsq:scheduler:vm:40:new", '{"id": "scheduler:vm:40:new", "layout": 2}', px=60_000)
+    assert layout.read(client, KEYS) == Layout(2, 2, False)  # (a reader may read it: nothing is written)
+    with pytest.raises(StateLayoutError) as refused:
+        layout.check(client, KEYS, writer=True)
+    assert (refused.value.message, refused.value.exit_code) == (
+        "1 loopsq process(es) of a release from before versioned state are live on this Redis (worker:vm:41:abc); "
+        "stop them, then start this release", 2)
+    assert client.exists(KEYS.meta) == 0
+    client.delete("loopsq:worker:vm:41:abc")
+    assert layout.check(client, KEYS, writer=True).version == 2
+    assert client.hgetall(KEYS.meta) == {"layout": "2", "readableFrom": "2"}
+
+
 def test_a_stamped_state_says_its_layout_and_what_can_read_it(client: redis.Redis) -> None:
     client.hset(KEYS.meta, mapping={"layout": "4", "readableFrom": "3"})
     assert layout.read(client, KEYS) == Layout(4, 3, True)
