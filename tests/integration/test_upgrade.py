@@ -312,6 +312,8 @@ def written_by_today(cluster: Cluster, live: list[str], rq_workers: set[str], ol
 
 
 @pytest.mark.timeout(MIXED_FLEET_S + 360)
+@pytest.mark.skipif(not OWN_VENV, reason="two minutes of wall time: run by .ci/upgrade_test.sh, against the previous "
+                                         "release installed with its own dependencies (LOOPSQ_UPGRADE_FROM_PYTHON)")
 def test_a_v1_fleet_beside_todays_restarted_processes_for_two_minutes_runs_every_slot_once_and_loses_no_run(
         cluster: Cluster, previous_release: Path) -> None:
     """Issue #28 point 3, 0.1.0 -> 0.2.0 being stop-the-world: today's scheduler and worker, started beside a live
