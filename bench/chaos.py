@@ -25,8 +25,8 @@ and check 2 waits for the grace after the last outage (recovery waits for live w
 
 With ``--sentinel`` Redis is a master, a replica and three sentinels on loopback (``tests.redis_server.
 SentinelGroup``, no AOF), every process given only the ``redis+sentinel://`` URL; ``SENTINEL FAILOVER`` runs every
-``--failover-every`` seconds (default 30; counted from the start of the last one, which waits until the group has
-settled), and the second failover is a SIGKILL of the master instead (started again as a replica once the
+``--failover-every`` seconds (default 30; the first half that in, each next one counted from the start of the
+last, which waits until the group has settled), and the second failover is a SIGKILL of the master instead (started again as a replica once the
 sentinels promoted the other). Not with ``--redis-faults``. Also
 checked then (issue 27, point 2):
   8. no loop is stranded: every loop active throughout records a slot scheduled after the last failover settled
@@ -399,6 +399,7 @@ class Progress:
     #: state), and the latest such record's delay in seconds.
     late: int = 0
     late_max_s: float = 0.0
+    late_names: list[str] = dataclasses.field(default_factory=list)
     #: Loops whose slots after it were all recorded missed (a loaded machine: no free worker), none executed.
     starved: int = 0
 
@@ -435,10 +436,12 @@ def check_stranded(client: redis.Redis, ledger: Path, since: float, timeout: flo
     wait_until(lambda: not waiting(), timeout + late, step=1.0)
     left = sorted(waiting())
     delays = [at - began for at in recorded.values() if at - began > timeout]
+    late_names = sorted(loops[i].name for i, at in recorded.items() if at - began > timeout)
     return Progress(
         [f"loop {loops[i].name} stranded: nothing recorded for a slot after the last failover within "
          f"{timeout + late:.0f}s ({_holds(client, loops[i].id)})" for i in left],
-        late=len(delays), late_max_s=max(delays, default=0.0), starved=len(set(recorded) - executed))
+        late=len(delays), late_max_s=max(delays, default=0.0), starved=len(set(recorded) - executed),
+        late_names=late_names)
 
 
 def _holds(client: redis.Redis, loop_id: str) -> str:
@@ -646,7 +649,8 @@ def main() -> int:
         first_outage = redis_kill_every * rng.uniform(0.7, 1.3) if redis_kill_every else \
             args.duration * rng.uniform(0.2, 0.4)
         next_outage = started + first_outage if args.redis_faults else float("inf")
-        next_failover = started + args.failover_every if group else float("inf")
+        # The first half a period in: ``--duration 300 --failover-every 30`` makes 10 (at 15, 45, ... 285 s).
+        next_failover = started + args.failover_every / 2 if group else float("inf")
         while time.monotonic() - started < args.duration:
             exited += [f"{n} exited with {p.returncode}" for n, p in fleet.procs.items()
                        if p.poll() is not None and f"{n} exited with {p.returncode}" not in exited]
@@ -769,6 +773,8 @@ def main() -> int:
         print(f"chaos: seed={seed} duration={args.duration:.0f}s loops={args.loops} kills={len(kills)}{faults} "
               f"runs={len(all_runs)} ({statuses}) workflow_runs={wf_runs} archived={archived} executions={executed}{rec}"
               f"{fleet_note}{placement}{sentinel_note}{mirror_note} violations={len(violations)}")
+        if progress.late_names:
+            print(f"  late (recorded after {STRANDED_WAIT_S:.0f}s): {', '.join(progress.late_names[:10])}")
         if (args.concurrency or 0) > 1 and held and not any(h.isdigit() and int(h) >= 2 for h in held):
             print("  note: no worker was killed while holding 2 runs or more")
         for violation in violations[:20]:
