@@ -25,12 +25,14 @@ and check 2 waits for the grace after the last outage (recovery waits for live w
 
 With ``--sentinel`` Redis is a master, a replica and three sentinels on loopback (``tests.redis_server.
 SentinelGroup``, no AOF), every process given only the ``redis+sentinel://`` URL; ``SENTINEL FAILOVER`` runs every
-``--failover-every`` seconds (default 30; counted from the start of the last one, which waits until the group has
-settled), and the second failover is a SIGKILL of the master instead (started again as a replica once the
+``--failover-every`` seconds (default 30; the first half that in, each next one counted from the start of the
+last, which waits until the group has settled), and the second failover is a SIGKILL of the master instead (started again as a replica once the
 sentinels promoted the other). Not with ``--redis-faults``. Also
 checked then (issue 27, point 2):
-  8. no loop is stranded: every active loop executes a slot scheduled after the last failover settled, within
-     ``STRANDED_WAIT_S`` (the progress watchdog's repairs count, and are printed);
+  8. no loop is stranded: every loop active throughout records a slot scheduled after the last failover settled
+     (an execution, a run, a skip or a missed streak), within ``STRANDED_WAIT_S``; one recorded only within
+     ``LATE_WAIT_S`` more is late (``late=``, a backlog on a loaded machine), not stranded; one whose slots were
+     all recorded missed is ``starved=`` (the progress watchdog's repairs count, and are printed);
   9. every slot of every loop, from its first record to its last, has a record in the mirror: a run, a skip, or
      inside a ``missed`` streak; slots that fell due while the loop waited for (or ran) a retry of an earlier
      slot are passed over without a record today (a gap of invariant 7 with or without failovers), counted apart
@@ -62,6 +64,7 @@ import sqlite3
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections import Counter
 from datetime import timedelta
@@ -87,7 +90,7 @@ from loopsq.state.loops import LoopStore  # noqa: E402
 from loopsq.state.runs import RunStore  # noqa: E402
 from loopsq.state.snapshot import snapshot_tables  # noqa: E402
 from loopsq.state.workflows import WorkflowStore  # noqa: E402
-from tests.redis_server import RedisServer, SentinelGroup  # noqa: E402
+from tests.redis_server import RedisServer, SentinelGroup, SentinelProcess  # noqa: E402
 
 KEYS = Keys()
 #: With ``--labels``: the worker that carries it, and the label.
@@ -97,6 +100,11 @@ BUSY_WAIT_S = 3.0
 #: With ``--sentinel``: how long after the last failover settled every active loop has to execute a later slot
 #: (the progress watchdog's grace, 30 s, plus the slowest loop's cadence and a margin).
 STRANDED_WAIT_S = 60.0
+#: How much longer a loop not recorded within ``STRANDED_WAIT_S`` is waited for before it counts as stranded (on a
+#: loaded machine the queue's backlog alone can hold a fire that long; a stuck state never heals).
+LATE_WAIT_S = 120.0
+#: How long the mirror's end-of-run comparison is repeated until it holds (see ``main``).
+MIRROR_SETTLE_S = 30.0
 
 
 class Fleet:
@@ -120,9 +128,11 @@ class Fleet:
             env["LOOPSQ_WORKER_LABELS"] = self.labels.get(name, "")
             # Not LOOPSQ_*: targets inherit these (loopsq keeps its own variables from them), and write them down.
             env["CHAOS_WORKER"], env["CHAOS_LABELS"] = name, self.labels.get(name) or "-"
-        log = open(self.logs / f"{name}.log", "ab")  # noqa: SIM115 - the child owns it
-        self.procs[name] = subprocess.Popen(args, env=env, stdout=log, stderr=log, stdin=subprocess.DEVNULL, cwd=ROOT,
-                                            start_new_session=True)
+        proc = subprocess.Popen(args, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, cwd=ROOT, start_new_session=True)
+        self.procs[name] = proc
+        # Each line of its log stamped with the time it was read (loopsq's own lines carry none).
+        threading.Thread(target=_stamp, args=(proc, self.logs / f"{name}.log"), daemon=True).start()
 
     def kill(self, name: str) -> None:
         proc = self.procs[name]
@@ -141,6 +151,16 @@ class Fleet:
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
+
+
+def _stamp(proc: subprocess.Popen[bytes], path: Path) -> None:
+    """Copy the process's output into ``path``, each line prefixed with the wall-clock time (UTC) it came."""
+    assert proc.stdout is not None
+    with open(path, "ab") as log:
+        for line in proc.stdout:
+            stamp = time.strftime("%H:%M:%S", time.gmtime()) + f".{int(time.time() * 1000) % 1000:03d} "
+            log.write(stamp.encode() + line)
+            log.flush()
 
 
 def ledger_cmd(ledger: Path, fail_every: int = 0, sleep: float = 0.0) -> str:
@@ -193,6 +213,9 @@ def create_loops(client: redis.Redis, ledger: Path, count: int, rng: random.Rand
         else:
             body["target"] = {"type": "command", "command": ledger_cmd(ledger), "shell": True}
             body["maxAttempts"] = rng.choice([1, 2])
+        # No circuit breaker: the failing loops would be paused after 5 failures, and their retries across the
+        # faults are what this bench is for.
+        body["pauseAfterFailures"] = 0
         loop = new_loop(body, now + timedelta(milliseconds=rng.randint(0, 2000)))
         if labels and kind >= 2 and i % 4 == 1:  # (new_loop keeps no requires yet: into the stored loop directly)
             loop = dataclasses.replace(loop, extra={**loop.extra, "requires": [GPU]})
@@ -366,30 +389,96 @@ def archived_step(conn: sqlite3.Connection, idempotency_key: str, step: str) -> 
     return {"status": row[0], "exitCode": row[1]} if row else None
 
 
-def check_stranded(client: redis.Redis, ledger: Path, since: float, timeout: float) -> list[str]:
-    """Every active loop executes (its ledger line) a slot scheduled after ``since`` (epoch seconds) within
-    ``timeout``; the ones that do not are stranded, named with what holds them."""
+@dataclasses.dataclass
+class Progress:
+    """What became of the active loops after the last failover (``check_stranded``)."""
+
+    #: Loops with nothing recorded for a slot after it within ``STRANDED_WAIT_S + LATE_WAIT_S``: violations.
+    stranded: list[str]
+    #: Loops whose first record after it came after ``STRANDED_WAIT_S`` (lateness: a backlog, not a stuck
+    #: state), and the latest such record's delay in seconds.
+    late: int = 0
+    late_max_s: float = 0.0
+    late_names: list[str] = dataclasses.field(default_factory=list)
+    #: Loops whose slots after it were all recorded missed (a loaded machine: no free worker), none executed.
+    starved: int = 0
+
+
+def check_stranded(client: redis.Redis, ledger: Path, since: float, timeout: float, late: float) -> Progress:
+    """Every loop active throughout records a slot scheduled after ``since`` (epoch seconds): an execution (its
+    ledger line) or a record (a run, a skip, a missed streak reaching past ``since``). One with none within
+    ``timeout`` is waited for ``late`` seconds more: recorded then, it was late (a backlog heals); still nothing,
+    it is stranded, named with what holds it. A loop that left ``active`` meanwhile (its circuit breaker, say)
+    is not waited for."""
+    runs = RunStore(client, KEYS)
     loops = {loop.id: loop for loop in LoopStore(client, KEYS).all() if loop.status == "active"}
+    began = time.time()
+    executed: set[str] = set()
+    recorded: dict[str, float] = {}  # loop id -> when its first record after ``since`` was seen
+
+    def newest_record_ms(loop_id: str) -> int:
+        ids = client.zrange(KEYS.loop_runs(loop_id), -3, -1)
+        ends = [timeutil.from_iso(r.missed_last or r.scheduled_for) for r in runs.get_many(ids)]
+        return int(max(ends).timestamp() * 1000) if ends else 0
 
     def waiting() -> set[str]:
-        ran = set()
         for line in ledger.read_text().splitlines():
             parts = line.split()
             if len(parts) >= 2 and parts[0] in loops and timeutil.from_iso(parts[1]).timestamp() > since:
-                ran.add(parts[0])
-        return set(loops) - ran
+                executed.add(parts[0])
+                recorded.setdefault(parts[0], time.time())
+        for loop_id in set(loops) - set(recorded):
+            if newest_record_ms(loop_id) > since * 1000:
+                recorded[loop_id] = time.time()
+        active = {loop.id for loop in LoopStore(client, KEYS).get_many(list(loops)) if loop.status == "active"}
+        return active - set(recorded)
 
-    wait_until(lambda: not waiting(), timeout, step=1.0)
-    return [f"loop {loops[i].name} stranded: no slot after the last failover executed within {timeout:.0f}s "
-            f"({_holds(client, loops[i].id)})" for i in sorted(waiting())]
+    wait_until(lambda: not waiting(), timeout + late, step=1.0)
+    left = sorted(waiting())
+    delays = [at - began for at in recorded.values() if at - began > timeout]
+    late_names = sorted(loops[i].name for i, at in recorded.items() if at - began > timeout)
+    return Progress(
+        [f"loop {loops[i].name} stranded: nothing recorded for a slot after the last failover within "
+         f"{timeout + late:.0f}s ({_holds(client, loops[i].id)})" for i in left],
+        late=len(delays), late_max_s=max(delays, default=0.0), starved=len(set(recorded) - executed),
+        late_names=late_names)
 
 
 def _holds(client: redis.Redis, loop_id: str) -> str:
-    """What a stranded loop's timer and runs look like, for the report."""
+    """What a stranded loop's timer, runs and maintenance watch look like, for the report."""
     job_id = client.get(KEYS.timer(loop_id)) or ""
-    status = client.hget(timers.job_key(job_id), "status") if job_id else None
+    job = client.hmget(timers.job_key(job_id), ["status", "origin", "enqueued_at"]) if job_id else [None] * 3
+    queued = timers.queued_in_place(timers.raw_from(client), job_id) if job_id else None
     active = sorted(client.smembers(KEYS.loop_active(loop_id)))
-    return f"timer={job_id or '-'} status={status} active_runs={active}"
+    loop = json.loads(client.get(KEYS.loop(loop_id)) or "{}")
+    watch = client.zscore(KEYS.loop_watch, loop_id)
+    watch_at = timeutil.to_iso(timeutil.from_ms(int(watch))) if watch is not None else "-"
+    return (f"timer={job_id or '-'} status={job[0]} origin={job[1]} enqueued_at={job[2]} in_place={queued} "
+            f"active_runs={active} nextRunAt={loop.get('nextRunAt')} retryAt={loop.get('retryAt')} "
+            f"watch={watch_at}")
+
+
+def snapshot_stranded(client: redis.Redis, group: SentinelGroup | None, fleet: Fleet, work: Path) -> None:
+    """When loops are found stranded: who leads (the scheduler lock), every scheduler's thread stacks (SIGUSR2,
+    into its log), and a copy of the master's data as it is now (``work/at-stranded/dump.rdb``)."""
+    import shutil
+
+    print(f"  scheduler lock held by {client.get(KEYS.scheduler_lock)!r} "
+          f"(ttl {client.pttl(KEYS.scheduler_lock)} ms); scheduler pids "
+          f"{ {n: p.pid for n, p in fleet.procs.items() if n.startswith('scheduler')} }")
+    for name, proc in fleet.procs.items():
+        if name.startswith("scheduler") and proc.poll() is None:
+            os.kill(proc.pid, signal.SIGUSR2)
+    if group is None:
+        return
+    master = group.server(group.master_port())
+    try:
+        master.direct(socket_timeout=10).save()
+        (work / "at-stranded").mkdir(exist_ok=True)
+        shutil.copy(master.dir / "dump.rdb", work / "at-stranded" / "dump.rdb")
+        print(f"  the master's data when they were found: {work}/at-stranded/dump.rdb")
+    except (redis.RedisError, OSError) as exc:
+        print(f"  no snapshot of the master: {exc}")
 
 
 def check_slots(db: Path, client: redis.Redis) -> tuple[list[str], int, int]:
@@ -485,6 +574,24 @@ def check_alive(fleet: Fleet) -> list[str]:
     return [f"{name} exited with {proc.returncode}" for name, proc in fleet.procs.items() if proc.poll() is not None]
 
 
+def keep_redis(work: Path, servers: list[RedisServer], sentinels: list[SentinelProcess]) -> None:
+    """After a violation or an error: each server's data (``SAVE``d as the fleet stopped) and log, and each
+    sentinel's log, copied into ``work/redis-<port>/`` (their own directories go with the cleanup). Start a
+    ``redis-server --dir <that dir>`` there to read the state a violation left."""
+    import shutil
+
+    for proc in [*servers, *sentinels]:
+        dest = work / f"redis-{proc.port}"
+        if isinstance(proc, RedisServer) and proc.proc is not None:
+            try:
+                proc.direct(socket_timeout=10).save()
+            except redis.RedisError as exc:
+                print(f"  redis on port {proc.port}: SAVE failed: {exc}")
+        shutil.copytree(proc.dir, dest, dirs_exist_ok=True,
+                        ignore=shutil.ignore_patterns("appendonlydir", "*.aof", "temp-*"))
+    print(f"  Redis data and logs kept in {work}/redis-<port>")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--duration", type=float, default=180.0, help="seconds of faults (default 180)")
@@ -531,6 +638,7 @@ def main() -> int:
     exited: list[str] = []
     failovers: list[str] = []  # "failover" or "kill", one per failover done
     settled_at = 0.0  # when the last failover had settled (epoch seconds)
+    ok = False  # (an exception keeps the Redis data and logs too)
     try:
         gpu_loops = create_loops(client, ledger, args.loops, rng, args.keep_runs, args.labels)
         names = ["scheduler.1", "scheduler.2", "worker.1", "worker.2", "worker.3", "mirror.1"]
@@ -541,7 +649,8 @@ def main() -> int:
         first_outage = redis_kill_every * rng.uniform(0.7, 1.3) if redis_kill_every else \
             args.duration * rng.uniform(0.2, 0.4)
         next_outage = started + first_outage if args.redis_faults else float("inf")
-        next_failover = started + args.failover_every if group else float("inf")
+        # The first half a period in: ``--duration 300 --failover-every 30`` makes 10 (at 15, 45, ... 285 s).
+        next_failover = started + args.failover_every / 2 if group else float("inf")
         while time.monotonic() - started < args.duration:
             exited += [f"{n} exited with {p.returncode}" for n, p in fleet.procs.items()
                        if p.poll() is not None and f"{n} exited with {p.returncode}" not in exited]
@@ -557,12 +666,16 @@ def main() -> int:
             if time.monotonic() >= next_failover and group is not None:
                 # The middle one of the planned failovers is a SIGKILL of the master.
                 began = time.monotonic()
-                if len(failovers) == 1:
-                    group.kill_master()
-                    failovers.append("kill")
-                else:
-                    group.failover(settled=True)
-                    failovers.append("failover")
+                try:
+                    if len(failovers) == 1:
+                        failovers.append("kill")
+                        group.kill_master()
+                    else:
+                        failovers.append("failover")
+                        group.failover(settled=True)
+                except RuntimeError as exc:  # a loaded machine: the former master's resync took longer
+                    print(f"  note: failover {len(failovers)}: {exc}; waiting longer for the group to settle")
+                    group.wait_settled(timeout=180)
                 settled_at = time.time()
                 next_failover = began + args.failover_every
             if time.monotonic() >= next_kill:
@@ -587,10 +700,12 @@ def main() -> int:
             violations += exited + check_alive(fleet)
         violations += check_timers(client)
         violations += check_leases(client)
-        stranded: list[str] = []
+        progress = Progress([])
         if group is not None:
-            stranded = check_stranded(client, ledger, max(settled_at, started_wall), STRANDED_WAIT_S)
-            violations += stranded
+            progress = check_stranded(client, ledger, max(settled_at, started_wall), STRANDED_WAIT_S, LATE_WAIT_S)
+            if progress.stranded:
+                snapshot_stranded(client, group, fleet, work)
+            violations += progress.stranded
         # Quiesce: pause every loop, wait for every run to end and the mirror to catch up.
         store = LoopStore(client, KEYS)
         for loop in store.all():
@@ -603,8 +718,19 @@ def main() -> int:
         conn = open_db(db)
         if not wait_until(lambda: mirror_lag(client, KEYS, conn) == 0, 30):
             violations.append(f"mirror still {mirror_lag(client, KEYS, conn)} change(s) behind after 30 s")
+        # The fleet still runs (a fire job of a paused loop, maintenance): a row written between the two reads of
+        # one comparison differs for a moment. Compared again until equal, for MIRROR_SETTLE_S at most: a
+        # difference that lasts is a violation, one that heals is lateness (counted in the summary).
+        compared_at, comparisons = time.monotonic(), 0
+        while True:
+            mirror_bad, archived = check_mirror(client, db, ledger)
+            comparisons += 1
+            if not mirror_bad or time.monotonic() - compared_at > MIRROR_SETTLE_S:
+                break
+            time.sleep(1.0)
+            wait_until(lambda: mirror_lag(client, KEYS, conn) == 0, 10)
+        mirror_note = f" mirror_comparisons={comparisons} ({time.monotonic() - compared_at:.0f}s)"
         conn.close()
-        mirror_bad, archived = check_mirror(client, db, ledger)
         violations += mirror_bad
         executed, dupes = check_ledger(ledger)
         violations += dupes
@@ -616,7 +742,9 @@ def main() -> int:
             violations += holes
             repaired = ",".join(f"{k}={v}" for k, v in sorted(client.hgetall(KEYS.repaired_counts).items()))
             sentinel_note = (f" failovers={len(failovers)} (master_kills={failovers.count('kill')}) "
-                             f"duplicates={len(dupes)} stranded={len(stranded)} slots_without_record={len(holes)} "
+                             f"duplicates={len(dupes)} stranded={len(progress.stranded)} late={progress.late} "
+                            f"(max {progress.late_max_s:.0f}s) starved={progress.starved} "
+                            f"slots_without_record={len(holes)} "
                              f"missed_slots={missed_slots} passed_over_for_retries={passed_over} repaired=[{repaired}]")
         placement = ""
         if args.labels:
@@ -644,17 +772,23 @@ def main() -> int:
         fleet_note += f" runs_held_by_killed_workers=[{','.join(held)}]" if held else ""
         print(f"chaos: seed={seed} duration={args.duration:.0f}s loops={args.loops} kills={len(kills)}{faults} "
               f"runs={len(all_runs)} ({statuses}) workflow_runs={wf_runs} archived={archived} executions={executed}{rec}"
-              f"{fleet_note}{placement}{sentinel_note} violations={len(violations)}")
+              f"{fleet_note}{placement}{sentinel_note}{mirror_note} violations={len(violations)}")
+        if progress.late_names:
+            print(f"  late (recorded after {STRANDED_WAIT_S:.0f}s): {', '.join(progress.late_names[:10])}")
         if (args.concurrency or 0) > 1 and held and not any(h.isdigit() and int(h) >= 2 for h in held):
             print("  note: no worker was killed while holding 2 runs or more")
         for violation in violations[:20]:
             print(f"  violation: {violation}")
         if violations:
             print(f"  logs and ledger kept in {work}")
-        return 1 if violations else 0
+        ok = not violations
+        return 0 if ok else 1
     finally:
         fleet.stop_all()
         client.close()
+        if not ok:
+            keep_redis(work, [s for s in [server, *(group.servers if group else [])] if s is not None],
+                       group.sentinels if group else [])
         if server is not None:
             server.cleanup()
         if group is not None:

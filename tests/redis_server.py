@@ -336,8 +336,11 @@ class SentinelGroup:
         # A sentinel may take the command and then abort the failover (no replica it judges good yet, e.g. one
         # restarted moments ago): asked again, up to ``FAILOVER_TRIES`` times.
         for tries in range(FAILOVER_TRIES, 0, -1):
-            with contextlib.suppress(redis.ResponseError):  # INPROG, NOGOODSLAVE: asked again after a wait
-                self.sentinels[0].client().execute_command("SENTINEL", "FAILOVER", SERVICE)
+            # Not asked again once the sentinels name the new master (a loaded machine can be slow to show the rest
+            # of ``switched``): asked again, they would fail back over to the old one.
+            if tries == FAILOVER_TRIES or not self._names(new):
+                with contextlib.suppress(redis.ResponseError):  # INPROG, NOGOODSLAVE: asked again after a wait
+                    self.sentinels[0].client().execute_command("SENTINEL", "FAILOVER", SERVICE)
             try:
                 wait_until(switched, f"the failover from port {old} to {new}", timeout=20)
                 break
@@ -348,6 +351,13 @@ class SentinelGroup:
             self.wait_settled()
         self.failovers += 1
         return old, new
+
+    def _names(self, port: int) -> bool:
+        """Whether every sentinel names ``port`` as the master (False when one cannot be asked)."""
+        try:
+            return self.master_ports() == {port}
+        except (redis.RedisError, OSError):
+            return False
 
     def kill_master(self, timeout: float = 60.0) -> tuple[int, int]:
         """SIGKILL the master; once the sentinels have promoted the replica, start it again (empty: it keeps no

@@ -189,7 +189,8 @@ def check_loops(rt: Runtime, loop_ids: list[str], now: datetime, report: Report,
             continue
         in_flight = score is None and status in ("queued", "started", "deferred", "scheduled")
         on_time = score is not None and abs(score * 1000 - to_ms(want)) < 1
-        if in_flight and status == "queued" and loop.id not in active_loops and stall_rules.overdue(
+        # (``started`` here is by a live worker: a dead one's job is ``orphaned``, not in flight, and re-armed below)
+        if in_flight and status in ("queued", "started") and loop.id not in active_loops and stall_rules.overdue(
                 loop, want, now, stall_rules.grace_min_ms()) and stalls.repair_lost_fire(rt, loop, want, now):
             report.stalls_repaired += 1  # (its arm moved its watch entry)
         elif in_flight:

@@ -241,7 +241,10 @@ def _fire(rt: Runtime, loop_id: str, *, taken: timers.Taken | None = None) -> Fi
             dropped = None
 
     for index, slot in enumerate(slots):
-        now = timeutil.now()
+        # The first slot is decided on the time the due slots were judged on: a claim or skip moves the loop to the
+        # first slot after its time, and a slot that fell due in between (after ``fired_at``, not in ``slots``) was
+        # passed over with no record at all. Decided at ``fired_at`` it stays due, for the timer armed at it.
+        now = fired_at if index == 0 else timeutil.now()
         current: Loop | None = loop
         if index > 0:
             loop_raw, active = _read_loop(rt, loop_id)

@@ -5,8 +5,11 @@ one line naming the cause.
 Two causes are repaired, each where it shows, never by a pass over every loop:
 
 - ``lost_fire_job`` (maintenance, on a loop its watch index brings up): the loop's timer fired, the job's hash says
-  ``queued``, yet no queue holds it; maintenance would count it in flight forever. The hash goes and the timer
-  is armed now.
+  ``queued``, yet no queue holds it; or it says ``started`` by a live worker, past the loop's grace, while no run
+  of the loop goes on: the worker took it on the new master and its settle went to the old one, which a failover
+  then discarded (a worker's pool holds connections to both masters until the old one is demoted). Either way
+  maintenance would count it in flight forever (the second, for as long as that worker lives). The hash goes and
+  the timer is armed now.
 - ``hot_loop`` (a fire, on its refusal path only): a slot's claim is refused again and again (a claim key left
   behind) while no run of the loop goes on; each refusal re-armed the timer at the same past time. Past
   ``HOT_REFUSALS`` refusals in a minute the loop moves past the slot, which is recorded ``missed`` (``stalled``).
@@ -48,17 +51,29 @@ def record(rt: Runtime, loop: Loop, cause: str, now: datetime, *, repaired: bool
 
 
 def repair_lost_fire(rt: Runtime, loop: Loop, due: datetime, now: datetime) -> bool:
-    """Maintenance's check of an overdue loop whose timer's job is ``queued``: when no queue holds that job, drop
-    its hash and arm the timer now. Returns whether it was repaired."""
+    """Maintenance's check of a loop overdue past its grace, with no run going on, whose timer's job is ``queued``
+    or ``started`` by a live worker: when no queue holds the queued job, or the started one was started longer
+    than the grace ago (a fire holds a run of its loop within moments of its start), drop its hash and arm the
+    timer now. Should that fire still be under way after all, the slot's claim keeps the re-armed timer from
+    running the slot twice. Returns whether it was repaired."""
     timer = rt.client.get(rt.keys.timer(loop.id))
     job_id = _s(timer) if timer else ""
-    if not job_id or timers.queued_in_place(rt.raw, job_id) is not False:
+    if not job_id:
+        return False
+    status, started, worker = rt.raw.hmget(timers.job_key(job_id), ["status", "started_at", "worker_name"])
+    left = ""
+    if status is not None and _s(status) == "started":
+        at = timers.enqueued_time(started)
+        if at is None or to_ms(now) - to_ms(at) <= rules.grace_ms(loop, due, rules.grace_min_ms()):
+            return False
+        left = f" (left started by {_s(worker or b'-')} {(to_ms(now) - to_ms(at)) // 1000}s ago)"
+    elif timers.queued_in_place(rt.raw, job_id) is not False:
         return False
     timers.drop_stranded(rt.raw, job_id)
     armed = timers.arm(rt.raw, rt.keys, loop.id, now, queue_name=loop_queue(loop, rt.keys))
     late = (to_ms(now) - to_ms(due)) // 1000
     record(rt, loop, rules.LOST_FIRE_JOB, now, repaired=armed is not None,
-           how=f"slot {to_iso(due)} overdue {late}s; dropped job {job_id}, timer re-armed now")
+           how=f"slot {to_iso(due)} overdue {late}s; dropped job {job_id}{left}, timer re-armed now")
     return armed is not None
 
 

@@ -218,10 +218,14 @@ def queued_in_place(raw: redis.Redis, job_id: str) -> bool | None:
 
 
 def drop_stranded(raw: redis.Redis, job_id: str) -> None:
-    """Delete a fire job ``queued_in_place`` found in no queue: its hash, and its entry in RQ's intermediate list
-    of its queue if it is there."""
+    """Delete a stranded fire job (``engine.stalls``): its hash, its entry in RQ's intermediate list of its queue if
+    it is there, and the execution that shows it running on the worker that took it, if one did."""
+    worker = raw.hget(names.job_key(job_id), "worker_name")
     pipe = raw.pipeline(transaction=False)
     pipe.lrem(names.intermediate_queue_key(_origin(raw, job_id)), 0, job_id)
+    if worker and names.WORKER_HAS_EXECUTIONS:
+        pipe.delete(names.taken_execution_key(job_id))
+        pipe.srem(names.worker_executions_key(_text(worker)), f"{job_id}:{names.TAKEN_EXECUTION_ID}")
     pipe.delete(names.job_key(job_id))
     pipe.execute()
 

@@ -88,7 +88,7 @@ def claim_backfill(store: RunStore, loop_id: str, slot: datetime, owner: Owner, 
         result = store.committer.commit(tx, replicas=waited, wait_ms=durability.WAIT_MS, locate=replicas > 0)
         if result.ok:
             if not durability.settle(store.client, result.server or (None, None), replicas, waited,
-                                     result.replicated or 0, claim=claim_key):
+                                     result.replicated or 0, claim=claim_key, token=token):
                 return Refusal("claimed", None)
             return Claim(run, loop, token)
         if result.failed_guard == 0:

@@ -120,6 +120,23 @@ def failed_over(client: redis.Redis, server: Server) -> bool:
 
 
 
+def kept_on_master(client: redis.Redis, key: str, value: str) -> bool:
+    """Whether the master the sentinels name now holds ``value`` at ``key``, read on a connection to that very
+    master (a promoted replica receives nothing more from the old master, so what it lacks now it never gets).
+    False when that cannot be told: the sentinels agree on no master, Redis is unreachable, or the read went
+    elsewhere."""
+    pool = client.connection_pool
+    if not isinstance(pool, SentinelConnectionPool):
+        return False
+    try:
+        master = tuple(pool.get_master_address())  # type: ignore[no-untyped-call]
+        where, (found,) = pipelined(client, lambda pipe: pipe.get(key))
+    except (redis.RedisError, MasterNotFoundError):
+        return False
+    text = found.decode() if isinstance(found, bytes) else found
+    return tuple(where) == master and text == value
+
+
 def online_replicas(info: dict[str, Any]) -> int:
     """The replicas an ``INFO replication`` reply lists as attached and ``state=online`` (one in a full sync is
     not: it has not received the data set yet)."""
@@ -208,10 +225,16 @@ def replicas_to_wait(client: redis.Redis, wanted: int) -> int:
 
 
 def settle(client: redis.Redis, server: Server, wanted: int, waited: int, acked: int, *,
-           claim: str | None = None) -> bool:
-    """Whether a write (a claim at key ``claim``, a finalize) that ``acked`` of ``wanted`` replicas acknowledged
-    (``waited`` were asked for) counts as made: False when the sentinels name another master than ``server`` (the
-    write will be discarded), after holding it through an episode's first ``CONFIRM_S`` (see the module)."""
+           claim: str | None = None, token: str | None = None) -> bool:
+    """Whether a write (a claim at key ``claim`` holding ``token``, a finalize) that ``acked`` of ``wanted``
+    replicas acknowledged (``waited`` were asked for) counts as made: False when the sentinels name another master
+    than ``server`` (the write will be discarded), after holding it through an episode's first ``CONFIRM_S`` (see
+    the module).
+
+    Unacknowledged is not lost: a claim the replica received just before its promotion, its acknowledgement not
+    yet sent, is on the new master, with the loop moved past the slots its fire gave up. A claim found there
+    (``kept_on_master``) counts as made: its run is ours and runs, and the fire records the slots it passed over;
+    refused, the run was left to recovery and those slots had no record at all."""
     if wanted <= 0 or acked >= wanted:
         return True
     watch = watch_for(client)
@@ -219,6 +242,9 @@ def settle(client: redis.Redis, server: Server, wanted: int, waited: int, acked:
         watch.short()
     while True:
         if failed_over(client, server):
+            if claim is not None and token is not None and kept_on_master(client, claim, token):
+                log.warning("claim %s not acknowledged by a replica, but the new master has it: running it", claim)
+                return True
             if claim is not None:
                 log.warning("claim %s not replicated and the sentinels name a new master: not running it", claim)
             return False

@@ -277,7 +277,7 @@ class RunStore(LoopMoves):
                                            locate=replicas > 0)
             if result.ok:
                 if not durability.settle(self.client, result.server or (None, None), replicas, waited,
-                                         result.replicated or 0, claim=claim_key):
+                                         result.replicated or 0, claim=claim_key, token=token):
                     return Refusal("claimed", None)
                 return Claim(run, new_loop, token, after=result.after)
             if result.failed_guard == 0:  # another claimer won this attempt: name its run

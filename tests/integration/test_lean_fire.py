@@ -227,3 +227,34 @@ def test_a_short_run_has_its_process_start_recorded_by_its_finalize(rt: Runtime)
     assert final.status == "succeeded" and final.pid and final.pid_start_time is not None
     assert final.host == rt.owner.host
     assert len(trips.sent) == 3
+
+
+def test_a_slot_that_falls_due_while_the_fire_claims_stays_due_instead_of_being_passed_over(
+        rt: Runtime, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The fire judges the due slots at its start; its claim moved the loop to the first slot after the claim's own
+    time, so a slot that fell due in between was passed over with no record at all (the chaos bench's lone slot
+    without a record). The first claim is decided on the fire's time: that slot stays due, for the timer."""
+    loop = due_loop(rt, "boundary", {"type": "interval", "everyMs": 2_000})
+    first = to_ms(from_iso(str(loop.next_run_at)))
+    behind = (to_ms(timeutil.now()) - first) // 2_000
+    latest = first + behind * 2_000  # the slot due at the fire's start (catch-up latest)
+    fired_ms, later_ms = latest + 1_999, latest + 2_005  # the next slot falls due between the two
+    calls: list[int] = []
+
+    class Clock:
+        """``timeutil`` as ``runner`` sees it: the fire's start, then 6 ms later for every other reading."""
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(timeutil, name)
+
+        def now(self) -> Any:
+            calls.append(1)
+            return timeutil.from_ms(fired_ms if len(calls) == 1 else later_ms)
+
+    monkeypatch.setattr(runner, "timeutil", Clock())
+    out = runner.fire(rt, loop.id)
+    assert out.claimed == 1
+    (run,) = [r for r in rt.runs.get_many(rt.client.zrange(rt.keys.loop_runs(loop.id), 0, -1)) if r.status != "missed"]
+    assert to_ms(from_iso(run.scheduled_for)) == latest
+    moved = rt.loops.get(loop.id)
+    assert moved is not None and to_ms(from_iso(str(moved.next_run_at))) == latest + 2_000

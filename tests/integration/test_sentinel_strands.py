@@ -159,6 +159,32 @@ def test_noticing_a_failover_closes_no_connection_another_thread_is_reading_from
 
 
 
+def test_a_claim_no_replica_acknowledged_counts_as_made_when_the_new_master_has_it(group: SentinelGroup) -> None:
+    """A claim the replica received just before its promotion, its ``WAIT`` come back with no acknowledgement, is
+    on the new master with the loop moved past the slots its fire gave up: refused, its run was left to recovery
+    and those slots had no record at all (the chaos bench's slots without a record). One the new master lacks (the
+    old master's writes are discarded) or holds for another claimer is not made."""
+    group.wait_settled()
+    client = connect(group.url)
+    old = group.master_port()
+    key, token = "strand:claim", "worker:host:1:run1:1:nonce"
+    server, _ = durability.pipelined(client, lambda pipe: pipe.set(key, token))
+    assert server[1] == old
+    replica = next(s for s in group.servers if s.port != old).client()
+    deadline = time.monotonic() + 10
+    while replica.get(key) != token:  # replicated before the promotion (its acknowledgement is what got lost)
+        assert time.monotonic() < deadline, "the claim never reached the replica"
+        time.sleep(0.01)
+    group.failover(settled=False)
+    # As the claimer sees it: one replica wanted and asked for, none acknowledged, the sentinels name another master.
+    assert durability.settle(client, server, 1, 1, 0, claim=key, token=token) is True
+    client.set(key, "worker:other:2:run2:1:nonce")  # (on the new master: the pool follows the sentinels now)
+    assert durability.settle(client, server, 1, 1, 0, claim=key, token=token) is False
+    client.delete(key)
+    assert durability.settle(client, server, 1, 1, 0, claim=key, token=token) is False
+    group.wait_settled()
+
+
 @pytest.fixture
 def plain_cluster(redis_server: RedisServer, tmp_path: Path) -> Iterator[Cluster]:
     yield from open_cluster(redis_server.url, tmp_path)

@@ -19,6 +19,7 @@ from loopsq.domain.loop_spec import new_loop
 from loopsq.domain.models import Loop
 from loopsq.domain.timeutil import from_iso
 from loopsq.engine import maintenance, stalls, timers
+from loopsq.engine.rqcompat import names as rqnames
 from loopsq.engine.runtime import Runtime
 from loopsq.state.keys import Keys
 from loopsq.web import WebSettings, create_app
@@ -170,6 +171,34 @@ def test_maintenance_repairs_a_stranded_fire_job_only_past_the_grace_and_with_no
     assert check(rt, loop) == 0  # once
     (record,) = stalls.records(rt.client, rt.keys).values()
     assert (record.cause, record.repaired) == ("lost_fire_job", True)
+
+
+def test_maintenance_repairs_a_fire_job_left_started_by_a_live_worker_whose_settle_a_failover_lost(
+        rt: Runtime) -> None:
+    """The state a failover leaves when a worker took the fire job on the new master (``take_fire``) and its settle
+    went to the old master, then discarded: the job started by a worker that lives on and runs it no more."""
+    loop, job_id = fired_loop(rt, late_s=31)
+    worker = "worker:host:1234:abcdef"
+    rt.client.set(rt.keys.worker(worker), "{}", ex=60)  # its liveness: the worker lives
+    rt.raw.hset(rqnames.worker_key(worker), "state", "idle")  # its RQ worker hash (the execution shows on it)
+    taken = timers.take_fire(rt.raw, worker)
+    assert taken is not None and taken.job_id == job_id
+    assert timers.armed_state(rt.raw, rt.keys, [loop.id])[loop.id] == (None, "started")
+    assert check(rt, loop) == 0  # just taken: its fire is under way
+    old = (timeutil.now() - timedelta(seconds=40)).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    rt.raw.hset(timers.job_key(job_id), "started_at", old)  # taken 40 s ago, never settled
+    rt.client.sadd(rt.keys.loop_active(loop.id), "run1")
+    assert check(rt, loop) == 0  # a run of the loop is going on: the fire holds it
+    rt.client.delete(rt.keys.loop_active(loop.id))
+    assert check(rt, loop) == 1
+    assert not rt.client.exists(timers.job_key(job_id))
+    if rqnames.WORKER_HAS_EXECUTIONS:
+        assert not rt.client.exists(rqnames.taken_execution_key(job_id))
+        assert rt.client.smembers(rqnames.worker_executions_key(worker)) == set()
+    new_job = rt.client.get(rt.keys.timer(loop.id))
+    assert new_job != job_id and timers.armed_state(rt.raw, rt.keys, [loop.id])[loop.id][0] is not None
+    assert check(rt, loop) == 0  # once
+    assert rt.client.hgetall(rt.keys.repaired_counts) == {"lost_fire_job": "1"}
 
 
 def test_maintenance_leaves_a_stranded_fire_job_within_the_grace(rt: Runtime) -> None:
