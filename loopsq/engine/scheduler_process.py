@@ -21,7 +21,7 @@ from loopsq.engine import layout_guard, timers
 from loopsq.engine.maintenance import maintain
 from loopsq.engine.notify import NotifierThread
 from loopsq.engine.runtime import Runtime
-from loopsq.state import owned_key
+from loopsq.state import layout, owned_key
 from loopsq.state.connection import sibling, unavailable
 from loopsq.state.keys import Keys
 from loopsq.state.outages import errors, is_configuration_error, is_transient, wait_for_redis
@@ -138,6 +138,8 @@ class _Maintainer(threading.Thread):
             if not self.leading.is_set():
                 continue
             try:
+                if not layout_still_ours(self.rt):
+                    continue  # (the layout guard ends this process within its period; recover nothing meanwhile)
                 report = maintain(self.rt, timeutil.now())
                 delay = self.every_s
             except redis.RedisError as exc:
@@ -159,6 +161,15 @@ class _Maintainer(threading.Thread):
             if report.recovered or report.expired or report.repaired or report.retriggered:
                 log.info("maintenance recovered=%d expired=%d repaired=%d armed=%d retriggered=%d",
                          len(report.recovered), report.expired, report.repaired, report.armed, report.retriggered)
+
+
+def layout_still_ours(rt: Runtime) -> bool:
+    """Whether the state's stamp is still one this release may write (one HGETALL). Maintenance asks before each
+    pass: between a newer release's stamp and the layout guard's next look (``GUARD_EVERY_S``), a pass would
+    otherwise record a run abandoned (its worker, which exited on the new stamp, seeming dead) in a layout this
+    release does not know."""
+    found = layout.from_meta(rt.client.hgetall(rt.keys.meta))
+    return found is None or found.refusal() is None
 
 
 def _loop(rt: Runtime, stop: threading.Event, poll_s: float, maintenance_s: float) -> None:

@@ -311,101 +311,102 @@ def written_by_today(cluster: Cluster, live: list[str], rq_workers: set[str], ol
     return found
 
 
-@pytest.mark.timeout(MIXED_FLEET_S + 360)
-@pytest.mark.skipif(not OWN_VENV, reason="two minutes of wall time: run by .ci/upgrade_test.sh, against the previous "
-                                         "release installed with its own dependencies (LOOPSQ_UPGRADE_FROM_PYTHON)")
-def test_a_v1_fleet_beside_todays_restarted_processes_for_two_minutes_runs_every_slot_once_and_loses_no_run(
-        cluster: Cluster, previous_release: Path) -> None:
-    """Issue #28 point 3, 0.1.0 -> 0.2.0 being stop-the-world: today's scheduler and worker, started beside a live
-    0.1.0 fleet and restarted each time they exit (a process manager's Restart=always), each exit 2 with their one
-    line and write nothing; the 0.1.0 fleet runs on, each slot and each attempt once, no loop stalls, no run is
-    lost; after the stop and the migration today's processes carry every loop on."""
-    old = previous_release
-    ledger = cluster.ledger_cmd()
-    fast = [f"fast{i}" for i in range(10)]
-    for name in fast:
-        old_cli(cluster, old, "create", "command", name, "--cmd", ledger, "--every", "2s")
-    # The retrying loop's ledger says each attempt: a slot's 3 attempts, 5 s apart, then the next slot.
-    attempts = f'echo "$LOOPS_SCHEDULED_FOR $LOOPS_RUN_ID $LOOPS_ATTEMPT" >> {cluster.ledger_dir}/ledger-retry'
-    old_cli(cluster, old, "create", "command", "retry", "--cmd", f"{attempts}; exit 1", "--every", "15s",
-            "--attempts", "3", "--retry-delay", "5s")
-    names = [*fast, "retry"]
-    olds = [start_old(cluster, old, "scheduler", "old-scheduler")]
-    olds += [start_old(cluster, old, "worker", f"old-worker{i}") for i in (1, 2)]
-    cluster.wait_started(*olds)
-    # (Before 0.1.0 has run a slot, no key tells its state from an unstamped v2 one: `state.layout.read`.)
-    cluster.wait_until(lambda: all(cluster.ledger(n) for n in fast) and cluster.loop("retry").get(
-        "retryScheduledFor"), 90, "every loop to run under 0.1.0 and retry's attempt 1 to fail")
-    live = sorted([*cluster.client.scan_iter("loopsq:worker:*"), *cluster.client.scan_iter("loopsq:scheduler:*")])
-    assert len(live) == 3, live
-    rq_workers = cluster.client.smembers("rq:workers")
-    old_names = old_key_names(cluster, old)
-    assert written_by_today(cluster, live, rq_workers, old_names) == []  # (0.1.0 alone: the check sees nothing)
-    shown = ", ".join(key.split(":", 1)[1] for key in live)
-    lines = {"scheduler": f"error: 3 loopsq process(es) are live on this Redis ({shown}); stop every 0.1.0 "
-                          "scheduler and worker before migrating from v1\n",
-             "worker": V1_REFUSED}
+# Two minutes of wall time: defined only where .ci/upgrade_test.sh runs this file against the previous release
+# installed with its own dependencies (LOOPSQ_UPGRADE_FROM_PYTHON), not a second time in the main suite.
+if OWN_VENV:
+    @pytest.mark.timeout(MIXED_FLEET_S + 360)
+    def test_a_v1_fleet_beside_todays_restarted_processes_for_two_minutes_runs_every_slot_once_and_loses_no_run(
+            cluster: Cluster, previous_release: Path) -> None:
+        """Issue #28 point 3, 0.1.0 -> 0.2.0 being stop-the-world: today's scheduler and worker, started beside a live
+        0.1.0 fleet and restarted each time they exit (a process manager's Restart=always), each exit 2 with their one
+        line and write nothing; the 0.1.0 fleet runs on, each slot and each attempt once, no loop stalls, no run is
+        lost; after the stop and the migration today's processes carry every loop on."""
+        old = previous_release
+        ledger = cluster.ledger_cmd()
+        fast = [f"fast{i}" for i in range(10)]
+        for name in fast:
+            old_cli(cluster, old, "create", "command", name, "--cmd", ledger, "--every", "2s")
+        # The retrying loop's ledger says each attempt: a slot's 3 attempts, 5 s apart, then the next slot.
+        attempts = f'echo "$LOOPS_SCHEDULED_FOR $LOOPS_RUN_ID $LOOPS_ATTEMPT" >> {cluster.ledger_dir}/ledger-retry'
+        old_cli(cluster, old, "create", "command", "retry", "--cmd", f"{attempts}; exit 1", "--every", "15s",
+                "--attempts", "3", "--retry-delay", "5s")
+        names = [*fast, "retry"]
+        olds = [start_old(cluster, old, "scheduler", "old-scheduler")]
+        olds += [start_old(cluster, old, "worker", f"old-worker{i}") for i in (1, 2)]
+        cluster.wait_started(*olds)
+        # (Before 0.1.0 has run a slot, no key tells its state from an unstamped v2 one: `state.layout.read`.)
+        cluster.wait_until(lambda: all(cluster.ledger(n) for n in fast) and cluster.loop("retry").get(
+            "retryScheduledFor"), 90, "every loop to run under 0.1.0 and retry's attempt 1 to fail")
+        live = sorted([*cluster.client.scan_iter("loopsq:worker:*"), *cluster.client.scan_iter("loopsq:scheduler:*")])
+        assert len(live) == 3, live
+        rq_workers = cluster.client.smembers("rq:workers")
+        old_names = old_key_names(cluster, old)
+        assert written_by_today(cluster, live, rq_workers, old_names) == []  # (0.1.0 alone: the check sees nothing)
+        shown = ", ".join(key.split(":", 1)[1] for key in live)
+        lines = {"scheduler": f"error: 3 loopsq process(es) are live on this Redis ({shown}); stop every 0.1.0 "
+                              "scheduler and worker before migrating from v1\n",
+                 "worker": V1_REFUSED}
 
-    # Two minutes of a mixed fleet: today's processes restarted RESTART_AFTER_S after each exit.
-    seen: dict[str, set[str]] = {name: set() for name in names}
-    starts: list[tuple[str, Proc]] = []
-    current: dict[str, Proc | None] = {"scheduler": None, "worker": None}
-    due = {"scheduler": 0.0, "worker": 0.0}
-    left: list[str] = []
-    begin = time.monotonic()
-    sample_at = begin
-    while (now := time.monotonic()) < begin + MIXED_FLEET_S:
-        for role, proc in current.items():
-            if proc is not None and not proc.alive():
-                left += [f"after {proc.name}: {what}" for what in written_by_today(cluster, live, rq_workers,
-                                                                                   old_names)]
-                current[role], due[role] = None, now + RESTART_AFTER_S
-            if current[role] is None and now >= due[role]:
-                current[role] = cluster.start(role, name=f"today-{role}{len(starts) + 1}", wait=False)
-                starts.append((role, current[role]))
-        if now >= sample_at:
-            for name in names:
-                seen[name] |= {run.id for run in cluster.runs(name)}
-            assert all(proc.alive() for proc in olds), cluster.logs()
-            sample_at = now + 5
-        time.sleep(0.2)
-    end = time.time()
-    stalled = [name for name in names if (cluster.ledger_dir / f"ledger-{name}").stat().st_mtime < end - STALL_S]
-    for name in names:
-        seen[name] |= {run.id for run in cluster.runs(name)}
-    for _role, proc in starts:
-        with contextlib.suppress(subprocess.TimeoutExpired):  # (one that runs on fails below, with its log)
-            proc.popen.wait(timeout=30)
-    left += written_by_today(cluster, live, rq_workers, old_names)
+        # Two minutes of a mixed fleet: today's processes restarted RESTART_AFTER_S after each exit.
+        seen: dict[str, set[str]] = {name: set() for name in names}
+        starts: list[tuple[str, Proc]] = []
+        current: dict[str, Proc | None] = {"scheduler": None, "worker": None}
+        due = {"scheduler": 0.0, "worker": 0.0}
+        left: list[str] = []
+        begin = time.monotonic()
+        sample_at = begin
+        while (now := time.monotonic()) < begin + MIXED_FLEET_S:
+            for role, proc in current.items():
+                if proc is not None and not proc.alive():
+                    left += [f"after {proc.name}: {what}" for what in written_by_today(cluster, live, rq_workers,
+                                                                                       old_names)]
+                    current[role], due[role] = None, now + RESTART_AFTER_S
+                if current[role] is None and now >= due[role]:
+                    current[role] = cluster.start(role, name=f"today-{role}{len(starts) + 1}", wait=False)
+                    starts.append((role, current[role]))
+            if now >= sample_at:
+                for name in names:
+                    seen[name] |= {run.id for run in cluster.runs(name)}
+                assert all(proc.alive() for proc in olds), cluster.logs()
+                sample_at = now + 5
+            time.sleep(0.2)
+        end = time.time()
+        stalled = [name for name in names if (cluster.ledger_dir / f"ledger-{name}").stat().st_mtime < end - STALL_S]
+        for name in names:
+            seen[name] |= {run.id for run in cluster.runs(name)}
+        for _role, proc in starts:
+            with contextlib.suppress(subprocess.TimeoutExpired):  # (one that runs on fails below, with its log)
+                proc.popen.wait(timeout=30)
+        left += written_by_today(cluster, live, rq_workers, old_names)
 
-    assert all(proc.alive() for proc in olds), cluster.logs()
-    assert not [proc.name for proc in olds if "Traceback" in proc.text()], cluster.logs()
-    assert stalled == [], cluster.logs()
-    assert [role for role, _proc in starts].count("scheduler") >= 2 and len(starts) >= 4, starts
-    for role, proc in starts:
-        assert (proc.popen.returncode, proc.text()) == (2, lines[role]), proc.name
-    assert left == []
-    assert_each_slot_and_attempt_once(cluster, fast)
-    # No history row lost: every run seen in Redis meanwhile is listed by 0.1.0's CLI.
-    for name in names:
-        listed = {r["id"] for r in json.loads(old_cli(cluster, old, "runs", name, "--limit", "1000", "--json"))}
-        assert seen[name] <= listed, (name, seen[name] - listed)
+        assert all(proc.alive() for proc in olds), cluster.logs()
+        assert not [proc.name for proc in olds if "Traceback" in proc.text()], cluster.logs()
+        assert stalled == [], cluster.logs()
+        assert [role for role, _proc in starts].count("scheduler") >= 2 and len(starts) >= 4, starts
+        for role, proc in starts:
+            assert (proc.popen.returncode, proc.text()) == (2, lines[role]), proc.name
+        assert left == []
+        assert_each_slot_and_attempt_once(cluster, fast)
+        # No history row lost: every run seen in Redis meanwhile is listed by 0.1.0's CLI.
+        for name in names:
+            listed = {r["id"] for r in json.loads(old_cli(cluster, old, "runs", name, "--limit", "1000", "--json"))}
+            assert seen[name] <= listed, (name, seen[name] - listed)
 
-    # The stop-the-world switch: 0.1.0 stopped, the state migrated, today's processes carry every loop on.
-    stop_as_a_process_manager(olds)
-    cluster.wait_until(lambda: not cluster.client.keys("loopsq:worker:*") and not cluster.client.keys(
-        "loopsq:scheduler:*"), 30, "0.1.0's liveness keys to go")
-    done = cluster.cli("migrate").stdout
-    assert done.startswith("v1 -> v2: moved ") and done.endswith("stamped layout v2\n"), done
-    for name in names:
-        listed = {r["id"] for r in json.loads(cluster.cli("runs", name, "--limit", "1000", "--json").stdout)}
-        assert seen[name] <= listed, (name, seen[name] - listed)
-    before = {name: len(cluster.ledger(name)) for name in names}
-    cluster.start_all(schedulers=1, workers=1)
-    cluster.wait_until(lambda: all(len(cluster.ledger(name)) > before[name] for name in names), 60,
-                       "every loop to run under 0.2.0")
-    assert_each_slot_and_attempt_once(cluster, fast)
-    assert cluster.client.keys("loopsq:slot:*") == []
+        # The stop-the-world switch: 0.1.0 stopped, the state migrated, today's processes carry every loop on.
+        stop_as_a_process_manager(olds)
+        cluster.wait_until(lambda: not cluster.client.keys("loopsq:worker:*") and not cluster.client.keys(
+            "loopsq:scheduler:*"), 30, "0.1.0's liveness keys to go")
+        done = cluster.cli("migrate").stdout
+        assert done.startswith("v1 -> v2: moved ") and done.endswith("stamped layout v2\n"), done
+        for name in names:
+            listed = {r["id"] for r in json.loads(cluster.cli("runs", name, "--limit", "1000", "--json").stdout)}
+            assert seen[name] <= listed, (name, seen[name] - listed)
+        before = {name: len(cluster.ledger(name)) for name in names}
+        cluster.start_all(schedulers=1, workers=1)
+        cluster.wait_until(lambda: all(len(cluster.ledger(name)) > before[name] for name in names), 60,
+                           "every loop to run under 0.2.0")
+        assert_each_slot_and_attempt_once(cluster, fast)
+        assert cluster.client.keys("loopsq:slot:*") == []
 
 
 def stop_as_a_process_manager(procs: list[Proc], timeout: float = 30.0) -> None:

@@ -104,3 +104,16 @@ def test_a_guard_without_an_outage_log_reads_the_whole_layout_after_its_own_read
     flaky.down = False
     line = guard.check()
     assert line is not None and line.startswith("this Redis holds loopsq state v1;")
+
+
+def test_maintenance_passes_only_while_the_stamp_is_one_this_release_writes(client: redis.Redis) -> None:
+    from loopsq.engine.scheduler_process import layout_still_ours
+
+    rt = runtime(client)
+    assert layout_still_ours(rt)  # unstamped: nothing says otherwise
+    layout_guard.check_at_start(rt)
+    assert layout_still_ours(rt)
+    client.hset(KEYS.meta, mapping={"layout": "3", "readableFrom": "3"})
+    assert not layout_still_ours(rt)
+    client.hset(KEYS.meta, mapping={"layout": "3", "readableFrom": "2"})  # a newer release that kept v2 valid
+    assert layout_still_ours(rt)
