@@ -50,7 +50,7 @@ def plan(client: redis.Redis, keys: Keys, specs: Specs, now: datetime, owner: st
     seen: set[str] = set()
     for where, spec in specs.loops:
         try:
-            steps.append(_plan_one(store, _named_workflow(spec, workflows, planned), now, owner, seen))
+            steps.append(_plan_one(store, resolve_workflow_ref(spec, workflows, planned), now, owner, seen))
         except LoopsqError as exc:
             raise ValidationError(f"{where}: {exc.message}") from exc
     if prune:
@@ -60,21 +60,26 @@ def plan(client: redis.Redis, keys: Keys, specs: Specs, now: datetime, owner: st
     return steps + [step for step in flows if step.action == "prune"]
 
 
-def _named_workflow(spec: dict[str, Any], workflows: WorkflowStore, planned: Mapping[str, str]) -> dict[str, Any]:
-    """A workflow target's ``workflowId`` given as a name (of this apply's workflows, or a stored one) or an id,
-    turned into the id the loop stores."""
+def resolve_workflow_ref(spec: dict[str, Any], workflows: WorkflowStore,
+                         planned: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """A workflow target's ``workflowId`` given as an id or an active name (of a stored workflow, or, in an apply,
+    of one of its ``planned`` workflows), turned into the id the loop stores; any other spec as it is.
+
+    Raises:
+        ValidationError: the name or id matches no workflow.
+    """
     target = spec.get("target")
     if not isinstance(target, Mapping) or target.get("type") != "workflow":
         return spec
     ref = target.get("workflowId")
     if not isinstance(ref, str) or not ref.strip():
         return spec  # new_loop names the field
-    workflow_id = planned.get(ref)
+    workflow_id = (planned or {}).get(ref)
     if workflow_id is None:
         found = workflows.find(ref)
         if found is None:
-            raise ValidationError(f"target.workflowId must name a stored workflow or one of this apply's, "
-                                  f"got {quoted(ref)}")
+            among = " or one of this apply's" if planned is not None else ""
+            raise ValidationError(f"target.workflowId must name a stored workflow{among}, got {quoted(ref)}")
         workflow_id = str(found["id"])
     return {**spec, "target": {**target, "workflowId": workflow_id}}
 

@@ -25,6 +25,7 @@ from loopsq.errors import LoopsqError, NotFoundError, RedisUnavailableError, Val
 from loopsq.executor.digest import command_fields
 from loopsq.mirror import pages, queries
 from loopsq.mirror.follow import mirror_lag
+from loopsq.ops.apply_plan import resolve_workflow_ref
 from loopsq.ops.health import writes_refused
 from loopsq.state.layout import LAYOUT
 from loopsq.state.loops import LoopStore
@@ -117,16 +118,7 @@ def create_loop(ctx: Ctx, body: Annotated[Any, Body()]) -> JSONResponse:
 def _resolve_workflow(ctx: Ctx, request: dict[str, Any]) -> dict[str, Any]:
     """A workflow target names its workflow by id or active name (as ``create workflow --workflow``); the
     stored loop keeps the id. A name or id that matches no workflow is bad input."""
-    target = request.get("target")
-    if not isinstance(target, dict) or target.get("type") != "workflow":
-        return request
-    ref = target.get("workflowId")
-    if not isinstance(ref, str) or not ref.strip():
-        return request  # new_loop names the field
-    spec = WorkflowStore(ctx.client, ctx.keys).find(ref)
-    if spec is None:
-        raise ValidationError(f"target.workflowId must name a stored workflow, got {show(ref)}")
-    return {**request, "target": {**target, "workflowId": spec["id"]}}
+    return resolve_workflow_ref(request, WorkflowStore(ctx.client, ctx.keys))
 
 
 @router.get("/loops/{loop}", tags=["loops"], summary="Show a loop", responses=responses(200, schemas.LoopOut, 404))
